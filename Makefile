@@ -1,0 +1,63 @@
+# graphex: every target sets up what it needs on a fresh machine.
+#   make demo    build, then run the shipped decoder with graphex vs eager
+#   make test    build, then the C++ (ctest) and Python (pytest) tests
+#   make bench   build, then eager / inductor / aot_eager / graphex side by side
+# Variables: PYTHON (interpreter that creates .venv), PYTEST_ARGS, BENCH_ARGS.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+BUILD_DIR := build/py
+STAMP_VENV := $(VENV)/.graphex-venv
+STAMP_SYS := build/.graphex-system-deps
+TORCH_VERSION := 2.13.0
+
+.PHONY: all build demo test test-cpp test-python bench clean distclean
+
+all: build
+
+# System packages: gtest for the C++ tests, ccache for fast rebuilds (Debian).
+$(STAMP_SYS):
+	@mkdir -p build
+	@if [ ! -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/aarch64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/libgtest.a ]; then \
+	  echo "graphex: installing libgtest-dev and ccache (Debian)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libgtest-dev ccache >/dev/null) \
+	    || echo "graphex: WARNING: could not install libgtest-dev; C++ unit tests will not be built"; \
+	fi
+	@touch $@
+
+# The virtual environment: torch pinned exactly (pip takes the CPU build on this disk).
+$(STAMP_VENV): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest numpy matplotlib
+	@touch $@
+
+# The C++ core, the Python extension and the C++ tests, built against the torch in .venv.
+build: $(STAMP_SYS) $(STAMP_VENV)
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+
+test: build test-cpp test-python
+
+test-cpp:
+	@if [ -x $(BUILD_DIR)/graphex_cpp_tests ]; then \
+	  cd $(BUILD_DIR) && ctest --output-on-failure --timeout 120; \
+	else echo "graphex: C++ tests were not built (no gtest)"; exit 1; fi
+
+test-python:
+	$(PY) -m pytest tests/python -q $(PYTEST_ARGS)
+
+demo: build
+	$(PY) examples/demo.py
+
+bench: build
+	$(PY) -m bench.run $(BENCH_ARGS)
+
+clean:
+	rm -rf build
+
+distclean: clean
+	rm -rf $(VENV) .graphex_cache

@@ -1,0 +1,119 @@
+// Program: a captured ATen graph, fully resolved and ready to run.
+//
+// Everything that can be decided once is decided when the Program is built:
+// operators are looked up in the c10 dispatcher (an OperatorHandle per node),
+// constant arguments are converted to IValues of the exact type the schema asks
+// for, and every runtime value lives in a numbered slot. Running a Program is
+// then a loop over Instructions that copies slot values onto a stack and calls
+// through a pointer (runtime/executor.cpp): no lookups, no strings, no Python.
+#pragma once
+
+#include "program/signature.h"
+#include "program/spec.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace graphex {
+
+// A spec that does not describe a runnable program (unknown operator, argument
+// that does not fit its schema, ...). The message names the node at fault.
+class ProgramError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One element of a list argument built at run time: a slot or a constant.
+struct ListItem {
+  int32_t slot = -1;  // >= 0: read this slot
+  c10::IValue constant;
+  bool move = false;  // set by the planner: this is the slot's last read
+};
+
+// Where an argument's value comes from when the instruction runs.
+struct ArgSource {
+  enum class Kind : uint8_t {
+    Constant,            // `constant`, fixed at build time
+    Slot,                // the value in `slot`
+    SlotAsDouble,        // the value in `slot`, converted int -> double (schema asks float)
+    TensorList,          // c10::List<at::Tensor> assembled from `items`
+    OptionalTensorList,  // c10::List<std::optional<at::Tensor>> from `items`
+    IntList,             // c10::List<int64_t> from `items` (sizes with SymInt slots)
+    DoubleList,
+    BoolList,
+  };
+  Kind kind = Kind::Constant;
+  c10::IValue constant;
+  int32_t slot = -1;
+  bool move = false;  // Slot kinds: set by the planner when this is the last read
+  std::vector<ListItem> items;
+};
+
+enum class InstrKind : uint8_t {
+  Op,       // call an operator through the dispatcher
+  GetItem,  // outs[0] = args[0][args[1]] (element of a list or tuple output)
+  Sym,      // integer / float arithmetic on sizes (dynamic shapes)
+};
+
+// Arithmetic used by symbolic shapes. Python semantics (floor division and
+// modulo round toward negative infinity).
+enum class SymFn : uint8_t {
+  Add, Sub, Mul, FloorDiv, TrueDiv, Mod, Pow, Neg, Abs,
+  Eq, Ne, Lt, Le, Gt, Ge, And, Or, Not,
+  Max, Min, ToFloat, ToInt, Ceil, Floor,
+  ScalarTensor,  // a number used where an operator wants a Tensor: a wrapped-number tensor
+};
+
+struct Instruction {
+  InstrKind kind = InstrKind::Op;
+  std::optional<c10::OperatorHandle> op;  // InstrKind::Op
+  SymFn sym = SymFn::Add;                 // InstrKind::Sym
+  std::vector<ArgSource> args;
+  // One entry per value the instruction produces: the slot to store it in, or -1
+  // to drop it at once.
+  std::vector<int32_t> outs;
+  // Slots whose last reader is this instruction and that were not moved out:
+  // released right after it runs (Note [Free each value after its last use]).
+  std::vector<int32_t> frees;
+  uint32_t debug = 0;  // index into Program::nodes
+};
+
+// What a node was in the user's graph; only read when reporting an error or dumping.
+struct NodeInfo {
+  std::string name;    // FX node name, e.g. "addmm_3"
+  std::string target;  // "aten::addmm" or "sym.mul"
+  std::string source;  // user source line, "model.py:42 in forward: y = self.fc(x)"
+};
+
+struct Program {
+  std::string name;
+  uint32_t num_slots = 0;
+  std::vector<InputSpec> inputs;        // input i is bound to slot input_slots[i]
+  std::vector<int32_t> input_slots;     // -1: input never read
+  std::vector<Instruction> instructions;
+  std::vector<ArgSource> outputs;       // Slot or Constant
+  std::vector<NodeInfo> nodes;
+  std::vector<at::Tensor> constants;
+  bool check_signature = true;
+
+  // Build from a decoded spec (Note [One format for building, caching and deploying]).
+  // `constants` are the tensors the spec refers to as CONST(k); when empty, a
+  // "constants" list of TENSOR values inside the spec is used instead.
+  // Throws ProgramError naming the node at fault.
+  static Program fromSpec(const spec::Value& root, std::vector<at::Tensor> constants = {});
+
+  // Number of dispatcher calls per run (Op instructions).
+  size_t numOps() const;
+};
+
+// Parse the "sym" function name used in specs ("add", "floordiv", ...).
+std::optional<SymFn> symFnFromName(std::string_view name);
+const char* symFnName(SymFn fn);
+
+}  // namespace graphex

@@ -1,0 +1,87 @@
+#include "program/signature.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <sstream>
+
+namespace graphex {
+
+namespace {
+
+void printDims(std::ostream& os, const std::vector<std::optional<int64_t>>& dims) {
+  os << '[';
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) os << ", ";
+    if (dims[i]) os << *dims[i];
+    else os << '?';
+  }
+  os << ']';
+}
+
+std::string dtypeName(c10::ScalarType t) {
+  std::string s = c10::toString(t);  // "Float", "BFloat16", ...
+  if (s == "Float") return "float32";
+  if (s == "Double") return "float64";
+  if (s == "Half") return "float16";
+  if (s == "BFloat16") return "bfloat16";
+  if (s == "Long") return "int64";
+  if (s == "Int") return "int32";
+  if (s == "Short") return "int16";
+  if (s == "Char") return "int8";
+  if (s == "Byte") return "uint8";
+  if (s == "Bool") return "bool";
+  return s;
+}
+
+}  // namespace
+
+std::string TensorSignature::toString() const {
+  std::ostringstream os;
+  os << dtypeName(dtype);
+  printDims(os, sizes);
+  os << " strides ";
+  printDims(os, strides);
+  os << " on " << device;
+  return os.str();
+}
+
+std::string describeTensor(const at::Tensor& t) {
+  std::ostringstream os;
+  os << dtypeName(t.scalar_type()) << t.sizes() << " strides " << t.strides() << " on " << t.device();
+  return os.str();
+}
+
+std::string describeMismatch(const InputSpec& spec, const c10::IValue& value) {
+  switch (spec.kind) {
+    case InputKind::Tensor: {
+      if (!value.isTensor()) return "expected a tensor, got " + value.tagKind();
+      const at::Tensor& t = value.toTensor();
+      const TensorSignature& sig = *spec.signature;
+      bool ok = t.defined() && t.scalar_type() == sig.dtype && t.device() == sig.device &&
+                t.dim() == static_cast<int64_t>(sig.sizes.size());
+      if (ok) {
+        auto sizes = t.sizes();
+        auto strides = t.strides();
+        for (size_t d = 0; ok && d < sig.sizes.size(); ++d) {
+          if (sig.sizes[d] && *sig.sizes[d] != sizes[d]) ok = false;
+          if (sig.strides[d] && *sig.strides[d] != strides[d]) ok = false;
+        }
+      }
+      if (ok) return {};
+      if (!t.defined()) return "expected " + sig.toString() + ", got an undefined tensor";
+      return "expected " + sig.toString() + ", got " + describeTensor(t);
+    }
+    case InputKind::Int:
+      return value.isInt() ? std::string() : "expected an int, got " + value.tagKind();
+    case InputKind::Float:
+      return (value.isDouble() || value.isInt()) ? std::string()
+                                                  : "expected a float, got " + value.tagKind();
+    case InputKind::Bool:
+      return value.isBool() ? std::string() : "expected a bool, got " + value.tagKind();
+    case InputKind::Other:
+      return {};
+  }
+  return {};
+}
+
+}  // namespace graphex

@@ -1,0 +1,167 @@
+// graphex._C: the only place where C++ meets Python.
+//
+// Exposes one class, Executor, built from program-spec bytes (see
+// csrc/program/spec.h) and called with the boxed calling convention that
+// AOTAutograd uses: a single list of inputs in, a list of outputs out. C++
+// exceptions become the Python classes in graphex/errors.py.
+#include "plan/describe.h"
+#include "program/program.h"
+#include "program/spec.h"
+#include "runtime/executor.h"
+
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace graphex {
+namespace {
+
+c10::IValue toIValue(PyObject* obj, size_t index) {
+  if (THPVariable_Check(obj)) return THPVariable_Unpack(obj);
+  if (PyBool_Check(obj)) return obj == Py_True;
+  if (PyLong_Check(obj)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow) throw py::value_error("graphex: input " + std::to_string(index) + " does not fit in int64");
+    return static_cast<int64_t>(v);
+  }
+  if (PyFloat_Check(obj)) return PyFloat_AsDouble(obj);
+  if (obj == Py_None) return c10::IValue();
+  throw py::type_error("graphex: input " + std::to_string(index) + " is a " +
+                       std::string(Py_TYPE(obj)->tp_name) +
+                       "; a captured graph takes tensors, ints, floats and bools");
+}
+
+py::object fromIValue(c10::IValue v) {
+  if (v.isTensor()) return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(v).toTensor()));
+  if (v.isNone()) return py::none();
+  if (v.isBool()) return py::bool_(v.toBool());
+  if (v.isInt()) return py::int_(v.toInt());
+  if (v.isDouble()) return py::float_(v.toDouble());
+  if (v.isString()) return py::str(v.toStringRef());
+  if (v.isList()) {
+    py::list out;
+    for (const c10::IValue& item : v.toListRef()) out.append(fromIValue(item));
+    return out;
+  }
+  if (v.isTuple()) {
+    py::list out;
+    for (const c10::IValue& item : v.toTupleRef().elements()) out.append(fromIValue(item));
+    return py::tuple(out);
+  }
+  throw py::type_error("graphex: cannot return a value of kind " + v.tagKind() + " to Python");
+}
+
+std::vector<at::Tensor> tensorList(const py::list& items) {
+  std::vector<at::Tensor> out;
+  out.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    PyObject* obj = items[i].ptr();
+    if (!THPVariable_Check(obj)) throw py::type_error("graphex: constant " + std::to_string(i) + " is not a tensor");
+    out.push_back(THPVariable_Unpack(obj));
+  }
+  return out;
+}
+
+std::shared_ptr<Executor> makeExecutor(const py::bytes& spec_bytes, const py::list& constants) {
+  std::string_view bytes = spec_bytes;
+  spec::Value root = spec::decode(bytes);
+  return std::make_shared<Executor>(Program::fromSpec(root, tensorList(constants)));
+}
+
+py::list runBoxed(const Executor& ex, const py::list& args) {
+  std::vector<c10::IValue> inputs;
+  inputs.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) inputs.push_back(toIValue(args[i].ptr(), i));
+  std::vector<c10::IValue> outputs;
+  {
+    py::gil_scoped_release no_gil;  // Python kernels of custom ops take it back as needed
+    outputs = ex.run(std::move(inputs));
+  }
+  py::list result(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) result[i] = fromIValue(std::move(outputs[i]));
+  return result;
+}
+
+py::tuple runTimedBoxed(const Executor& ex, const py::list& args) {
+  std::vector<c10::IValue> inputs;
+  inputs.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) inputs.push_back(toIValue(args[i].ptr(), i));
+  std::vector<c10::IValue> outputs;
+  std::vector<int64_t> ns;
+  {
+    py::gil_scoped_release no_gil;
+    outputs = ex.runTimed(std::move(inputs), ns);
+  }
+  py::list result(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) result[i] = fromIValue(std::move(outputs[i]));
+  return py::make_tuple(result, ns);
+}
+
+std::string programSummary(const Program& p) { return describeProgram(p); }
+
+void registerErrors(py::module_& m) {
+  py::module_ errors = py::module_::import("graphex.errors");
+  static py::object program_error = errors.attr("ProgramError");
+  static py::object signature_error = errors.attr("SignatureError");
+  static py::object replay_error = errors.attr("ReplayError");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ProgramError& e) {
+      PyErr_SetString(program_error.ptr(), e.what());
+    } catch (const spec::SpecError& e) {
+      PyErr_SetString(program_error.ptr(), e.what());
+    } catch (const SignatureError& e) {
+      PyErr_SetString(signature_error.ptr(), e.what());
+    } catch (const ExecutionError& e) {
+      PyErr_SetString(replay_error.ptr(), e.what());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace graphex
+
+PYBIND11_MODULE(_C, m) {
+  using namespace graphex;
+  m.doc() = "graphex C++ core: programs built from specs, run through the c10 dispatcher";
+  registerErrors(m);
+
+  m.attr("SPEC_FORMAT_VERSION") = spec::kFormatVersion;
+
+  py::class_<Executor, std::shared_ptr<Executor>>(m, "Executor")
+      .def(py::init(&makeExecutor), py::arg("spec"), py::arg("constants"),
+           "Build a program from spec bytes and the constant tensors it refers to.")
+      .def("__call__", &runBoxed, py::arg("args"),
+           "Run on a list of inputs (boxed calling convention); returns a list of outputs.")
+      .def("run_timed", &runTimedBoxed, py::arg("args"),
+           "Run once, also timing every instruction: returns (outputs, [nanoseconds per instruction]).")
+      .def("node_names", [](const Executor& e) {
+             std::vector<std::pair<std::string, std::string>> out;
+             for (const auto& i : e.program().instructions)
+               out.emplace_back(e.program().nodes[i.debug].name, e.program().nodes[i.debug].target);
+             return out;
+           }, "(node name, target) of each instruction, in execution order.")
+      .def_property_readonly("name", [](const Executor& e) { return e.program().name; })
+      .def_property_readonly("num_ops", [](const Executor& e) { return e.program().numOps(); })
+      .def_property_readonly("num_inputs", [](const Executor& e) { return e.program().inputs.size(); })
+      .def_property_readonly("num_slots", [](const Executor& e) { return e.program().num_slots; })
+      .def_property_readonly("run_count", &Executor::runCount, "How many times the program has been run.")
+      .def("describe", [](const Executor& e) { return programSummary(e.program()); },
+           "A readable listing of the program: instructions, slots, moves and frees.")
+      .def_property_readonly_static("_boxed_call", [](py::object) { return true; });
+
+  m.def("dtype_code", [](at::ScalarType t) { return static_cast<int>(t); },
+        "The c10::ScalarType code of a torch.dtype, as stored in program specs.");
+  m.def("layout_code", [](c10::Layout l) { return static_cast<int>(l); });
+  m.def("memory_format_code", [](at::MemoryFormat f) { return static_cast<int>(f); });
+  m.def(
+      "decode_spec_text",
+      [](const py::bytes& b) { return spec::toText(spec::decode(std::string_view(b)), 1u << 20); },
+      "Decode spec bytes and render them as text (for debugging and tests).");
+}

@@ -1,0 +1,169 @@
+#include "runtime/executor.h"
+
+#include "runtime/sym_ops.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <chrono>
+#include <optional>
+
+namespace graphex {
+
+namespace {
+
+using Kind = ArgSource::Kind;
+
+inline c10::IValue readSlot(std::vector<c10::IValue>& slots, int32_t slot, bool move) {
+  if (move) return std::move(slots[slot]);
+  return slots[slot];
+}
+
+template <typename T, typename Convert>
+c10::IValue buildList(const ArgSource& a, std::vector<c10::IValue>& slots, Convert&& convert) {
+  c10::List<T> list;
+  list.reserve(a.items.size());
+  for (const ListItem& li : a.items) {
+    if (li.slot >= 0) list.push_back(convert(readSlot(slots, li.slot, li.move)));
+    else list.push_back(convert(li.constant));
+  }
+  return list;
+}
+
+inline c10::IValue argValue(const ArgSource& a, std::vector<c10::IValue>& slots) {
+  switch (a.kind) {
+    case Kind::Constant: return a.constant;
+    case Kind::Slot: return readSlot(slots, a.slot, a.move);
+    case Kind::SlotAsDouble: {
+      c10::IValue v = readSlot(slots, a.slot, a.move);
+      return v.isInt() ? c10::IValue(static_cast<double>(v.toInt())) : v;
+    }
+    case Kind::TensorList:
+      return buildList<at::Tensor>(a, slots, [](const c10::IValue& v) { return v.toTensor(); });
+    case Kind::OptionalTensorList:
+      return buildList<std::optional<at::Tensor>>(a, slots, [](const c10::IValue& v) {
+        return v.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(v.toTensor());
+      });
+    case Kind::IntList:
+      return buildList<int64_t>(a, slots, [](const c10::IValue& v) { return v.toInt(); });
+    case Kind::DoubleList:
+      return buildList<double>(a, slots, [](const c10::IValue& v) { return v.isInt() ? double(v.toInt()) : v.toDouble(); });
+    case Kind::BoolList:
+      return buildList<bool>(a, slots, [](const c10::IValue& v) { return v.toBool(); });
+  }
+  return {};
+}
+
+c10::IValue getItem(const c10::IValue& container, int64_t index) {
+  if (container.isTuple()) {
+    const auto& elems = container.toTupleRef().elements();
+    TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(elems.size()), "getitem index ", index,
+                " out of range for a tuple of ", elems.size());
+    return elems[index];
+  }
+  TORCH_CHECK(container.isList(), "getitem on a ", container.tagKind(), ", expected a list or tuple");
+  auto items = container.toListRef();
+  if (index < 0) index += static_cast<int64_t>(items.size());
+  TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(items.size()), "getitem index ", index,
+              " out of range for a list of ", items.size());
+  return items[index];
+}
+
+std::string describeNode(const Program& p, const Instruction& instr) {
+  const NodeInfo& info = p.nodes[instr.debug];
+  std::string s = "graphex: " + p.name + ": node '" + info.name + "' (" + info.target + ")";
+  if (!info.source.empty()) s += "\n  from user code: " + info.source;
+  return s;
+}
+
+}  // namespace
+
+Executor::Executor(Program program) : program_(std::move(program)) {}
+
+void Executor::checkInputs(const std::vector<c10::IValue>& inputs) const {
+  const Program& p = program_;
+  if (inputs.size() != p.inputs.size())
+    throw SignatureError("graphex: " + p.name + " takes " + std::to_string(p.inputs.size()) + " inputs, got " +
+                         std::to_string(inputs.size()));
+  if (!p.check_signature) return;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string why = describeMismatch(p.inputs[i], inputs[i]);
+    if (!why.empty())
+      throw SignatureError("graphex: " + p.name + ": input " + std::to_string(i) + " ('" + p.inputs[i].name +
+                           "') does not match the signature this graph was captured for: " + why +
+                           ". A new input signature needs its own capture (torch.compile recompiles "
+                           "automatically; a loaded program cannot).");
+  }
+}
+
+std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
+  return runImpl<false>(std::move(inputs), nullptr);
+}
+
+std::vector<c10::IValue> Executor::runTimed(std::vector<c10::IValue> inputs, std::vector<int64_t>& ns) const {
+  ns.resize(program_.instructions.size(), 0);
+  return runImpl<true>(std::move(inputs), ns.data());
+}
+
+template <bool kTimed>
+std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int64_t* ns) const {
+  const Program& p = program_;
+  runs_.fetch_add(1, std::memory_order_relaxed);
+  checkInputs(inputs);
+  RECORD_USER_SCOPE(p.name.c_str());
+
+  // Under no_grad the autograd kernels only forward to the next key; skip them.
+  // (Inference tensors skip them anyway.) View and version-counter bookkeeping
+  // (ADInplaceOrView) still runs, so results are indistinguishable from eager's.
+  std::optional<c10::impl::ExcludeDispatchKeyGuard> no_autograd;
+  if (!at::GradMode::is_enabled()) no_autograd.emplace(c10::autograd_dispatch_keyset);
+
+  std::vector<c10::IValue> slots(p.num_slots);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (p.input_slots[i] >= 0) slots[p.input_slots[i]] = std::move(inputs[i]);
+
+  torch::jit::Stack stack;
+  stack.reserve(16);
+  const size_t n = p.instructions.size();
+  size_t pc = 0;
+  try {
+    for (; pc < n; ++pc) {
+      const Instruction& instr = p.instructions[pc];
+      std::chrono::steady_clock::time_point start;
+      if constexpr (kTimed) start = std::chrono::steady_clock::now();
+      stack.clear();
+      for (const ArgSource& a : instr.args) stack.push_back(argValue(a, slots));
+      switch (instr.kind) {
+        case InstrKind::Op:
+          instr.op->callBoxed(stack);
+          TORCH_INTERNAL_ASSERT(stack.size() == instr.outs.size(), "operator returned ", stack.size(),
+                                " values, schema promises ", instr.outs.size());
+          for (size_t r = 0; r < instr.outs.size(); ++r)
+            if (instr.outs[r] >= 0) slots[instr.outs[r]] = std::move(stack[r]);
+          break;
+        case InstrKind::GetItem:
+          if (instr.outs[0] >= 0) slots[instr.outs[0]] = getItem(stack[0], stack[1].toInt());
+          break;
+        case InstrKind::Sym:
+          if (instr.outs[0] >= 0) slots[instr.outs[0]] = applySymFn(instr.sym, stack.data(), stack.size());
+          break;
+      }
+      for (int32_t s : instr.frees) slots[s] = c10::IValue();
+      if constexpr (kTimed)
+        ns[pc] += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    }
+  } catch (const c10::Error& e) {
+    throw ExecutionError(describeNode(p, p.instructions[pc]) + "\n  failed: " + e.what_without_backtrace(),
+                         p.instructions[pc].debug);
+  } catch (const std::exception& e) {
+    throw ExecutionError(describeNode(p, p.instructions[pc]) + "\n  failed: " + e.what(), p.instructions[pc].debug);
+  }
+
+  std::vector<c10::IValue> outputs;
+  outputs.reserve(p.outputs.size());
+  for (const ArgSource& out : p.outputs) outputs.push_back(out.kind == Kind::Slot ? slots[out.slot] : out.constant);
+  return outputs;
+}
+
+}  // namespace graphex

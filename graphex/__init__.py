@@ -1,0 +1,34 @@
+"""graphex: capture a model's ATen graph once with torch.compile and replay it from C++.
+
+    import torch, graphex
+    compiled = torch.compile(model, backend="graphex", fullgraph=True, dynamic=False)
+
+See README.md for the options, custom operators, the compile cache and the tools.
+"""
+
+from __future__ import annotations
+
+import torch  # noqa: F401  (loads libtorch before our extension)
+
+from . import _C  # noqa: F401
+from .backend import graphex_backend, npugraph_ex_backend, register as _register
+from .errors import (
+    CacheError,
+    CaptureError,
+    CustomOpError,
+    GraphexError,
+    OptionsError,
+    ProgramError,
+    ReplayError,
+    SignatureError,
+)
+from .options import Options
+
+__version__ = "0.1.0"
+
+_register()
+
+__all__ = [
+    "graphex_backend", "npugraph_ex_backend", "Options", "GraphexError", "OptionsError", "CaptureError",
+    "ProgramError", "SignatureError", "ReplayError", "CustomOpError", "CacheError", "__version__",
+]

@@ -1,0 +1,30 @@
+"""Where an FX node came from in the user's code, for error messages and dumps."""
+
+from __future__ import annotations
+
+import re
+
+import torch.fx
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
+
+
+def user_frame(node: torch.fx.Node) -> tuple[str, int, str, str] | None:
+    """(file, line, function, code) of the innermost user frame that produced `node`."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    frames = list(_FRAME.finditer(trace))
+    if not frames:
+        return None
+    m = frames[-1]
+    return m["file"], int(m["line"]), m["fn"], m["code"].strip()
+
+
+def source_line(node: torch.fx.Node) -> str:
+    """'model.py:42 in forward: y = self.fc(x)', or '' when the node has no stack trace."""
+    frame = user_frame(node)
+    if frame is None:
+        return ""
+    file, line, fn, code = frame
+    return f"{file}:{line} in {fn}: {code}"

@@ -1,0 +1,101 @@
+"""From a Dynamo graph to a replayable program.
+
+    Dynamo FX graph
+      └─ AOTAutograd (inference, keep_inference_input_mutations=True): functional ATen graph
+           └─ passes (graphex/passes): reinplace, remove no-ops, the user's passes
+                └─ lower (graphex/lower.py): program spec
+                     └─ graphex._C.Executor: ops resolved once, run from C++
+
+When autograd is needed (grad mode on and an input requires grad) the engine is
+not used: AOTAutograd's eager path runs instead, with a one-time message, so
+gradients are always right (Note [Inference first]).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+from torch._functorch._aot_autograd.utils import make_boxed_func
+from torch._functorch.aot_autograd import aot_module_simplified
+from torch._guards import TracingContext, detect_fake_mode
+
+from . import _log
+from ._warn import warn_once
+from .dump import dump_graph
+from .lower import lower
+from .options import Options
+from .passes import run_passes
+from .runtime import CompiledGraph
+
+_graph_ids = itertools.count()
+
+
+def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
+    """The backend proper: Dynamo's graph and example inputs in, a callable out."""
+    # Note [Inference first]
+    # The engine replays inference graphs. Training needs a backward graph and saved
+    # activations; rather than run it wrong, we hand it to AOTAutograd's eager path.
+    needs_autograd = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+    if needs_autograd:
+        warn_once(
+            "autograd",
+            "graphex: this graph needs autograd (grad mode is on and an input or parameter requires grad), "
+            "so it runs on AOTAutograd's eager path, not on the graphex engine. Gradients are correct. "
+            "For the engine, call the model under torch.no_grad() or torch.inference_mode(), or "
+            "set requires_grad_(False) on its parameters.")
+        eager = make_boxed_func_nop()
+        return aot_module_simplified(gm, example_inputs, fw_compiler=eager, bw_compiler=eager)
+
+    def inference_compiler(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any]) -> CompiledGraph:
+        return capture(fx_gm, flat_inputs, options)
+
+    return aot_module_simplified(
+        gm, example_inputs,
+        fw_compiler=inference_compiler,
+        inference_compiler=inference_compiler,
+        keep_inference_input_mutations=True,
+    )
+
+
+def make_boxed_func_nop() -> Callable[..., Any]:
+    def nop(fx_gm: torch.fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
+        return make_boxed_func(fx_gm.forward)
+
+    return nop
+
+
+def capture(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], options: Options) -> CompiledGraph:
+    """Optimize and lower one functional ATen graph; returns the boxed callable AOTAutograd runs."""
+    start = time.perf_counter()
+    graph_id = next(_graph_ids)
+    name = f"graph_{graph_id}"
+    fake_mode = detect_fake_mode(flat_inputs)
+    kept = run_passes(fx_gm, options, fake_mode)
+    for copy in kept:
+        _log.info("%s: %s", name, copy)
+
+    static_inputs = _static_input_indices(len(flat_inputs))
+    compiled = CompiledGraph(name, fx_gm, options, static_inputs=static_inputs, kept_copies=kept,
+                             example_inputs=flat_inputs)
+    elapsed = (time.perf_counter() - start) * 1000
+    _log.info("%s: captured %d ops, %d inputs, %d outputs in %.1f ms%s", name, compiled.num_ops,
+              len(flat_inputs), compiled.num_outputs, elapsed, " (dynamic shapes)" if compiled.dynamic else "")
+    if options.dump_dir:
+        dump_graph(options.dump_dir, compiled)
+    return compiled
+
+
+def _static_input_indices(num_inputs: int) -> list[int]:
+    """Graph inputs that are parameters or buffers (for frozen_parameter)."""
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    indices = list(getattr(meta, "static_input_indices", None) or [])
+    return [i for i in indices if i < num_inputs]
+
+
+__all__ = ["compile_dynamo_graph", "capture", "lower"]

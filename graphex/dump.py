@@ -1,0 +1,49 @@
+"""Readable dumps of captured graphs (option dump_dir / GRAPHEX_DUMP=dir).
+
+Per graph: <name>.py, the optimized ATen graph as Python code with the user's
+source lines, the copies kept and why; <name>.plan.txt, the engine's program
+(slots, moves, frees). Files are written whole (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import TYPE_CHECKING
+
+from . import _log
+
+if TYPE_CHECKING:
+    from .runtime import CompiledGraph
+
+
+def dump_graph(directory: str, compiled: "CompiledGraph") -> None:
+    try:
+        os.makedirs(directory, exist_ok=True)
+        header = [
+            f"# graphex capture {compiled.name}: {compiled.num_ops} ops, {compiled.num_outputs} outputs"
+            + (", dynamic shapes" if compiled.dynamic else ""),
+            f"# options: { {k: v for k, v in vars(compiled.options).items() if v is not None} }",
+        ]
+        for copy in compiled.kept_copies:
+            header.append(f"# {copy}")
+        write_atomic(os.path.join(directory, f"{compiled.name}.py"), "\n".join(header) + "\n\n" + compiled.code())
+        write_atomic(os.path.join(directory, f"{compiled.name}.plan.txt"), compiled.plan())
+        _log.info("%s: dumped to %s", compiled.name, directory)
+    except OSError as e:
+        _log.info("%s: could not write dump to %s: %s", compiled.name, directory, e)
+
+
+def write_atomic(path: str, text: str) -> None:
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,328 @@
+"""Lowering: an ATen-level FX graph becomes a program spec for the C++ core.
+
+Each value in the graph gets a slot; each call becomes a node of the spec that
+names its operator and refers to slots and constants (see graphex/_spec.py and
+csrc/program/spec.h). Nothing here runs anything: C++ resolves the operators and
+checks every argument against its schema when it builds the Program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
+
+from . import _log
+from ._source import source_line
+from ._spec import Const, Slot
+from .errors import CaptureError
+
+
+@dataclasses.dataclass
+class LoweredGraph:
+    spec: dict[str, Any]
+    constants: list[torch.Tensor]
+    num_ops: int
+    # Indices of graph inputs that are not bound at run time (frozen parameters).
+    frozen_inputs: list[int]
+    dynamic: bool
+
+
+# Python callables that appear in graphs with symbolic shapes, by spec name.
+_SYM_FNS: dict[Callable[..., Any], str] = {
+    operator.add: "add", operator.sub: "sub", operator.mul: "mul",
+    operator.floordiv: "floordiv", operator.truediv: "truediv", operator.mod: "mod",
+    operator.pow: "pow", operator.neg: "neg", operator.abs: "abs",
+    operator.eq: "eq", operator.ne: "ne", operator.lt: "lt", operator.le: "le",
+    operator.gt: "gt", operator.ge: "ge", operator.and_: "and", operator.or_: "or",
+    operator.not_: "not", torch.sym_not: "not", torch.sym_max: "max", torch.sym_min: "min",
+    torch.sym_float: "float", torch.sym_int: "int", math.ceil: "ceil", math.floor: "floor",
+    math.trunc: "int",
+}
+for _name, _spec_name in (("_sym_ceil", "ceil"), ("_sym_floor", "floor")):
+    if hasattr(torch, _name):
+        _SYM_FNS[getattr(torch, _name)] = _spec_name
+try:  # the FX-level sym helpers torch uses in shape expressions
+    from torch.fx.experimental import sym_node as _sym_node
+
+    for _name, _spec_name in (("sym_max", "max"), ("sym_min", "min")):
+        if hasattr(_sym_node, _name):
+            _SYM_FNS[getattr(_sym_node, _name)] = _spec_name
+except ImportError:  # pragma: no cover
+    pass
+
+
+def lower(gm: torch.fx.GraphModule, *, name: str, frozen: dict[int, torch.Tensor] | None = None) -> LoweredGraph:
+    """Lower `gm` (functional or reinplaced ATen graph) to a program spec.
+
+    `frozen` maps graph-input indices to the real tensors to bake in as constants
+    (option frozen_parameter). Raises CaptureError naming the node, its source line
+    and the fix when something cannot run on the engine.
+    """
+    return _Lowering(gm, name, frozen or {}).run()
+
+
+class _Lowering:
+    def __init__(self, gm: torch.fx.GraphModule, name: str, frozen: dict[int, torch.Tensor]) -> None:
+        self.gm = gm
+        self.name = name
+        self.frozen = frozen
+        self.value_of: dict[torch.fx.Node, Any] = {}  # node -> Slot / Const / python constant
+        self.num_slots = 0
+        self.constants: list[torch.Tensor] = []
+        self.constant_index: dict[int, int] = {}
+        self.nodes: list[dict[str, Any]] = []
+        self.inputs: list[dict[str, Any]] = []
+        self.num_ops = 0
+        self.dynamic = False
+
+    # -- slots and constants --------------------------------------------------
+    def new_slot(self) -> Slot:
+        self.num_slots += 1
+        return Slot(self.num_slots - 1)
+
+    def const(self, t: torch.Tensor) -> Const:
+        key = id(t)
+        if key not in self.constant_index:
+            self.constant_index[key] = len(self.constants)
+            self.constants.append(t)
+        return Const(self.constant_index[key])
+
+    # -- driver ---------------------------------------------------------------
+    def run(self) -> LoweredGraph:
+        outputs: list[Any] = []
+        input_index = 0
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.placeholder(node, input_index)
+                input_index += 1
+            elif node.op == "get_attr":
+                self.get_attr(node)
+            elif node.op == "call_function":
+                self.call_function(node)
+            elif node.op == "output":
+                outputs = [self.arg(a, node) for a in _flatten_outputs(node.args[0])]
+            else:
+                raise self.error(node, f"{node.op} nodes cannot be captured",
+                                 "call_module/call_method nodes should not survive AOTAutograd; "
+                                 "please report this graph (GRAPHEX_DUMP=dir writes it out).")
+        spec = {
+            "name": self.name,
+            "num_slots": self.num_slots,
+            "inputs": self.inputs,
+            "nodes": self.nodes,
+            "outputs": outputs,
+            "num_constants": len(self.constants),
+        }
+        return LoweredGraph(spec, self.constants, self.num_ops, sorted(self.frozen), self.dynamic)
+
+    def placeholder(self, node: torch.fx.Node, index: int) -> None:
+        val = node.meta.get("val")
+        if index in self.frozen:
+            self.value_of[node] = self.const(self.frozen[index])
+            self.inputs.append({"name": node.name, "kind": "other", "slot": self.new_slot().index})
+            return
+        slot = self.new_slot()
+        self.value_of[node] = slot
+        entry: dict[str, Any] = {"name": node.name, "slot": slot.index}
+        if isinstance(val, torch.Tensor):
+            from . import _C
+
+            sizes = [_static_int(s) for s in val.shape]
+            strides = [_static_int(s) for s in val.stride()]
+            self.dynamic |= None in sizes
+            entry.update(kind="tensor", dtype=_C.dtype_code(val.dtype), device=str(val.device),
+                         sizes=sizes, strides=strides)
+        elif isinstance(val, (torch.SymBool, bool)):
+            entry["kind"] = "bool"
+        elif isinstance(val, (torch.SymInt, int)):
+            self.dynamic |= isinstance(val, torch.SymInt)
+            entry["kind"] = "int"
+        elif isinstance(val, (torch.SymFloat, float)):
+            entry["kind"] = "float"
+        else:
+            entry["kind"] = "other"
+        self.inputs.append(entry)
+
+    def get_attr(self, node: torch.fx.Node) -> None:
+        value = _fetch_attr(self.gm, str(node.target))
+        if isinstance(value, torch.Tensor):
+            self.value_of[node] = self.const(value)
+        else:
+            raise self.error(node, f"attribute {node.target!r} of type {type(value).__name__} cannot be captured",
+                             "only tensor constants can be baked into a graph; control flow (torch.cond, "
+                             "while_loop) and other subgraphs are not supported by graphex yet. Run this part "
+                             "outside the compiled region, or use options={'force_eager': True}.")
+
+    def call_function(self, node: torch.fx.Node) -> None:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            self.op(node, target)
+        elif target is operator.getitem:
+            self.getitem(node)
+        elif target in _SYM_FNS:
+            self.sym(node, _SYM_FNS[target])
+        elif isinstance(target, torch._ops.HigherOrderOperator):
+            raise self.error(node, f"higher-order op {target.__name__} cannot be replayed by the engine",
+                             "control flow and other higher-order ops are not supported by graphex yet; "
+                             "move them out of the compiled region or use options={'force_eager': True}.")
+        else:
+            raise self.error(node, f"Python function {_qualname(target)} cannot be replayed by the engine",
+                             "the graph calls a Python function that is not an operator. Wrap it as a custom "
+                             "operator (torch.library.custom_op) so it has a schema, or keep it outside the "
+                             "compiled region.")
+
+    def op(self, node: torch.fx.Node, target: torch._ops.OpOverload) -> None:
+        schema = target._schema
+        returns = schema.returns
+        outs: list[int] = []
+        if len(returns) == 1:
+            slot = self.new_slot()
+            self.value_of[node] = slot
+            outs = [slot.index]
+        elif len(returns) > 1:
+            # Tuple-returning op: each getitem user reads its element's slot directly.
+            slots = [self.new_slot() for _ in returns]
+            self.value_of[node] = tuple(slots)
+            outs = [s.index for s in slots]
+        else:
+            self.value_of[node] = None
+        args = [self.tensor_arg(a, node) if _wants_tensor(schema, i) else self.arg(a, node)
+                for i, a in enumerate(node.args)]
+        kwargs = {k: self.tensor_arg(v, node) if _wants_tensor(schema, k) else self.arg(v, node)
+                  for k, v in node.kwargs.items()}
+        self.nodes.append({
+            "kind": "op", "name": node.name, "target": _op_text(target), "source": source_line(node),
+            "op": schema.name, "overload": target._overloadname, "args": args, "kwargs": kwargs, "outs": outs,
+        })
+        self.num_ops += 1
+        if _log.detail_enabled():
+            _log.detail("  %s: %s(%s)%s", node.name, _op_text(target),
+                        ", ".join(map(repr, args + [f"{k}={v!r}" for k, v in kwargs.items()])),
+                        f"  # {source_line(node)}" if source_line(node) else "")
+
+    def getitem(self, node: torch.fx.Node) -> None:
+        source, index = node.args
+        produced = self.value_of.get(source)  # type: ignore[arg-type]
+        if isinstance(produced, tuple):
+            self.value_of[node] = produced[index]  # type: ignore[index]
+            return
+        slot = self.new_slot()
+        self.value_of[node] = slot
+        self.nodes.append({"kind": "getitem", "name": node.name, "target": "getitem", "source": source_line(node),
+                           "args": [self.arg(source, node), index], "outs": [slot.index]})
+
+    def sym(self, node: torch.fx.Node, fn: str) -> None:
+        slot = self.new_slot()
+        self.value_of[node] = slot
+        self.dynamic = True
+        if node.kwargs:
+            raise self.error(node, f"keyword arguments to sym.{fn}", "please report this graph.")
+        self.nodes.append({"kind": "sym", "name": node.name, "target": f"sym.{fn}", "source": source_line(node),
+                           "fn": fn, "args": [self.arg(a, node) for a in node.args], "outs": [slot.index]})
+
+    # -- arguments --------------------------------------------------------------
+    def tensor_arg(self, a: Any, user: torch.fx.Node) -> Any:
+        """An argument the schema types as Tensor: a symbolic number there becomes a wrapped-number tensor."""
+        if isinstance(a, torch.fx.Node) and not isinstance(a.meta.get("val"), torch.Tensor) and a in self.value_of:
+            slot = self.new_slot()
+            self.nodes.append({"kind": "sym", "name": f"{a.name}_as_tensor", "target": "sym.scalar_tensor",
+                               "source": source_line(user), "fn": "scalar_tensor",
+                               "args": [self.arg(a, user)], "outs": [slot.index]})
+            return slot
+        return self.arg(a, user)
+
+    def arg(self, a: Any, user: torch.fx.Node) -> Any:
+        if isinstance(a, torch.fx.Node):
+            if a not in self.value_of:
+                raise self.error(user, f"uses {a.name} before it is defined", "please report this graph.")
+            v = self.value_of[a]
+            if isinstance(v, tuple):
+                raise self.error(user, f"uses the whole tuple output of {a.name}", "please report this graph.")
+            return v
+        if isinstance(a, (list, tuple)):
+            return [self.arg(x, user) for x in a]
+        if a is None or isinstance(a, (bool, int, float, str)):
+            if isinstance(a, float) and not math.isfinite(a):
+                return a  # inf / nan are valid float constants
+            return a
+        if isinstance(a, torch.dtype):
+            from . import _C
+
+            return _C.dtype_code(a)
+        if isinstance(a, torch.device):
+            return str(a)
+        if isinstance(a, torch.layout):
+            from . import _C
+
+            return _C.layout_code(a)
+        if isinstance(a, torch.memory_format):
+            from . import _C
+
+            return _C.memory_format_code(a)
+        if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor):
+            return self.const(a)
+        raise self.error(user, f"has an argument of type {type(a).__name__} ({a!r}) that cannot be captured",
+                         "pass it as a tensor or a Python number instead.")
+
+    def error(self, node: torch.fx.Node, what: str, fix: str) -> CaptureError:
+        where = source_line(node)
+        return CaptureError(
+            f"graphex cannot capture node '{node.name}' ({_target_text(node)}): {what}.\n"
+            + (f"  from user code: {where}\n" if where else "")
+            + f"  fix: {fix}")
+
+
+def _wants_tensor(schema: torch._C.FunctionSchema, position: int | str) -> bool:
+    if isinstance(position, int):
+        if position >= len(schema.arguments):
+            return False
+        formal = schema.arguments[position]
+    else:
+        formal = next((f for f in schema.arguments if f.name == position), None)
+        if formal is None:
+            return False
+    return isinstance(formal.type, torch.TensorType)
+
+
+def _static_int(s: Any) -> int | None:
+    if isinstance(s, int):
+        return s
+    if isinstance(s, torch.SymInt):
+        expr = s.node.maybe_as_int()
+        return int(expr) if expr is not None else None
+    return None
+
+
+def _flatten_outputs(out: Any) -> list[Any]:
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    return [out]
+
+
+def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _op_text(op: torch._ops.OpOverload) -> str:
+    return f"{op._schema.name}.{op._overloadname}"
+
+
+def _qualname(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}"
+
+
+def _target_text(node: torch.fx.Node) -> str:
+    if isinstance(node.target, torch._ops.OpOverload):
+        return _op_text(node.target)
+    if callable(node.target):
+        return _qualname(node.target)
+    return str(node.target)

@@ -1,0 +1,158 @@
+"""The options of the graphex backend: `torch.compile(..., options={...})`.
+
+Every option is declared once here, with its type, default and meaning; the
+README's option table is generated from the same text (`python -m graphex options`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+from .errors import OptionsError
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    default: Any
+    types: tuple[type, ...]
+    doc: str
+
+
+_SPECS: dict[str, _Spec] = {
+    "force_eager": _Spec(
+        False, (bool,),
+        "Run the optimized ATen graph (after all graphex passes) with PyTorch's FX "
+        "interpreter instead of the C++ engine. For bisecting: if results differ with "
+        "False but not with True, the engine is at fault; otherwise a pass is."),
+    "capture_limit": _Spec(
+        64, (int,),
+        "Most input signatures (shapes, dtypes, strides, int values of dynamic sizes) one "
+        "compiled graph replays on the engine. With dynamic=True each new concrete "
+        "signature is one capture; past the limit that graph runs eagerly, with one warning."),
+    "clone_output": _Spec(
+        False, (bool,),
+        "Clone every output the graph computes before returning it. On CPU outputs are "
+        "always fresh tensors, so this only costs a copy; kept for npugraph_ex scripts."),
+    "frozen_parameter": _Spec(
+        False, (bool,),
+        "Treat parameters and buffers as constants of the captured program: they are bound "
+        "once at capture instead of on every call. In-place updates of their data are "
+        "still seen; replacing a parameter object after compiling is not."),
+    "inplace_pass": _Spec(
+        True, (bool,),
+        "Reinplace functional ops on intermediates (auto_functionalized custom ops, "
+        "index_put, scatter) so they write in place instead of cloning."),
+    "input_inplace_pass": _Spec(
+        True, (bool,),
+        "Turn 'out-of-place op + copy_ back into the input' (what functionalization makes of "
+        "an in-place update of a graph input, e.g. a KV cache) back into the in-place op, so "
+        "the caller's tensor is written directly with no copy."),
+    "remove_noop_ops": _Spec(
+        True, (bool,),
+        "Drop ops that do nothing (clone of a dead value, view to the same shape, "
+        "same-dtype conversion, ...)."),
+    "post_grad_custom_pre_pass": _Spec(
+        None, (type(None), Callable),  # type: ignore[arg-type]
+        "A callable `fn(graph: torch.fx.Graph) -> None` run on the functional ATen graph "
+        "before graphex's own passes."),
+    "post_grad_custom_post_pass": _Spec(
+        None, (type(None), Callable),  # type: ignore[arg-type]
+        "A callable `fn(graph: torch.fx.Graph) -> None` run after graphex's passes, just "
+        "before the graph is lowered to the C++ program."),
+    "dump_dir": _Spec(
+        None, (type(None), str, os.PathLike),
+        "Directory to write, per captured graph, its readable code (graph_N.py) and the "
+        "engine's plan (graph_N.plan.txt). Also set by the GRAPHEX_DUMP environment variable."),
+    "validate_fake": _Spec(
+        True, (bool,),
+        "On the first replay, check each custom op's real outputs against what its "
+        "fake/Meta function promised (shape, dtype, device) and raise naming the op on a "
+        "mismatch. Costs one extra interpreted run per capture."),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    force_eager: bool = False
+    capture_limit: int = 64
+    clone_output: bool = False
+    frozen_parameter: bool = False
+    inplace_pass: bool = True
+    input_inplace_pass: bool = True
+    remove_noop_ops: bool = True
+    post_grad_custom_pre_pass: Callable[..., Any] | None = None
+    post_grad_custom_post_pass: Callable[..., Any] | None = None
+    dump_dir: str | None = None
+    validate_fake: bool = True
+
+    @staticmethod
+    def from_user(options: dict[str, Any] | Options | None) -> Options:
+        """Validate a user's options dict; unknown keys and bad values raise OptionsError (a ValueError)."""
+        if isinstance(options, Options):
+            return options
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(_SPECS))
+        if unknown:
+            raise OptionsError(
+                f"graphex: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}. "
+                f"Valid options: {', '.join(sorted(_SPECS))}. See `python -m graphex options` for what each does.")
+        for key, value in options.items():
+            spec = _SPECS[key]
+            ok = any(_is_instance(value, t) for t in spec.types)
+            if spec.types == (bool,) and not isinstance(value, bool):
+                ok = False
+            if spec.types == (int,) and (isinstance(value, bool) or not isinstance(value, int)):
+                ok = False
+            if not ok:
+                wanted = " or ".join(_type_name(t) for t in spec.types)
+                raise OptionsError(f"graphex: option {key!r} must be {wanted}, got {value!r}.")
+        if options.get("capture_limit", 1) < 1:
+            raise OptionsError(f"graphex: option 'capture_limit' must be at least 1, got {options['capture_limit']}.")
+        if options.get("dump_dir") is None and os.environ.get("GRAPHEX_DUMP"):
+            options["dump_dir"] = os.environ["GRAPHEX_DUMP"]
+        if options.get("dump_dir") is not None:
+            options["dump_dir"] = os.fspath(options["dump_dir"])
+        return Options(**options)
+
+    def cache_key(self) -> dict[str, Any]:
+        """The options as plain data for a cache key (callables by qualified name and source)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "dump_dir":
+                continue  # where dumps go does not change the program
+            if callable(value):
+                value = _callable_identity(value)
+            out[f.name] = value
+        return out
+
+
+def option_docs() -> list[tuple[str, Any, str]]:
+    """(name, default, meaning) for every option, in declaration order."""
+    return [(name, spec.default, spec.doc) for name, spec in _SPECS.items()]
+
+
+def _is_instance(value: Any, t: Any) -> bool:
+    if t is Callable:
+        return callable(value)
+    return isinstance(value, t)
+
+
+def _type_name(t: Any) -> str:
+    if t is Callable:
+        return "a callable"
+    if t is type(None):
+        return "None"
+    return t.__name__
+
+
+def _callable_identity(fn: Callable[..., Any]) -> str:
+    import inspect
+
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    try:
+        return name + "\n" + inspect.getsource(fn)
+    except (OSError, TypeError):
+        return name

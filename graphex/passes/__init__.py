@@ -1,0 +1,66 @@
+"""Graph passes run on the functional ATen graph AOTAutograd hands us, in order:
+
+  1. options.post_grad_custom_pre_pass (the user's)
+  2. remove no-op ops                (option remove_noop_ops; inductor's pass)
+  3. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
+  4. dead code elimination
+  5. options.post_grad_custom_post_pass (the user's)
+
+The result still runs under torch.fx, which is what `force_eager` uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch.fx
+from torch._inductor.fx_passes.post_grad import remove_noop_ops
+from torch._inductor.virtualized import V
+
+from ..options import Options
+from .reinplace import KeptCopy, reinplace_graph
+
+__all__ = ["run_passes", "KeptCopy"]
+
+
+def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object) -> list[KeptCopy]:
+    """Transform `gm` in place; returns the copies the replay still has to make, with reasons."""
+    if options.post_grad_custom_pre_pass is not None:
+        options.post_grad_custom_pre_pass(gm.graph)
+        gm.recompile()
+    with _new_nodes_inherit_source():
+        if options.remove_noop_ops:
+            with V.set_fake_mode(fake_mode):
+                remove_noop_ops(gm.graph)
+        kept = reinplace_graph(gm, fake_mode, intermediates=options.inplace_pass, inputs=options.input_inplace_pass)
+    gm.graph.eliminate_dead_code()
+    if options.post_grad_custom_post_pass is not None:
+        options.post_grad_custom_post_pass(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    return kept
+
+
+@contextlib.contextmanager
+def _new_nodes_inherit_source() -> Iterator[None]:
+    """Nodes that passes create inherit the user's source line of the node they are inserted before.
+
+    Passes rewrite a node by inserting its replacement just before it; without this,
+    the replacement (e.g. the in-place `copy_` that reinplacing makes of a slice
+    assignment) would lose the stack trace that errors and dumps show.
+    """
+    original = torch.fx.Graph.create_node
+
+    def create_node(self: torch.fx.Graph, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = original(self, *args, **kwargs)
+        anchor = node.next
+        if "stack_trace" not in node.meta and anchor.op != "root" and anchor.meta.get("stack_trace"):
+            node.meta["stack_trace"] = anchor.meta["stack_trace"]
+        return node
+
+    torch.fx.Graph.create_node = create_node  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.fx.Graph.create_node = original  # type: ignore[method-assign]

@@ -1,0 +1,121 @@
+"""Fold "functional op, then copy_ the result back" into the op's in-place variant.
+
+Functionalization turns `cache[i].index_copy_(2, pos, k)` into
+
+    v   = select(cache, 0, i)
+    new = index_copy(v, 2, pos, k)         # a full copy of the cache layer
+    copy_(select(cache, 0, i), new)        # and a full copy back
+
+Inductor's reinplacing covers index_put, scatters and auto_functionalized ops but
+not every op with an in-place twin. This pass handles the rest generically: when
+`copy_(dst, f(base, ...))` writes back into the very memory `base` names (views of
+the same root tensor with the same sizes, strides and offset), `f` has an in-place variant `f_` with the
+same schema, the result has base's shape and dtype, and nothing reads or writes
+that storage between `f` and the `copy_`, then `f(base, ...)` becomes
+`f_(base, ...)` and the `copy_` disappears (Note [In-place means in place]).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch._inductor.fx_passes.reinplace import META_ONLY_OPS
+from torch.fx.passes.reinplace import _is_view_op, _maybe_get_inplace_op
+
+aten = torch.ops.aten
+
+
+def fold_copy_backs(graph: torch.fx.Graph, *, inputs: bool = True, intermediates: bool = True) -> int:
+    """Rewrite every foldable copy-back in `graph`; returns how many were folded.
+
+    `inputs` / `intermediates` say whether copy-backs into graph inputs (and views of
+    them) / into intermediate tensors may be folded (options input_inplace_pass / inplace_pass).
+    """
+    folded = 0
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for copy_node in list(graph.find_nodes(op="call_function", target=aten.copy_.default)):
+        dst, written = copy_node.args[0], copy_node.args[1]
+        if not (isinstance(dst, torch.fx.Node) and isinstance(written, torch.fx.Node)):
+            continue
+        if copy_node.kwargs.get("non_blocking") or (len(copy_node.args) > 2 and copy_node.args[2]):
+            continue
+        # `written` may be the end of a chain of in-place ops on the functional result
+        # (index_copy, then index_put_ on it): fold the functional op at its start.
+        src = _resolve_inplace(written)
+        inplace = _maybe_get_inplace_op(src.target)
+        if inplace is None or not src.args or not isinstance(src.args[0], torch.fx.Node):
+            continue
+        base = src.args[0]
+        into_input = _root(dst).op == "placeholder"
+        if (into_input and not inputs) or (not into_input and not intermediates):
+            continue
+        if not (_same_memory(base, dst) and _same_meta(src, dst) and _no_internal_overlap(base)):
+            continue
+        # Readers of the functional result read the same values once it lives in `base`;
+        # what must not exist is a reader (or writer) of base's old value in between.
+        if _storage_touched_between(graph, base, src, copy_node, order):
+            continue
+        src.target = inplace
+        copy_node.replace_all_uses_with(dst)
+        graph.erase_node(copy_node)
+        folded += 1
+    return folded
+
+
+def _val(node: torch.fx.Node) -> torch.Tensor | None:
+    val = node.meta.get("val")
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _same_memory(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    """Views of one root tensor with one layout. (The fake tensors' storages cannot be
+    compared here: after reinplacing, a view's meta may still name the storage of the
+    functional value it was taken from.)"""
+    va, vb = _val(a), _val(b)
+    if va is None or vb is None or _root(a) is not _root(b):
+        return False
+    return _same_layout(va, vb)
+
+
+def _same_meta(src: torch.fx.Node, dst: torch.fx.Node) -> bool:
+    vs, vd = _val(src), _val(dst)
+    return vs is not None and vd is not None and vs.dtype == vd.dtype and vs.shape == vd.shape
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
+
+    return (a.dtype == b.dtype and statically_known_true(sym_eq(a.shape, b.shape))
+            and statically_known_true(sym_eq(a.stride(), b.stride()))
+            and statically_known_true(sym_eq(a.storage_offset(), b.storage_offset())))
+
+
+def _no_internal_overlap(node: torch.fx.Node) -> bool:
+    v = _val(node)
+    return v is not None and all(not (st == 0 and sz > 1) for sz, st in zip(v.shape, v.stride()))
+
+
+def _storage_touched_between(graph: torch.fx.Graph, base: torch.fx.Node, src: torch.fx.Node,
+                             copy_node: torch.fx.Node, order: dict[torch.fx.Node, int]) -> bool:
+    """True if a node strictly between `src` and `copy_node` reads or writes base's root tensor."""
+    root = _root(base)
+    node = src.next
+    while node is not copy_node and node.op != "root":
+        if node.target not in META_ONLY_OPS and not _is_view_op(node.target):
+            if any(_root(arg) is root for arg in node.all_input_nodes):
+                return True
+        node = node.next
+    return False
+
+
+def _resolve_inplace(node: torch.fx.Node) -> torch.fx.Node:
+    from .reinplace import _resolve_alias
+
+    return _resolve_alias(node)
+
+
+def _root(node: torch.fx.Node) -> torch.fx.Node:
+    """The tensor whose memory `node` names: through views and in-place results (index_put_(x) is x)."""
+    from .reinplace import _root as root_through_views_and_inplace
+
+    return root_through_views_and_inplace(node)

@@ -1,0 +1,246 @@
+"""Reinplacing: functional ops go back to writing in place, and we say where we could not.
+
+Note [In-place means in place]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+AOTAutograd functionalizes the graph: `cache.index_copy_(0, pos, v)` on a graph
+input becomes `new = index_copy(cache, ...)` plus a `copy_(cache, new)` epilogue,
+and a mutable custom op becomes `auto_functionalized(_v2)(op, ...)`, which clones
+every mutated argument. Replayed like that, each step would copy the whole cache.
+
+We reuse inductor's reinplacing pass, which proves per op that nothing reads the
+old value afterwards and then rewrites it to the in-place form, drops the
+epilogue copy, and marks which auto_functionalized arguments still need a clone.
+Two changes for graphex:
+  * inductor declines to reinplace a scatter into a graph input when it thinks a
+    fused functional kernel would be faster; with no fusion here, in place always
+    wins, so that heuristic is replaced by "always" while the pass runs;
+  * the npugraph_ex switches `inplace_pass` (intermediates) and
+    `input_inplace_pass` (graph inputs) are honoured by hiding from the pass what
+    it must not touch: the epilogue copies (inputs) or, by listing intermediates as
+    extra graph outputs for the duration of the pass, their last use (intermediates).
+Where a copy is kept we log which later node reads the old value (GRAPHEX_LOG=1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator
+from unittest import mock
+
+import torch
+import torch.fx
+from torch._inductor.fx_passes import reinplace as inductor_reinplace
+from torch._inductor.fx_passes.post_grad import decompose_auto_functionalized
+from torch._inductor.fx_utils import FakeTensorUpdater, get_node_storage
+from torch._inductor.virtualized import V
+
+from .._source import source_line
+from .copy_back import fold_copy_backs
+
+aten = torch.ops.aten
+_AUTO_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
+
+
+@dataclasses.dataclass
+class KeptCopy:
+    """A copy the replay still makes, and why."""
+
+    what: str  # "argument 'cache' of mylib::update_" / "graph input arg2_1"
+    reason: str
+
+    def __str__(self) -> str:
+        return f"kept a copy of {self.what} because {self.reason}"
+
+
+def _hidden_input_copy(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """Stands in for an epilogue `copy_` while the pass must not see it (input_inplace_pass=False)."""
+    return dst.copy_(src)
+
+
+def reinplace_graph(gm: torch.fx.GraphModule, fake_mode: object, *, intermediates: bool, inputs: bool) -> list[KeptCopy]:
+    """Reinplace functional ops of `gm` in place; returns the copies that remain, with reasons."""
+    graph = gm.graph
+    with V.set_fake_mode(fake_mode), _always_reinplace_scatter():
+        with _hide_input_copies(graph, hide=not inputs), _pin_intermediates(graph, pin=not intermediates):
+            updater = FakeTensorUpdater(gm)
+            inductor_reinplace.reinplace_inplaceable_ops(updater, graph)
+        explain = _Explainer(graph, intermediates=intermediates, inputs=inputs)
+        kept = explain.auto_functionalized_clones()
+        decompose_auto_functionalized(graph)
+    _remove_self_copies(graph)
+    fold_copy_backs(graph, inputs=inputs, intermediates=intermediates)
+    graph.eliminate_dead_code()
+    kept += _Explainer(graph, intermediates=intermediates, inputs=inputs).input_copies()
+    gm.recompile()
+    return kept
+
+
+@contextlib.contextmanager
+def _always_reinplace_scatter() -> Iterator[None]:
+    op = inductor_reinplace.inplaceable_ops[inductor_reinplace._generalized_scatter]
+    always = inductor_reinplace.InplaceableOp(op.inplace_op, op.mutated_arg)
+    with mock.patch.dict(inductor_reinplace.inplaceable_ops, {inductor_reinplace._generalized_scatter: always}):
+        yield
+
+
+@contextlib.contextmanager
+def _hide_input_copies(graph: torch.fx.Graph, *, hide: bool) -> Iterator[None]:
+    hidden = []
+    if hide:
+        for node in graph.find_nodes(op="call_function", target=aten.copy_.default):
+            if isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "placeholder":
+                node.target = _hidden_input_copy
+                hidden.append(node)
+    try:
+        yield
+    finally:
+        for node in hidden:
+            if node.graph is graph:
+                node.target = aten.copy_.default
+
+
+@contextlib.contextmanager
+def _pin_intermediates(graph: torch.fx.Graph, *, pin: bool) -> Iterator[None]:
+    if not pin:
+        yield
+        return
+    output = graph.output_node()
+    original = output.args[0]
+    n_original = len(original) if isinstance(original, (tuple, list)) else 1
+    input_storages = {get_node_storage(p) for p in graph.find_nodes(op="placeholder")}
+    pins = [
+        n for n in graph.nodes
+        if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)
+        and get_node_storage(n) not in input_storages
+    ]
+    flat = list(original) if isinstance(original, (tuple, list)) else [original]
+    output.args = (tuple(flat + pins),)
+    try:
+        yield
+    finally:
+        current = list(output.args[0])
+        kept = current[:n_original]
+        output.args = ((tuple(kept) if isinstance(original, tuple) else kept) if isinstance(original, (tuple, list))
+                       else (kept[0],))
+
+
+class _Explainer:
+    """Finds, for each copy the replay still makes, the reason it could not be avoided."""
+
+    def __init__(self, graph: torch.fx.Graph, *, intermediates: bool, inputs: bool) -> None:
+        self.graph = graph
+        self.intermediates = intermediates
+        self.inputs = inputs
+        self.order = {n: i for i, n in enumerate(graph.nodes)}
+        self.storage_nodes: dict[object, list[torch.fx.Node]] = {}
+        for n in graph.nodes:
+            s = get_node_storage(n)
+            if s is not None:
+                self.storage_nodes.setdefault(s, []).append(n)
+        self.epilogue = {n.args[0]: n for n in graph.find_nodes(op="call_function", target=aten.copy_.default)
+                         if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"}
+
+    def why(self, op_node: torch.fx.Node, base: torch.fx.Node) -> str:
+        is_input = _root(base).op == "placeholder"
+        if is_input and not self.inputs:
+            return "option input_inplace_pass=False"
+        if not is_input and not self.intermediates:
+            return "option inplace_pass=False"
+        for alias in self.storage_nodes.get(get_node_storage(base), []):
+            for user in sorted(alias.users, key=self.order.__getitem__):
+                if self.order[user] <= self.order[op_node] or user is self.epilogue.get(base):
+                    continue
+                if user.target in inductor_reinplace.META_ONLY_OPS:
+                    continue
+                where = source_line(user)
+                return (f"node '{user.name}' ({_target(user)}) reads its old value later"
+                        + (f" ({where})" if where else ""))
+        if is_input and base not in self.epilogue:
+            return "the graph must leave that input unchanged (the caller's tensor is not declared mutated)"
+        return "the aliasing analysis could not prove the old value dead"
+
+    def auto_functionalized_clones(self) -> list[KeptCopy]:
+        kept: list[KeptCopy] = []
+        for node in self.graph.nodes:
+            if node.target not in _AUTO_FUNCTIONALIZED:
+                continue
+            op = node.args[0]
+            clones = node.meta.get("only_clone_these_tensors")
+            if node.target is torch.ops.higher_order.auto_functionalized_v2:
+                bases = node.kwargs["_all_bases"]
+                for i in (range(len(bases)) if clones is None else clones):
+                    kept.append(KeptCopy(f"the tensor {op} mutates ({bases[i].name})", self.why(node, bases[i])))
+            else:
+                from torch._higher_order_ops.auto_functionalize import get_mutable_args
+
+                for name in (get_mutable_args(op)[0] if clones is None else clones):
+                    base = node.kwargs.get(name)
+                    if isinstance(base, torch.fx.Node):
+                        kept.append(KeptCopy(f"argument '{name}' of {op} ({base.name})", self.why(node, base)))
+        return kept
+
+    def input_copies(self) -> list[KeptCopy]:
+        kept: list[KeptCopy] = []
+        for base, copy_node in self.epilogue.items():
+            src = copy_node.args[1]
+            if not isinstance(src, torch.fx.Node):
+                continue
+            producer = _resolve_alias(src)
+            reason = self.why(producer, base) if producer.op == "call_function" else "it is replaced by another tensor"
+            kept.append(KeptCopy(
+                f"graph input {base.name} (the new value from '{producer.name}' is written back by a full copy)",
+                reason))
+        return kept
+
+
+def _root(node: torch.fx.Node) -> torch.fx.Node:
+    """The graph value `node` is a view or in-place result of."""
+    from torch.fx.passes.reinplace import _is_view_op
+
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node) and (
+        _is_view_op(node.target) or _returns_input(node) is not None
+    ):
+        node = node.args[0]
+    return node
+
+
+def _returns_input(node: torch.fx.Node) -> torch.fx.Node | None:
+    """For an in-place or out= op, the argument it returns (same tensor object), else None."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    schema = target._schema
+    if len(schema.returns) != 1 or schema.returns[0].alias_info is None:
+        return None
+    ret_sets = schema.returns[0].alias_info.before_set
+    if not schema.returns[0].alias_info.is_write:
+        return None
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write and arg.alias_info.before_set == ret_sets:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            return value if isinstance(value, torch.fx.Node) else None
+    return None
+
+
+def _resolve_alias(node: torch.fx.Node) -> torch.fx.Node:
+    """Follow in-place results back to the tensor they are (`index_put_(x, ...)` is x)."""
+    while (source := _returns_input(node)) is not None:
+        node = source
+    return node
+
+
+def _remove_self_copies(graph: torch.fx.Graph) -> None:
+    """Drop `copy_(x, y)` where y is x itself after reinplacing (a no-op left by the pass)."""
+    for node in list(graph.find_nodes(op="call_function", target=aten.copy_.default)):
+        dst, src = node.args[0], node.args[1]
+        if isinstance(src, torch.fx.Node) and _resolve_alias(src) is _resolve_alias(dst):  # type: ignore[arg-type]
+            node.replace_all_uses_with(dst)  # type: ignore[arg-type]
+            graph.erase_node(node)
+
+
+def _target(node: torch.fx.Node) -> str:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return f"{t._schema.name}.{t._overloadname}"
+    return getattr(t, "__name__", str(t))

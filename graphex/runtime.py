@@ -1,0 +1,146 @@
+"""CompiledGraph: what AOTAutograd calls on every step (boxed: one list in, one list out).
+
+The common case is a straight call into the C++ executor. The options that need
+Python on the hot path (force_eager, clone_output, capture_limit with dynamic
+shapes, frozen_parameter's first call) select a different `_run` once, at
+construction, so the plain path pays for none of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+from torch._inductor.fx_utils import get_node_storage
+from torch.utils._python_dispatch import _disable_current_modes
+
+from . import _C, _log, _spec
+from ._warn import warn_once
+from .lower import LoweredGraph, lower
+from .options import Options
+from .passes import KeptCopy
+
+
+_live: "weakref.WeakValueDictionary[int, CompiledGraph]" = weakref.WeakValueDictionary()
+_order = itertools.count()
+
+
+def live_graphs() -> list["CompiledGraph"]:
+    """Every CompiledGraph still referenced (by Dynamo's cache or by you), oldest first."""
+    return [g for _, g in sorted(_live.items())]
+
+
+class CompiledGraph:
+    _boxed_call = True  # AOTAutograd passes the inputs as one list
+
+    def __init__(self, name: str, gm: torch.fx.GraphModule, options: Options, *, static_inputs: Sequence[int],
+                 kept_copies: list[KeptCopy], example_inputs: Sequence[Any]) -> None:
+        self.name = name
+        self.gm = gm
+        self.options = options
+        self.static_inputs = list(static_inputs)
+        self.kept_copies = kept_copies
+        self.num_outputs = len(_output_nodes(gm))
+        self._signatures: set[tuple[Any, ...]] = set()
+        self.executor: _C.Executor | None = None
+        self.lowered: LoweredGraph | None = None
+
+        frozen = options.frozen_parameter and bool(self.static_inputs)
+        if not frozen:
+            self.lowered = lower(gm, name=name)
+            self.executor = build_executor(self.lowered)
+        else:
+            # Parameters become constants of the program; their real tensors arrive with the first call.
+            self.lowered = lower(gm, name=name, frozen={i: example_inputs[i] for i in self.static_inputs})
+        self.num_ops = self.lowered.num_ops
+        self.dynamic = self.lowered.dynamic
+        self._clone_outputs = _outputs_to_clone(gm) if options.clone_output else []
+        self._run = self._select_run(frozen)
+        _live[next(_order)] = self
+
+    # -- the hot path ----------------------------------------------------------
+    def __call__(self, args: list[Any]) -> list[Any]:
+        return self._run(args)
+
+    def _select_run(self, frozen: bool) -> Callable[[list[Any]], list[Any]]:
+        if self.options.force_eager:
+            return self.run_fx
+        if frozen:
+            return self._first_frozen_call
+        if not self.dynamic and not self._clone_outputs:
+            return self.executor  # type: ignore[return-value]
+        return self._run_with_options
+
+    def _run_with_options(self, args: list[Any]) -> list[Any]:
+        if self.dynamic and not self._admit_signature(args):
+            return self.run_fx(args)
+        outs = self.executor(args)  # type: ignore[misc]
+        for i in self._clone_outputs:
+            outs[i] = outs[i].clone()
+        return outs
+
+    def _first_frozen_call(self, args: list[Any]) -> list[Any]:
+        frozen = {i: args[i] for i in self.static_inputs}
+        self.lowered = lower(self.gm, name=self.name, frozen=frozen)
+        self.executor = build_executor(self.lowered)
+        self._run = self._select_run(frozen=False)
+        _log.info("%s: froze %d parameters and buffers into the program", self.name, len(frozen))
+        return self._run(args)
+
+    def _admit_signature(self, args: list[Any]) -> bool:
+        key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a for a in args)
+        if key in self._signatures:
+            return True
+        if len(self._signatures) >= self.options.capture_limit:
+            warn_once(f"capture_limit:{self.name}",
+                      f"graphex: {self.name} has been replayed for {self.options.capture_limit} different input "
+                      f"signatures (capture_limit); new signatures now run eagerly. Raise "
+                      f"options={{'capture_limit': N}} or pad inputs to a few fixed shapes.")
+            return False
+        self._signatures.add(key)
+        _log.info("%s: capture %d for input signature %s", self.name, len(self._signatures), _short(key))
+        return True
+
+    def run_fx(self, args: list[Any]) -> list[Any]:
+        """Run the optimized graph with torch.fx (force_eager, and past capture_limit)."""
+        out = self.gm(*args)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    # -- introspection (dumps, tests) -------------------------------------------
+    def code(self) -> str:
+        return self.gm.print_readable(print_output=False, include_stride=True, include_device=True)
+
+    def plan(self) -> str:
+        if self.executor is None:
+            return "(program not built yet: frozen parameters are bound on the first call)\n"
+        return self.executor.describe()
+
+
+def build_executor(lowered: LoweredGraph) -> _C.Executor:
+    # Capture runs under AOTAutograd's FakeTensorMode; the program's constants must be real.
+    with _disable_current_modes():
+        return _C.Executor(_spec.encode(lowered.spec), lowered.constants)
+
+
+def _output_nodes(gm: torch.fx.GraphModule) -> list[Any]:
+    out = gm.graph.output_node().args[0]
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _outputs_to_clone(gm: torch.fx.GraphModule) -> list[int]:
+    """Outputs computed by the graph (not views of an input, not None/ints): the ones clone_output copies."""
+    input_storages = {get_node_storage(p) for p in gm.graph.find_nodes(op="placeholder")}
+    clone = []
+    for i, node in enumerate(_output_nodes(gm)):
+        if isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor):
+            if get_node_storage(node) not in input_storages:
+                clone.append(i)
+    return clone
+
+
+def _short(key: tuple[Any, ...], limit: int = 160) -> str:
+    text = ", ".join(f"{list(k[0])}" if isinstance(k, tuple) else repr(k) for k in key)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,126 @@
+#include "runtime/executor.h"
+#include "spec_builder.h"
+
+#include <ATen/ops/add.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/index_copy.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/sin.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+
+using namespace graphex;
+using namespace graphex::testing;
+
+namespace {
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+}  // namespace
+
+TEST(Executor, ChainMatchesDirectAtenCallsBitwise) {
+  // y = sin(x * w + b)
+  Value spec = program(6, L({tensorInput("x", 0, {8}), tensorInput("w", 1, {8}), tensorInput("b", 2, {8})}),
+                       L({op("mul", "aten::mul", "Tensor", L({Slot(0), Slot(1)}), {3}),
+                          op("add", "aten::add", "Tensor", L({Slot(3), Slot(2)}), {4}),
+                          op("sin", "aten::sin", "default", L({Slot(4)}), {5})}),
+                       L({Slot(5)}));
+  Executor ex(Program::fromSpec(spec));
+  at::Tensor x = at::randn({8}), w = at::randn({8}), b = at::randn({8});
+  for (int run = 0; run < 3; ++run) {
+    auto out = ex.run({x, w, b});
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_TRUE(at::equal(out[0].toTensor(), at::sin(at::add(at::mul(x, w), b))));
+  }
+}
+
+TEST(Executor, InPlaceUpdateWritesTheCallersTensor) {
+  // cache.index_copy_(0, pos, val): same storage before and after, no copy.
+  Value spec = program(4, L({tensorInput("cache", 0, {4, 2}), tensorInput("pos", 1, {1}, c10::kLong),
+                             tensorInput("val", 2, {1, 2})}),
+                       L({op("upd", "aten::index_copy_", "default", L({Slot(0), I(0), Slot(1), Slot(2)}), {3})}),
+                       L({}));
+  Executor ex(Program::fromSpec(spec));
+  at::Tensor cache = at::zeros({4, 2});
+  const void* ptr = cache.const_data_ptr();
+  at::Tensor val = at::randn({1, 2});
+  auto out = ex.run({cache, at::tensor({int64_t{2}}), val});
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(cache.const_data_ptr(), ptr);
+  EXPECT_TRUE(at::equal(cache[2], val[0]));
+}
+
+TEST(Executor, TensorListsAndGetItem) {
+  // parts = split(x, 2); y = cat([parts[1], parts[0]])
+  Value spec = program(5, L({tensorInput("x", 0, {4})}),
+                       L({op("split", "aten::split", "Tensor", L({Slot(0), I(2)}), {1}),
+                          builtin("getitem", "p0", L({Slot(1), I(0)}), 2),
+                          builtin("getitem", "p1", L({Slot(1), I(1)}), 3),
+                          op("cat", "aten::cat", "default", L({L({Slot(3), Slot(2)})}), {4})}),
+                       L({Slot(4)}));
+  Executor ex(Program::fromSpec(spec));
+  at::Tensor x = at::randn({4});
+  auto out = ex.run({x});
+  EXPECT_TRUE(at::equal(out[0].toTensor(), at::cat({x.slice(0, 2, 4), x.slice(0, 0, 2)})));
+}
+
+TEST(Executor, SymbolicSizesAreComputedPerCall) {
+  // n = sym_size(x, 0); m = n * 2; y = x.view([m // 2, -1])... here: new_zeros([m])
+  Value spec = program(4, L({scalarInput("s0", 0, "int"), tensorInput("x", 1, {3})}),
+                       L({builtin("sym", "m", L({Slot(0), I(2)}), 2, "mul"),
+                          op("zeros", "aten::new_zeros", "default", L({Slot(1), L({Slot(2)})}), {3})}),
+                       L({Slot(3), Slot(2)}));
+  Executor ex(Program::fromSpec(spec));
+  auto out = ex.run({int64_t{5}, at::randn({3})});
+  EXPECT_EQ(out[0].toTensor().size(0), 10);
+  EXPECT_EQ(out[1].toInt(), 10);
+}
+
+TEST(Executor, OutputsAreFreshEachCall) {
+  Value spec = program(2, L({tensorInput("x", 0, {4})}),
+                       L({op("neg", "aten::neg", "default", L({Slot(0)}), {1})}), L({Slot(1)}));
+  Executor ex(Program::fromSpec(spec));
+  at::Tensor a = at::randn({4});
+  at::Tensor first = ex.run({a})[0].toTensor();
+  at::Tensor keep = first.clone();
+  at::Tensor second = ex.run({at::randn({4})})[0].toTensor();
+  EXPECT_NE(first.const_data_ptr(), second.const_data_ptr());
+  EXPECT_TRUE(at::equal(first, keep));
+}
+
+TEST(Executor, SignatureMismatchNamesTheInputAndBothSides) {
+  Value spec = program(2, L({tensorInput("x", 0, {4})}),
+                       L({op("neg", "aten::neg", "default", L({Slot(0)}), {1})}), L({Slot(1)}));
+  Executor ex(Program::fromSpec(spec));
+  try {
+    (void)ex.run({at::randn({5})});
+    FAIL();
+  } catch (const SignatureError& e) {
+    std::string msg = e.what();
+    EXPECT_TRUE(contains(msg, "'x'")) << msg;
+    EXPECT_TRUE(contains(msg, "float32[4]")) << msg;
+    EXPECT_TRUE(contains(msg, "float32[5]")) << msg;
+  }
+  EXPECT_THROW((void)ex.run({at::randn({4}).to(at::kDouble)}), SignatureError);
+  EXPECT_THROW((void)ex.run({at::randn({8}).slice(0, 0, 8, 2)}), SignatureError);  // stride 2
+  EXPECT_THROW((void)ex.run({}), SignatureError);
+}
+
+TEST(Executor, FailingOperatorNamesNodeAndSourceLine) {
+  Value spec = program(3, L({tensorInput("a", 0, {2, 3}), tensorInput("b", 1, {2, 3})}),
+                       L({op("mm_1", "aten::mm", "default", L({Slot(0), Slot(1)}), {2}, D({}),
+                             "model.py:7 in forward: a @ b")}),
+                       L({Slot(2)}));
+  Executor ex(Program::fromSpec(spec));
+  try {
+    (void)ex.run({at::randn({2, 3}), at::randn({2, 3})});
+    FAIL();
+  } catch (const ExecutionError& e) {
+    std::string msg = e.what();
+    EXPECT_TRUE(contains(msg, "'mm_1'")) << msg;
+    EXPECT_TRUE(contains(msg, "aten::mm")) << msg;
+    EXPECT_TRUE(contains(msg, "model.py:7")) << msg;
+    EXPECT_TRUE(contains(msg, "cannot be multiplied")) << msg;
+  }
+}

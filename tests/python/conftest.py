@@ -1,0 +1,65 @@
+"""Shared fixtures and helpers for graphex's Python tests."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # examples.models
+
+import graphex  # noqa: E402
+from graphex import _warn  # noqa: E402
+from graphex.runtime import CompiledGraph, live_graphs  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo(monkeypatch):
+    """Each test compiles from scratch, with graphex logging off unless it asks for it."""
+    monkeypatch.delenv("GRAPHEX_LOG", raising=False)
+    monkeypatch.delenv("GRAPHEX_DUMP", raising=False)
+    torch._dynamo.reset()
+    _warn.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def compile_graphex(model: Any, *, dynamic: bool = False, **options: Any) -> Any:
+    return torch.compile(model, backend="graphex", fullgraph=True, dynamic=dynamic, options=options or None)
+
+
+def captures() -> list[CompiledGraph]:
+    """CompiledGraph objects alive now, oldest first."""
+    gc.collect()
+    return live_graphs()
+
+
+def engine_runs() -> int:
+    """Total runs of every live C++ executor (proves the engine, not a fallback, ran)."""
+    return sum(c.executor.run_count for c in captures() if c.executor is not None)
+
+
+def assert_same(actual: Any, expected: Any, path: str = "output") -> None:
+    """Bitwise equality (values, dtype, shape; strides for tensors) through nested containers."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{path}: expected a tensor, got {type(actual).__name__}"
+        assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"
+        assert actual.shape == expected.shape, f"{path}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+        assert torch.equal(actual, expected), f"{path}: values differ (max abs diff " \
+            f"{(actual.double() - expected.double()).abs().max().item() if actual.is_floating_point() else 'n/a'})"
+    elif isinstance(expected, (list, tuple)):
+        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), f"{path}: {actual!r} vs {expected!r}"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, f"{path}[{i}]")
+    elif isinstance(expected, dict):
+        assert actual.keys() == expected.keys(), f"{path}: keys differ"
+        for k in expected:
+            assert_same(actual[k], expected[k], f"{path}[{k!r}]")
+    else:
+        assert actual == expected and type(actual) is type(expected), f"{path}: {actual!r} != {expected!r}"
