@@ -41,12 +41,23 @@ def npugraph_ex_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
 
 def register() -> None:
-    """Register "graphex", and "npugraph_ex" unless another package provides it."""
+    """Make "graphex" and "npugraph_ex" known to torch.compile.
+
+    Names declared as entry points are left to torch, which loads them on first
+    lookup (registering them here as well would make that lookup fail as a
+    duplicate). If another installed package also declares "npugraph_ex" (the
+    real torch_npu), its declaration is the one kept.
+    """
+    from importlib.metadata import entry_points
+
     from torch._dynamo.backends import registry
 
-    if "graphex" not in registry._COMPILER_FNS:
-        registry.register_backend(graphex_backend, name="graphex")
-    existing = registry._BACKENDS.get("npugraph_ex")
-    ours = existing is None or getattr(existing, "value", "").startswith("graphex.")
-    if "npugraph_ex" not in registry._COMPILER_FNS and ours:
-        registry.register_backend(npugraph_ex_backend, name="npugraph_ex")
+    registry._discover_entrypoint_backends()
+    others = [ep for ep in entry_points(group="torch_dynamo_backends", name="npugraph_ex")
+              if not ep.value.startswith("graphex.")]
+    if others and "npugraph_ex" not in registry._COMPILER_FNS:
+        registry._BACKENDS["npugraph_ex"] = others[0]
+    for name, fn in (("graphex", graphex_backend), ("npugraph_ex", npugraph_ex_backend)):
+        if name in registry._COMPILER_FNS or registry._BACKENDS.get(name) is not None:
+            continue
+        registry.register_backend(fn, name=name)

@@ -178,6 +178,7 @@ class _Lowering:
                              "compiled region.")
 
     def op(self, node: torch.fx.Node, target: torch._ops.OpOverload) -> None:
+        self.check_kernel(node, target)
         schema = target._schema
         returns = schema.returns
         outs: list[int] = []
@@ -205,6 +206,19 @@ class _Lowering:
             _log.detail("  %s: %s(%s)%s", node.name, _op_text(target),
                         ", ".join(map(repr, args + [f"{k}={v!r}" for k, v in kwargs.items()])),
                         f"  # {source_line(node)}" if source_line(node) else "")
+
+    def check_kernel(self, node: torch.fx.Node, target: torch._ops.OpOverload) -> None:
+        """An operator the engine will call must have a kernel for the device its inputs live on."""
+        devices = {v.device.type for v in _tensor_vals(node)}
+        for device in devices:
+            key = _DISPATCH_KEYS.get(device)
+            if key and not torch._C._dispatch_has_computed_kernel_for_dispatch_key(target.name(), key):
+                ns, _, name = target.name().partition("::")
+                raise self.error(
+                    node, f"operator {target.name()} has no kernel for {key}, where its inputs live",
+                    f"register a {device} implementation, e.g. `@torch.library.impl(\"{ns}::{name}\", \"{key}\")` "
+                    f"or, for a custom_op, `@{name}.register_kernel(\"{device}\")`. A Meta/fake function only "
+                    "describes shapes; the graph still needs a real kernel to run.")
 
     def getitem(self, node: torch.fx.Node) -> None:
         source, index = node.args
@@ -276,6 +290,18 @@ class _Lowering:
             f"graphex cannot capture node '{node.name}' ({_target_text(node)}): {what}.\n"
             + (f"  from user code: {where}\n" if where else "")
             + f"  fix: {fix}")
+
+
+_DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+
+
+def _tensor_vals(node: torch.fx.Node) -> list[torch.Tensor]:
+    vals = []
+    for arg in node.all_input_nodes:
+        v = arg.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            vals.append(v)
+    return vals
 
 
 def _wants_tensor(schema: torch._C.FunctionSchema, position: int | str) -> bool:

@@ -1,0 +1,155 @@
+"""The backend as users reach it: names, entry points, and every option."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import graphex
+from conftest import ROOT, assert_same, captures, compile_graphex, engine_runs
+from graphex.options import option_docs
+
+
+@pytest.fixture(autouse=True)
+def no_grad():
+    with torch.no_grad():
+        yield
+
+
+def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_backend_names_are_registered_after_import():
+    names = torch._dynamo.list_backends(exclude_tags=())
+    assert "graphex" in names and "npugraph_ex" in names
+
+
+@pytest.mark.parametrize("name", ["graphex", "npugraph_ex"])
+def test_backend_works_without_importing_graphex(name):
+    """The torch_dynamo_backends entry point makes the name known to torch.compile on its own."""
+    result = run_python(f"""
+        import sys, torch
+        f = torch.compile(lambda x: torch.sin(x) * 2, backend="{name}", fullgraph=True, dynamic=False)
+        x = torch.randn(5)
+        with torch.no_grad():
+            assert torch.equal(f(x), torch.sin(x) * 2)
+        assert "graphex" in sys.modules, "the backend did not come from graphex"
+        print("ok")
+    """)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_unknown_option_is_a_value_error_listing_the_valid_ones():
+    f = compile_graphex(lambda x: x + 1, frozen_parmeter=True)
+    with pytest.raises(ValueError) as info:
+        f(torch.randn(2))
+    message = str(info.value)
+    assert "frozen_parmeter" in message
+    for name, _, _ in option_docs():
+        assert name in message
+    assert isinstance(info.value, graphex.OptionsError)
+
+
+@pytest.mark.parametrize("options", [{"capture_limit": 0}, {"capture_limit": "8"}, {"force_eager": 1},
+                                     {"post_grad_custom_pre_pass": "not callable"}])
+def test_bad_option_values_are_rejected(options):
+    f = compile_graphex(lambda x: x + 1, **options)
+    with pytest.raises(graphex.OptionsError, match=next(iter(options))):
+        f(torch.randn(2))
+
+
+def test_force_eager_runs_the_optimized_graph_without_the_engine():
+    def f(x, cache):
+        cache.add_(x)
+        return cache * 2
+
+    x, cache, ref_cache = torch.randn(4), torch.zeros(4), torch.zeros(4)
+    compiled = compile_graphex(f, force_eager=True)
+    before = engine_runs()
+    assert_same(compiled(x, cache), f(x, ref_cache))
+    assert_same(cache, ref_cache)
+    assert engine_runs() == before
+
+
+def test_frozen_parameter_binds_parameters_once_and_sees_in_place_updates():
+    model = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    compiled = compile_graphex(model, frozen_parameter=True)
+    assert_same(compiled(x), model(x))
+    graph = captures()[-1]
+    frozen = graph.lowered.frozen_inputs
+    assert len(frozen) == 2  # weight and bias
+    assert all(graph.lowered.spec["inputs"][i]["kind"] == "other" for i in frozen)
+    model.weight.data.mul_(2)  # in-place update: same tensor, new values
+    assert_same(compiled(x), model(x))
+
+
+def test_clone_output_copies_computed_outputs_but_keeps_views_of_inputs():
+    def f(x):
+        return x * 2, x.view(-1)
+
+    x = torch.randn(2, 3)
+    doubled, flat = compile_graphex(f, clone_output=True)(x)
+    assert_same([doubled, flat], list(f(x)))
+    assert flat.data_ptr() == x.data_ptr()
+
+
+def test_remove_noop_ops_switch():
+    def f(x):
+        return (x.clone().view(x.shape) + 1).contiguous()
+
+    x = torch.randn(3, 3)
+    for enabled in (True, False):
+        torch._dynamo.reset()
+        assert_same(compile_graphex(f, remove_noop_ops=enabled)(x), f(x))
+        ops = captures()[-1].num_ops
+        if enabled:
+            with_removal = ops
+        else:
+            assert ops > with_removal
+
+
+def test_custom_passes_run_before_and_after_ours():
+    seen = []
+
+    def pre(graph: torch.fx.Graph):
+        seen.append(("pre", sum(1 for n in graph.nodes if n.op == "call_function")))
+
+    def post(graph: torch.fx.Graph):
+        seen.append(("post", 0))
+        for node in graph.nodes:  # a real rewrite: sin -> cos
+            if node.target is torch.ops.aten.sin.default:
+                node.target = torch.ops.aten.cos.default
+
+    x = torch.randn(5)
+    out = compile_graphex(torch.sin, post_grad_custom_pre_pass=pre, post_grad_custom_post_pass=post)(x)
+    assert [s[0] for s in seen] == ["pre", "post"]
+    assert_same(out, torch.cos(x))
+
+
+def test_capture_limit_with_dynamic_shapes_falls_back_with_one_warning():
+    def f(x):
+        return x * 2 + x.shape[0]
+
+    compiled = compile_graphex(f, dynamic=True, capture_limit=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (3, 4, 5, 6, 7):
+            x = torch.randn(n)
+            assert_same(compiled(x), f(x))
+    messages = [str(w.message) for w in caught if "capture_limit" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert len({id(g) for g in captures()}) == 1  # one program served every shape
+
+
+def test_mode_argument_is_accepted():
+    f = torch.compile(lambda x: x - 1, backend="graphex", mode="reduce-overhead")
+    assert_same(f(torch.ones(2)), torch.zeros(2))
