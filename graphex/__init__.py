@@ -12,6 +12,7 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C  # noqa: F401
 from .backend import graphex_backend, npugraph_ex_backend, register as _register
+from .custom_ops import install_trace_checks as _install_trace_checks
 from .errors import (
     CacheError,
     CaptureError,
@@ -27,6 +28,7 @@ from .options import Options
 __version__ = "0.1.0"
 
 _register()
+_install_trace_checks()
 
 __all__ = [
     "graphex_backend", "npugraph_ex_backend", "Options", "GraphexError", "OptionsError", "CaptureError",

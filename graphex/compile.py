@@ -25,6 +25,7 @@ from torch._guards import TracingContext, detect_fake_mode
 
 from . import _log
 from ._warn import warn_once
+from .custom_ops import check_dynamo_graph
 from .dump import dump_graph
 from .lower import lower
 from .options import Options
@@ -36,6 +37,7 @@ _graph_ids = itertools.count()
 
 def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
     """The backend proper: Dynamo's graph and example inputs in, a callable out."""
+    check_dynamo_graph(gm)
     # Note [Inference first]
     # The engine replays inference graphs. Training needs a backward graph and saved
     # activations; rather than run it wrong, we hand it to AOTAutograd's eager path.

@@ -43,5 +43,14 @@ class CustomOpError(GraphexError):
     """A custom operator whose registration cannot work in a graph (missing or wrong fake, bad schema)."""
 
 
+class FakeMismatch(GraphexError):
+    """Internal: raised by the C++ engine on a validating run; turned into a CustomOpError with the fix."""
+
+    def __init__(self, message: str, node_index: int = -1, output: int = -1, expected: str = "",
+                 actual: str = "") -> None:
+        super().__init__(message)
+        self.node_index, self.output, self.expected, self.actual = node_index, output, expected, actual
+
+
 class CacheError(GraphexError):
     """A compile-cache problem that cannot be handled by recompiling."""

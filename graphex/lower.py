@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from . import _log
 from ._source import source_line
 from ._spec import Const, Slot
+from .custom_ops.registration import is_custom
 from .errors import CaptureError
 
 
@@ -31,6 +32,12 @@ class LoweredGraph:
     # Indices of graph inputs that are not bound at run time (frozen parameters).
     frozen_inputs: list[int]
     dynamic: bool
+    # The operator behind each spec node (None for builtins), for error messages.
+    node_ops: list[Any] = dataclasses.field(default_factory=list)
+
+    @property
+    def validates_fakes(self) -> bool:
+        return any("expect" in n for n in self.spec["nodes"])
 
 
 # Python callables that appear in graphs with symbolic shapes, by spec name.
@@ -80,6 +87,7 @@ class _Lowering:
         self.inputs: list[dict[str, Any]] = []
         self.num_ops = 0
         self.dynamic = False
+        self.node_ops: dict[int, torch._ops.OpOverload] = {}
 
     # -- slots and constants --------------------------------------------------
     def new_slot(self) -> Slot:
@@ -119,7 +127,8 @@ class _Lowering:
             "outputs": outputs,
             "num_constants": len(self.constants),
         }
-        return LoweredGraph(spec, self.constants, self.num_ops, sorted(self.frozen), self.dynamic)
+        node_ops = [self.node_ops.get(i) for i in range(len(self.nodes))]
+        return LoweredGraph(spec, self.constants, self.num_ops, sorted(self.frozen), self.dynamic, node_ops)
 
     def placeholder(self, node: torch.fx.Node, index: int) -> None:
         val = node.meta.get("val")
@@ -197,10 +206,15 @@ class _Lowering:
                 for i, a in enumerate(node.args)]
         kwargs = {k: self.tensor_arg(v, node) if _wants_tensor(schema, k) else self.arg(v, node)
                   for k, v in node.kwargs.items()}
-        self.nodes.append({
+        entry = {
             "kind": "op", "name": node.name, "target": _op_text(target), "source": source_line(node),
             "op": schema.name, "overload": target._overloadname, "args": args, "kwargs": kwargs, "outs": outs,
-        })
+        }
+        if is_custom(target) and outs:
+            # What the fake/Meta function promised, for validate_fake's check on the first run.
+            entry["expect"] = _expected_outputs(node, len(outs))
+        self.node_ops[len(self.nodes)] = target
+        self.nodes.append(entry)
         self.num_ops += 1
         if _log.detail_enabled():
             _log.detail("  %s: %s(%s)%s", node.name, _op_text(target),
@@ -314,6 +328,21 @@ def _wants_tensor(schema: torch._C.FunctionSchema, position: int | str) -> bool:
         if formal is None:
             return False
     return isinstance(formal.type, torch.TensorType)
+
+
+def _expected_outputs(node: torch.fx.Node, count: int) -> list[Any]:
+    from . import _C
+
+    vals = node.meta.get("val")
+    vals = list(vals) if isinstance(vals, (list, tuple)) and count > 1 else [vals]
+    out: list[Any] = []
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            out.append({"dtype": _C.dtype_code(v.dtype), "device": str(v.device),
+                        "sizes": [_static_int(d) for d in v.shape]})
+        else:
+            out.append(None)
+    return out if len(out) == count else [None] * count
 
 
 def _static_int(s: Any) -> int | None:

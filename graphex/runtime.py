@@ -70,14 +70,37 @@ class CompiledGraph:
             return self.run_fx
         if frozen:
             return self._first_frozen_call
-        if not self.dynamic and not self._clone_outputs:
-            return self.executor  # type: ignore[return-value]
-        return self._run_with_options
+        if self.options.validate_fake and self.lowered is not None and self.lowered.validates_fakes:
+            return self._first_validated_call
+        return self._steady_run()
 
     def _run_with_options(self, args: list[Any]) -> list[Any]:
         if self.dynamic and not self._admit_signature(args):
             return self.run_fx(args)
-        outs = self.executor(args)  # type: ignore[misc]
+        return self._with_options_applied(self.executor(args))  # type: ignore[misc]
+
+    def _first_validated_call(self, args: list[Any]) -> list[Any]:
+        """The first replay checks every custom op's outputs against its fake (option validate_fake)."""
+        from .custom_ops import explain_fake_mismatch
+        from .errors import FakeMismatch
+
+        if self.dynamic:
+            self._admit_signature(args)  # counts toward capture_limit like any other first call
+        try:
+            outs = self.executor.run_validated(args)  # type: ignore[union-attr]
+        except FakeMismatch as e:
+            node = self.lowered.spec["nodes"][e.node_index]  # type: ignore[union-attr]
+            op = self.lowered.node_ops[e.node_index]  # type: ignore[union-attr]
+            raise explain_fake_mismatch(op, node["name"], e.output, e.expected, e.actual, node["source"]) from None
+        self._run = self._steady_run()
+        return self._with_options_applied(outs)
+
+    def _steady_run(self) -> Callable[[list[Any]], list[Any]]:
+        if not self.dynamic and not self._clone_outputs:
+            return self.executor  # type: ignore[return-value]
+        return self._run_with_options
+
+    def _with_options_applied(self, outs: list[Any]) -> list[Any]:
         for i in self._clone_outputs:
             outs[i] = outs[i].clone()
         return outs

@@ -41,23 +41,26 @@ std::vector<std::optional<int64_t>> dims(const Value& v) {
   return out;
 }
 
+TensorSignature parseSignature(const Value& v, const std::string& what) {
+  TensorSignature sig;
+  int64_t code = v.at("dtype").toInt();
+  if (code < 0 || code >= static_cast<int64_t>(c10::ScalarType::NumOptions))
+    throw ProgramError(what + ": dtype code " + std::to_string(code) + " out of range");
+  sig.dtype = static_cast<c10::ScalarType>(code);
+  sig.device = c10::Device(v.at("device").toStr());
+  sig.sizes = dims(v.at("sizes"));
+  if (const Value* st = v.find("strides")) sig.strides = dims(*st);
+  else sig.strides.assign(sig.sizes.size(), std::nullopt);
+  if (sig.sizes.size() != sig.strides.size()) throw ProgramError(what + ": sizes and strides differ in rank");
+  return sig;
+}
+
 InputSpec parseInput(const Value& v, size_t index) {
   InputSpec in;
   in.name = v.at("name").toStr();
   std::string what = "input " + std::to_string(index) + " ('" + in.name + "')";
   in.kind = inputKindFromName(v.at("kind").toStr(), what);
-  if (in.kind == InputKind::Tensor) {
-    TensorSignature sig;
-    int64_t code = v.at("dtype").toInt();
-    if (code < 0 || code >= static_cast<int64_t>(c10::ScalarType::NumOptions))
-      throw ProgramError(what + ": dtype code " + std::to_string(code) + " out of range");
-    sig.dtype = static_cast<c10::ScalarType>(code);
-    sig.device = c10::Device(v.at("device").toStr());
-    sig.sizes = dims(v.at("sizes"));
-    sig.strides = dims(v.at("strides"));
-    if (sig.sizes.size() != sig.strides.size()) throw ProgramError(what + ": sizes and strides differ in rank");
-    in.signature = std::move(sig);
-  }
+  if (in.kind == InputKind::Tensor) in.signature = parseSignature(v, what);
   return in;
 }
 
@@ -139,6 +142,13 @@ Instruction buildOp(const Value& node, const NodeInfo& info, const std::vector<a
         throw ProgramError(what + ": reads slot " + std::to_string(li.slot) + " out of range");
   }
   instr.outs = parseOuts(node.at("outs"), num_slots, what);
+  if (const Value* expect = node.find("expect")) {
+    for (const Value& e : expect->toList())
+      instr.expect.push_back(e.isNone() ? std::nullopt : std::optional<TensorSignature>(parseSignature(e, what)));
+    if (instr.expect.size() != instr.outs.size())
+      throw ProgramError(what + ": 'expect' describes " + std::to_string(instr.expect.size()) + " outputs, the op has " +
+                         std::to_string(instr.outs.size()));
+  }
   if (instr.outs.size() != schema.returns().size())
     throw ProgramError(what + ": " + std::to_string(instr.outs.size()) + " output slots for " +
                        std::to_string(schema.returns().size()) + " returns of " + c10::toString(schema));

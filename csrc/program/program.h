@@ -82,6 +82,9 @@ struct Instruction {
   // released right after it runs (Note [Free each value after its last use]).
   std::vector<int32_t> frees;
   uint32_t debug = 0;  // index into Program::nodes
+  // What the operator's fake/Meta function promised for each output (custom ops
+  // only; empty otherwise). Checked on a validating run (option validate_fake).
+  std::vector<std::optional<TensorSignature>> expect;
 };
 
 // What a node was in the user's graph; only read when reporting an error or dumping.

@@ -35,19 +35,23 @@ std::string dtypeName(c10::ScalarType t) {
 
 }  // namespace
 
-std::string TensorSignature::toString() const {
+std::string TensorSignature::toString(bool with_strides) const {
   std::ostringstream os;
   os << dtypeName(dtype);
   printDims(os, sizes);
-  os << " strides ";
-  printDims(os, strides);
+  if (with_strides) {
+    os << " strides ";
+    printDims(os, strides);
+  }
   os << " on " << device;
   return os.str();
 }
 
-std::string describeTensor(const at::Tensor& t) {
+std::string describeTensor(const at::Tensor& t, bool with_strides) {
   std::ostringstream os;
-  os << dtypeName(t.scalar_type()) << t.sizes() << " strides " << t.strides() << " on " << t.device();
+  os << dtypeName(t.scalar_type()) << t.sizes();
+  if (with_strides) os << " strides " << t.strides();
+  os << " on " << t.device();
   return os.str();
 }
 

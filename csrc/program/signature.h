@@ -29,7 +29,7 @@ struct TensorSignature {
   std::vector<std::optional<int64_t>> sizes;
   std::vector<std::optional<int64_t>> strides;
 
-  std::string toString() const;
+  std::string toString(bool with_strides = true) const;
 };
 
 struct InputSpec {
@@ -42,6 +42,6 @@ struct InputSpec {
 std::string describeMismatch(const InputSpec& spec, const c10::IValue& value);
 
 // "float32[2, 4] strides [4, 1] on cpu" for a concrete tensor.
-std::string describeTensor(const at::Tensor& t);
+std::string describeTensor(const at::Tensor& t, bool with_strides = true);
 
 }  // namespace graphex

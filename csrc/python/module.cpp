@@ -102,6 +102,20 @@ py::tuple runTimedBoxed(const Executor& ex, const py::list& args) {
   return py::make_tuple(result, ns);
 }
 
+py::list runValidatedBoxed(const Executor& ex, const py::list& args) {
+  std::vector<c10::IValue> inputs;
+  inputs.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) inputs.push_back(toIValue(args[i].ptr(), i));
+  std::vector<c10::IValue> outputs;
+  {
+    py::gil_scoped_release no_gil;
+    outputs = ex.runValidated(std::move(inputs));
+  }
+  py::list result(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) result[i] = fromIValue(std::move(outputs[i]));
+  return result;
+}
+
 std::string programSummary(const Program& p) { return describeProgram(p); }
 
 void registerErrors(py::module_& m) {
@@ -109,6 +123,7 @@ void registerErrors(py::module_& m) {
   static py::object program_error = errors.attr("ProgramError");
   static py::object signature_error = errors.attr("SignatureError");
   static py::object replay_error = errors.attr("ReplayError");
+  static py::object fake_mismatch = errors.attr("FakeMismatch");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -120,6 +135,9 @@ void registerErrors(py::module_& m) {
       PyErr_SetString(signature_error.ptr(), e.what());
     } catch (const ExecutionError& e) {
       PyErr_SetString(replay_error.ptr(), e.what());
+    } catch (const FakeMismatchError& e) {
+      py::object err = fake_mismatch(e.what(), e.node_index, e.output, e.expected, e.actual);
+      PyErr_SetObject(fake_mismatch.ptr(), err.ptr());
     }
   });
 }
@@ -139,6 +157,8 @@ PYBIND11_MODULE(_C, m) {
            "Build a program from spec bytes and the constant tensors it refers to.")
       .def("__call__", &runBoxed, py::arg("args"),
            "Run on a list of inputs (boxed calling convention); returns a list of outputs.")
+      .def("run_validated", &runValidatedBoxed, py::arg("args"),
+           "Run once, checking custom ops' outputs against their fake/Meta promises (raises FakeMismatch).")
       .def("run_timed", &runTimedBoxed, py::arg("args"),
            "Run once, also timing every instruction: returns (outputs, [nanoseconds per instruction]).")
       .def("node_names", [](const Executor& e) {
@@ -158,6 +178,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("dtype_code", [](at::ScalarType t) { return static_cast<int>(t); },
         "The c10::ScalarType code of a torch.dtype, as stored in program specs.");
+  m.def("total_run_count", &Executor::totalRunCount,
+        "Runs of every program in this process so far (tests use it to prove the engine ran).");
   m.def("layout_code", [](c10::Layout l) { return static_cast<int>(l); });
   m.def("memory_format_code", [](at::MemoryFormat f) { return static_cast<int>(f); });
   m.def(

@@ -70,6 +70,26 @@ c10::IValue getItem(const c10::IValue& container, int64_t index) {
   return items[index];
 }
 
+void validateOutputs(const Program& p, const Instruction& instr, const torch::jit::Stack& stack) {
+  for (size_t r = 0; r < instr.expect.size(); ++r) {
+    if (!instr.expect[r] || !stack[r].isTensor()) continue;
+    const TensorSignature& want = *instr.expect[r];
+    const at::Tensor& got = stack[r].toTensor();
+    bool ok = got.scalar_type() == want.dtype && got.device().type() == want.device.type() &&
+              got.dim() == static_cast<int64_t>(want.sizes.size());
+    for (size_t d = 0; ok && d < want.sizes.size(); ++d)
+      if (want.sizes[d] && *want.sizes[d] != got.size(d)) ok = false;
+    if (ok) continue;
+    std::string expected = want.toString(/*with_strides=*/false);
+    std::string actual = describeTensor(got, /*with_strides=*/false);
+    const NodeInfo& info = p.nodes[instr.debug];
+    throw FakeMismatchError("graphex: " + info.target + " (node '" + info.name + "') output " + std::to_string(r) +
+                                ": the fake/Meta function promised " + expected + ", the real kernel returned " +
+                                actual,
+                            instr.debug, r, expected, actual);
+  }
+}
+
 std::string describeNode(const Program& p, const Instruction& instr) {
   const NodeInfo& info = p.nodes[instr.debug];
   std::string s = "graphex: " + p.name + ": node '" + info.name + "' (" + info.target + ")";
@@ -77,7 +97,11 @@ std::string describeNode(const Program& p, const Instruction& instr) {
   return s;
 }
 
+std::atomic<uint64_t> g_total_runs{0};
+
 }  // namespace
+
+uint64_t Executor::totalRunCount() { return g_total_runs.load(std::memory_order_relaxed); }
 
 Executor::Executor(Program program) : program_(std::move(program)) {}
 
@@ -98,18 +122,23 @@ void Executor::checkInputs(const std::vector<c10::IValue>& inputs) const {
 }
 
 std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
-  return runImpl<false>(std::move(inputs), nullptr);
+  return runImpl<false, false>(std::move(inputs), nullptr);
+}
+
+std::vector<c10::IValue> Executor::runValidated(std::vector<c10::IValue> inputs) const {
+  return runImpl<false, true>(std::move(inputs), nullptr);
 }
 
 std::vector<c10::IValue> Executor::runTimed(std::vector<c10::IValue> inputs, std::vector<int64_t>& ns) const {
   ns.resize(program_.instructions.size(), 0);
-  return runImpl<true>(std::move(inputs), ns.data());
+  return runImpl<true, false>(std::move(inputs), ns.data());
 }
 
-template <bool kTimed>
+template <bool kTimed, bool kValidate>
 std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int64_t* ns) const {
   const Program& p = program_;
   runs_.fetch_add(1, std::memory_order_relaxed);
+  g_total_runs.fetch_add(1, std::memory_order_relaxed);
   checkInputs(inputs);
   RECORD_USER_SCOPE(p.name.c_str());
 
@@ -139,6 +168,7 @@ std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int6
           instr.op->callBoxed(stack);
           TORCH_INTERNAL_ASSERT(stack.size() == instr.outs.size(), "operator returned ", stack.size(),
                                 " values, schema promises ", instr.outs.size());
+          if constexpr (kValidate) validateOutputs(p, instr, stack);
           for (size_t r = 0; r < instr.outs.size(); ++r)
             if (instr.outs[r] >= 0) slots[instr.outs[r]] = std::move(stack[r]);
           break;
@@ -153,6 +183,8 @@ std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int6
       if constexpr (kTimed)
         ns[pc] += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
     }
+  } catch (const FakeMismatchError&) {
+    throw;
   } catch (const c10::Error& e) {
     throw ExecutionError(describeNode(p, p.instructions[pc]) + "\n  failed: " + e.what_without_backtrace(),
                          p.instructions[pc].debug);

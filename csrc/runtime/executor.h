@@ -46,6 +46,19 @@ class ExecutionError : public std::runtime_error {
   uint32_t node_index_;
 };
 
+// A custom operator's real output differs from what its fake/Meta function promised
+// (found by runValidated). Carries the facts; the Python side writes the fix.
+class FakeMismatchError : public std::runtime_error {
+ public:
+  FakeMismatchError(const std::string& msg, uint32_t node_index, size_t output, std::string expected, std::string actual)
+      : std::runtime_error(msg), node_index(node_index), output(output), expected(std::move(expected)),
+        actual(std::move(actual)) {}
+  uint32_t node_index;
+  size_t output;
+  std::string expected;
+  std::string actual;
+};
+
 class Executor {
  public:
   explicit Executor(Program program);
@@ -59,14 +72,20 @@ class Executor {
   // instruction, accumulated). For `graphex profile`-style breakdowns; costs two clock reads per op.
   [[nodiscard]] std::vector<c10::IValue> runTimed(std::vector<c10::IValue> inputs, std::vector<int64_t>& ns) const;
 
+  // run(), also checking each custom op's outputs against the fake/Meta promise
+  // recorded in the program (Instruction::expect). Throws FakeMismatchError.
+  [[nodiscard]] std::vector<c10::IValue> runValidated(std::vector<c10::IValue> inputs) const;
+
   const Program& program() const { return program_; }
 
   // How many times run() has been entered (tests use it to prove the engine ran).
   uint64_t runCount() const { return runs_.load(std::memory_order_relaxed); }
+  // The same, summed over every Executor of the process, including destroyed ones.
+  static uint64_t totalRunCount();
 
  private:
   void checkInputs(const std::vector<c10::IValue>& inputs) const;
-  template <bool kTimed>
+  template <bool kTimed, bool kValidate>
   std::vector<c10::IValue> runImpl(std::vector<c10::IValue> inputs, int64_t* ns) const;
   Program program_;
   mutable std::atomic<uint64_t> runs_{0};

@@ -26,6 +26,9 @@ class DecoderConfig:
     max_positions: int = 256
     eps: float = 1e-6
     rope_theta: float = 10000.0
+    # Use the C++ example operators (examples/ops) for RMSNorm, rotary embeddings and the
+    # KV-cache update instead of plain PyTorch; results are bit-identical either way.
+    custom_ops: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -33,12 +36,15 @@ class DecoderConfig:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, custom_ops: bool = False) -> None:
         super().__init__()
         self.eps = eps
+        self.custom_ops = custom_ops
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.custom_ops:
+            return torch.ops.graphex_examples.rms_norm(x, self.weight, self.eps)
         variance = x.pow(2).mean(-1, keepdim=True)
         return x * torch.rsqrt(variance + self.eps) * self.weight
 
@@ -68,11 +74,15 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, h, d).transpose(1, 2)
         k = self.k_proj(x).view(b, t, h, d).transpose(1, 2)
         v = self.v_proj(x).view(b, t, h, d).transpose(1, 2)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
         # The KV cache is updated in place: the caller's tensors hold the new entries.
-        k_cache.index_copy_(2, pos, k)
-        v_cache.index_copy_(2, pos, v)
+        if self.cfg.custom_ops:
+            q, k = torch.ops.graphex_examples.rotary_embedding(q, k, cos, sin)
+            torch.ops.graphex_examples.kv_cache_update_(k_cache, v_cache, pos, k, v)
+        else:
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+            k_cache.index_copy_(2, pos, k)
+            v_cache.index_copy_(2, pos, v)
         scores = torch.matmul(q, k_cache.transpose(2, 3)) / math.sqrt(d)
         scores = scores.masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
@@ -94,9 +104,9 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden, cfg.eps)
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.eps, cfg.custom_ops)
         self.attn = Attention(cfg)
-        self.mlp_norm = RMSNorm(cfg.hidden, cfg.eps)
+        self.mlp_norm = RMSNorm(cfg.hidden, cfg.eps, cfg.custom_ops)
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, pos, mask, k_cache, v_cache):
@@ -115,7 +125,7 @@ class Decoder(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
-        self.norm = RMSNorm(cfg.hidden, cfg.eps)
+        self.norm = RMSNorm(cfg.hidden, cfg.eps, cfg.custom_ops)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
         angles = torch.outer(torch.arange(cfg.max_positions).float(), inv_freq)
@@ -142,6 +152,10 @@ class Decoder(nn.Module):
 
 def build_decoder(cfg: DecoderConfig = DecoderConfig(), seed: int = 0) -> Decoder:
     """The shipped model: deterministic weights from `seed`, eval mode, no grad needed."""
+    if cfg.custom_ops:
+        from examples import ops
+
+        ops.load()
     torch.manual_seed(seed)
     model = Decoder(cfg).eval()
     for p in model.parameters():

@@ -1,0 +1,224 @@
+"""Checks on custom operators, each raising a CustomOpError that names the op and shows the fix.
+
+Note [Where custom-op errors are caught]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A missing or wrong fake function fails while Dynamo traces, before our backend
+ever runs. To still explain it in the user's registration style we add one
+entry to FakeTensorMode's table of special-cased operators
+(torch._subclasses.fake_impls.op_implementations_checks), matching only custom
+operators, consulted after a registered fake impl and before the Meta kernel.
+It either raises (no Meta at all; a Meta that allocates on a real device) or
+returns NotImplemented, so it never changes what a working op does. The error
+derives from Dynamo's Unsupported, which Dynamo re-raises as is (with the user's
+source line) instead of burying it in a repr.
+
+`custom_op` ops do not reach that table: their own fake wrapper runs first and,
+with no fake registered, raises torch's generic message. For them, while Dynamo
+compiles (its start/end-of-compile callbacks), each CustomOpDef without a fake
+gets a stand-in fake that raises our error instead; it is removed when the
+compile ends, and a later `register_fake` replaces it as usual. torch._dynamo.reset()
+clears all compile callbacks, so the handler's clear() re-adds ours.
+
+Schema rules (an in-place op must not return its mutated input) are checked on
+the Dynamo graph at the start of our backend; the fake-vs-real comparison runs
+in the engine on the first replay (option validate_fake).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+from torch._dynamo.exc import Unsupported
+
+from ..errors import CustomOpError
+from . import fixes
+from .registration import Registration, describe, is_custom
+
+
+class CustomOpTraceError(CustomOpError, Unsupported):
+    """A CustomOpError raised while Dynamo traces (see Note [Where custom-op errors are caught])."""
+
+    def __init__(self, message: str) -> None:
+        Unsupported.__init__(self, message, gb_type="graphex custom op")
+        self.first_useful_frame = None
+
+
+_installed = False
+
+
+def install_trace_checks() -> None:
+    """Add graphex's custom-op checks to fake tensor propagation (once per process)."""
+    global _installed
+    if _installed:
+        return
+    from torch._subclasses.fake_impls import register_op_impl
+
+    register_op_impl(_needs_check)(_check_fake_dispatch)
+    handler = torch._dynamo.callback.callback_handler
+    original_clear = handler.clear
+
+    def clear_keeping_graphex() -> None:
+        original_clear()
+        _add_compile_callbacks()
+
+    handler.clear = clear_keeping_graphex  # type: ignore[method-assign]
+    _add_compile_callbacks()
+    _installed = True
+
+
+def _add_compile_callbacks() -> None:
+    handler = torch._dynamo.callback.callback_handler
+    if _stand_in_missing_fakes not in handler.start_callbacks:
+        handler.register_start_callback(_stand_in_missing_fakes)
+    if _remove_stand_ins not in handler.end_callbacks:
+        handler.register_end_callback(_remove_stand_ins)
+
+
+def _stand_in_missing_fakes(*_: Any) -> None:
+    from torch._library.custom_ops import OPDEFS
+
+    for opdef in list(OPDEFS.values()):
+        if getattr(opdef, "_abstract_fn", "absent") is None:
+            opdef._abstract_fn = _MissingFake(opdef)
+
+
+def _remove_stand_ins(*_: Any) -> None:
+    from torch._library.custom_ops import OPDEFS
+
+    for opdef in list(OPDEFS.values()):
+        if isinstance(getattr(opdef, "_abstract_fn", None), _MissingFake):
+            opdef._abstract_fn = None
+
+
+class _MissingFake:
+    """Stands in for the fake of a custom_op that has none, to raise a teaching error (see the Note)."""
+
+    def __init__(self, opdef: Any) -> None:
+        self.opdef = opdef
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch._library.utils import can_generate_trivial_fake_impl, generate_trivial_fake_impl
+
+        op = self.opdef._opoverload
+        if can_generate_trivial_fake_impl(op):
+            return generate_trivial_fake_impl(op, *args, **kwargs)
+        reg = describe(op)
+        raise CustomOpTraceError(_message(
+            reg, "has no fake function",
+            "torch.compile traces with fake tensors, which carry shapes but no data; it needs a function "
+            "that says what shape, dtype and device the op returns",
+            fixes.missing_fake(reg)))
+
+
+def _needs_check(func: Any) -> bool:
+    return is_custom(func)
+
+
+def _check_fake_dispatch(fake_mode: Any, func: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    from torch._library.utils import can_generate_trivial_fake_impl
+    from torch._subclasses.fake_impls import has_meta
+    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
+
+    def missing() -> CustomOpTraceError:
+        reg = describe(func)
+        return CustomOpTraceError(_message(
+            reg, "has no fake (Meta) function",
+            "torch.compile traces with fake tensors, which carry shapes but no data; it needs a function "
+            "that says what shape, dtype and device the op returns",
+            fixes.missing_fake(reg)))
+
+    if not has_meta(func):
+        if can_generate_trivial_fake_impl(func):
+            return NotImplemented
+        raise missing()
+    with in_kernel_invocation_manager(fake_mode):
+        try:
+            out = func(*args, **kwargs)
+        except NotImplementedError:  # only the Meta backend fallback: nothing registered
+            if can_generate_trivial_fake_impl(func):
+                return NotImplemented
+            raise missing() from None
+        # Inside the kernel invocation, a fake tensor reports `meta`; anything else is a real tensor.
+        devices = [t.device for t in _tensors(out)]
+    for device in devices:
+        if device.type != "meta":
+            reg = describe(func)
+            raise CustomOpTraceError(_message(
+                reg, f"has a Meta function that returns a tensor on '{device}'",
+                "a Meta/fake function must allocate its outputs on the `meta` device (like its inputs), "
+                "never on a real device: it only describes shapes and must not touch memory",
+                fixes.meta_on_real_device(reg, str(device))))
+    return NotImplemented
+
+
+def check_dynamo_graph(gm: torch.fx.GraphModule) -> None:
+    """Schema rules for every custom op in a Dynamo graph; raises CustomOpError on the first violation."""
+    seen: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        for op in _overloads(node.target):
+            if not is_custom(op) or op.name() in seen:
+                continue
+            seen.add(op.name())
+            for ret in op._schema.returns:
+                info = ret.alias_info
+                if info is not None and info.is_write:
+                    reg = describe(op)
+                    raise CustomOpError(_message(
+                        reg, f"returns its mutated input (schema: {op._schema})",
+                        "since PyTorch 2.6, auto-functionalization requires in-place custom ops to return "
+                        "nothing for the arguments they mutate: the caller already holds that tensor",
+                        fixes.no_mutated_return(reg), node=node))
+                if info is not None:
+                    reg = describe(op)
+                    raise CustomOpError(_message(
+                        reg, f"returns an alias of an input (schema: {op._schema})",
+                        "graph mode needs outputs that do not share memory with inputs; return a new tensor "
+                        "(e.g. `.clone()`) and remove the alias annotation from the return",
+                        fixes.missing_fake(reg), node=node))
+
+
+def explain_fake_mismatch(op: torch._ops.OpOverload, node_name: str, output: int, expected: str,
+                          actual: str, source: str) -> CustomOpError:
+    reg = describe(op)
+    return CustomOpError(_message(
+        reg, f"has a fake/Meta function that disagrees with its real kernel (node '{node_name}', output {output}: "
+             f"fake {expected}, real {actual})",
+        "ops after it were planned with the fake's shape; the replay would compute garbage or fail. "
+        "Checked on the first run; disable with options={'validate_fake': False}",
+        fixes.fake_mismatch(reg, output, expected, actual), source=source))
+
+
+def _message(reg: Registration, problem: str, why: str, fix: str, node: torch.fx.Node | None = None,
+             source: str = "") -> str:
+    from .._source import source_line
+
+    where = source or (source_line(node) if node is not None else "")
+    style = {"custom_op": "torch.library.custom_op", "library": "torch.library.Library",
+             "cpp": "C++ TORCH_LIBRARY"}[reg.style]
+    text = f"graphex: custom op {reg.qualname} {problem}.\n"
+    text += f"  registered with {style}{reg.where()}\n"
+    if where:
+        text += f"  used at: {where}\n"
+    text += f"  why: {why}.\n  fix:\n"
+    text += "\n".join("    " + line for line in fix.splitlines())
+    return text
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def _overloads(target: Any) -> list[torch._ops.OpOverload]:
+    if isinstance(target, torch._ops.OpOverload):
+        return [target]
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return [getattr(target, name) for name in target.overloads()]
+    return []

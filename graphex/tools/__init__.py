@@ -1,0 +1,1 @@
+"""The `graphex` command-line tools: one module per subcommand (see graphex/cli.py)."""
