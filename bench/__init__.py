@@ -1,0 +1,1 @@
+"""The graphex benchmark suite: `python -m bench.run` (`make bench`); see bench/README.md."""

@@ -1,0 +1,241 @@
+"""`make bench`: eager, inductor, aot_eager and graphex side by side on every workload.
+
+    python -m bench.run [--quick] [--only NAME] [--out DIR] [--backends a,b] [--bin-dir DIR]
+
+For each case (bench/cases.py):
+  1. first call (compile + first run) and the peak memory of one steady-state step,
+     in a fresh process per backend, inductor with a new cache directory;
+  2. steady-state latency in this process, the backends taking turns in short rounds,
+     plus the hand-written C++ limit where the case has one (built by CMake into
+     build/py/bench/; the row is skipped, with a note, when the binary is missing).
+Writes results.json, results.md and latency.png under --out and prints the Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import cases as cases_mod
+from . import measure, report
+from .cases import Case
+
+ROOT = measure.ROOT
+DEFAULT_OUT = os.path.join(ROOT, "bench", "results")
+DEFAULT_BIN_DIR = os.path.join(ROOT, "build", "py", "bench")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How long to time: `rounds` turns of `round_s` seconds per backend, after `warmup` calls."""
+
+    rounds: int = 12
+    round_s: float = 0.25
+    warmup: int = 20
+    binary_warmup: int = 50
+
+    def describe(self) -> str:
+        return (f"median / p10 / p90 of every call in {self.rounds} interleaved rounds of {self.round_s} s per "
+                f"backend, after {self.warmup} warm-up calls; first call and memory in a fresh process each")
+
+
+FULL = Settings()
+QUICK = Settings(rounds=3, round_s=0.05, warmup=3, binary_warmup=20)
+
+
+def _log(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+# -- one case ------------------------------------------------------------------------------
+def _max_abs_diff(actual: Any, expected: Any) -> float:
+    diffs = [(a.double() - e.double()).abs().max().item()
+             for a, e in zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected))
+             if isinstance(a, torch.Tensor) and a.numel() > 0]
+    return max(diffs, default=0.0)
+
+
+def prepare(case: Case, backend: str, warmup: int) -> tuple[measure.Runner, dict[str, Any]]:
+    """Compile `case` for `backend`, check its first output against eager's on a copy of the inputs,
+    warm it up; a runner that keeps calling it on the same inputs."""
+    built = case.build()
+    args = case.inputs(built)
+    graphs_before = {id(g) for g in measure.graphex_graphs()}
+    info: dict[str, Any] = {}
+    with torch.no_grad():
+        reference = built(*pytree.tree_map_only(torch.Tensor, torch.clone, args))
+        fn = measure.compile_for(backend, built)
+        info["max_abs_diff_vs_eager"] = _max_abs_diff(fn(*args), reference)
+        for _ in range(warmup):
+            fn(*args)
+    if backend == "graphex":
+        graphs = [g for g in measure.graphex_graphs() if id(g) not in graphs_before]
+        info["engine_ran"] = measure.engine_runs(graphs) >= warmup + 1
+
+    runner = measure.call_runner(fn, args)
+
+    def run(seconds: float) -> list[float]:
+        with torch.no_grad():
+            return runner(seconds)
+
+    return run, info
+
+
+def handwritten_runner(case: Case, bin_dir: str, settings: Settings, entry: dict[str, Any]) -> measure.Runner | None:
+    """The C++ limit for `case`, after checking it computes what the Python case does; None (with a note) if not."""
+    hw = case.handwritten
+    if hw is None:
+        return None
+    path = os.path.join(bin_dir, hw.binary)
+    if not os.access(path, os.X_OK):
+        entry["notes"].append(f"hand-written C++ row skipped: {path} not found (it is built by `make build` "
+                              "once the root CMakeLists.txt has add_subdirectory(bench)).")
+        return None
+    try:
+        got = measure.run_binary(path, (*hw.args, "--warmup", "0", "--iters", "1"))["check"]
+    except Exception as e:  # noqa: BLE001
+        entry["notes"].append(f"hand-written C++ row skipped: {path} failed: {e}")
+        return None
+    expected = hw.check()
+    if not math.isclose(got, expected, rel_tol=1e-9):
+        entry["notes"].append(f"hand-written C++ row skipped: {hw.binary} computes {got!r}, the Python case "
+                              f"{expected!r}; the mirror has drifted from bench/cases.py.")
+        return None
+    entry["results"]["handwritten"] = {"binary": path, "check": got}
+    return measure.binary_runner(path, hw.args, settings.binary_warmup)
+
+
+def run_case(case: Case, backends: list[str], settings: Settings, *, isolate: bool, bin_dir: str, scratch: str,
+             log: Callable[[str], None]) -> dict[str, Any]:
+    """First calls (one process each), then every backend compiled here and timed in interleaved rounds."""
+    entry: dict[str, Any] = {"name": case.name, "description": case.description, "ops": case.ops,
+                             "results": {b: {} for b in backends}, "notes": []}
+    inductor_dir = None
+    for backend in backends:
+        cache_dir = tempfile.mkdtemp(prefix=f"{case.name}-{backend}-", dir=scratch)
+        log(f"{case.name}: first call and memory, {backend}" + (" (fresh process)" if isolate else ""))
+        try:
+            if isolate:
+                result = measure.first_call_isolated(case.name, backend, cache_dir)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+                result = measure.first_call(case, backend)
+        except Exception as e:  # noqa: BLE001  (one failing backend must not sink the run)
+            entry["notes"].append(f"{backend}: first-call measurement failed: {e}")
+            entry["results"][backend]["first_call_error"] = getattr(e, "log", None) or repr(e)
+            continue
+        entry["results"][backend].update(result)
+        if backend == "inductor":
+            inductor_dir = cache_dir
+    # Only the isolated compile above is timed; here inductor may reuse the C++ kernels it built.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_dir or tempfile.mkdtemp(dir=scratch)
+
+    torch._dynamo.reset()
+    runners: dict[str, measure.Runner] = {}
+    for backend in backends:
+        log(f"{case.name}: compiling and warming up {backend}")
+        try:
+            runners[backend], info = prepare(case, backend, settings.warmup)
+        except Exception as e:  # noqa: BLE001
+            entry["notes"].append(f"{backend}: steady-state setup failed: {type(e).__name__}: {e}")
+            entry["results"][backend]["steady_state_error"] = traceback.format_exc(limit=-8)
+            continue
+        entry["results"][backend].update(info)
+        if info.get("engine_ran") is False:
+            entry["notes"].append("graphex: the C++ engine did not serve the calls (a fallback ran).")
+    hand = handwritten_runner(case, bin_dir, settings, entry)
+    if hand is not None:
+        runners["handwritten"] = hand
+    log(f"{case.name}: timing {', '.join(runners)} in {settings.rounds} interleaved rounds")
+    for name, samples in measure.interleaved(runners, settings.rounds, settings.round_s).items():
+        entry["results"][name].update(measure.summarize(samples))
+    torch._dynamo.reset()
+    return entry
+
+
+# -- the suite -----------------------------------------------------------------------------
+def machine_info(settings: Settings, backends: list[str]) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "platform": platform.platform(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
+            "backends": backends, "settings": settings.describe(), "quick": settings == QUICK}
+
+
+def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, isolate: bool = True,
+              bin_dir: str = DEFAULT_BIN_DIR, log: Callable[[str], None] = _log) -> dict[str, Any]:
+    """Measure every case on every backend; the results dict of bench/report.py, targets included.
+
+    isolate=False measures the first call in this process (for tests: cases need not be importable).
+    """
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    scratch = tempfile.mkdtemp(prefix="graphex-bench-")
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    try:
+        entries = [run_case(case, backends, settings, isolate=isolate, bin_dir=bin_dir, scratch=scratch, log=log)
+                   for case in cases]
+    finally:
+        if saved is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+        shutil.rmtree(scratch, ignore_errors=True)
+    results = {"meta": {**machine_info(settings, backends), "load_before": load_before}, "cases": entries}
+    results["targets"] = report.derive(results)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="few, short rounds: a smoke test, not a measurement")
+    parser.add_argument("--only", metavar="NAME", help="one workload (comma-separate several): "
+                        + ", ".join(c.name for c in cases_mod.CASES))
+    parser.add_argument("--out", metavar="DIR", default=DEFAULT_OUT, help="where the results go (default bench/results)")
+    parser.add_argument("--backends", default=",".join(measure.BACKENDS), help="comma-separated subset of "
+                        + ", ".join(measure.BACKENDS))
+    parser.add_argument("--bin-dir", default=DEFAULT_BIN_DIR, help="where the hand-written C++ binaries are "
+                        "(default build/py/bench)")
+    ns = parser.parse_args(argv)
+
+    try:
+        selected = [cases_mod.find(n.strip()) for n in ns.only.split(",")] if ns.only else list(cases_mod.CASES)
+    except ValueError as e:
+        parser.error(str(e))
+    backends = [b.strip() for b in ns.backends.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in measure.BACKENDS]
+    if unknown:
+        parser.error(f"unknown backends {unknown}; known: {', '.join(measure.BACKENDS)}")
+
+    results = run_suite(selected, backends, QUICK if ns.quick else FULL, bin_dir=ns.bin_dir)
+    paths = report.write(results, ns.out)
+    _log("wrote " + ", ".join(paths.values()))
+    print(report.markdown(results), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

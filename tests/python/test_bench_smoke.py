@@ -1,0 +1,89 @@
+"""The benchmark's machinery on a tiny workload, in-process and briefly: `make test` catches a broken
+`make bench` without paying for the real run (no inductor, no subprocesses, a few calls per backend)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from bench import measure, report, run
+from bench.cases import CASES, Case, Handwritten
+
+SMOKE = run.Settings(rounds=2, round_s=0.01, warmup=1, binary_warmup=1)
+
+
+def _tiny(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x * 2.0 + 1.0).sum(0)
+
+
+TINY = Case(
+    name="tiny",
+    description="three elementwise ops and a reduction",
+    build=lambda: _tiny,
+    inputs=lambda _fn: (torch.randn(4, 8),),
+    ops=4,
+    handwritten=Handwritten(binary="no_such_binary", args=(), check=lambda: 0.0),
+)
+
+
+def test_suite_writes_json_markdown_and_png(tmp_path):
+    backends = ["eager", "aot_eager", "graphex"]
+    results = run.run_suite([TINY], backends, SMOKE, isolate=False, bin_dir=str(tmp_path), log=lambda _m: None)
+    paths = report.write(results, str(tmp_path / "out"))
+
+    saved = json.loads(open(paths["json"]).read())
+    assert {"cpu", "cores", "torch", "date", "settings"} <= saved["meta"].keys()
+    (case,) = saved["cases"]
+    assert case["name"] == "tiny" and set(case["results"]) == set(backends)
+    for backend in backends:
+        r = case["results"][backend]
+        assert r["p10_us"] <= r["median_us"] <= r["p90_us"] and r["samples"] >= 2, (backend, r)
+        assert r["first_call_s"] > 0 and r["peak_step_bytes"] > 0, (backend, r)
+        assert r["max_abs_diff_vs_eager"] == 0.0, (backend, r)
+    assert case["results"]["graphex"]["engine_ran"] is True
+    assert case["results"]["graphex"]["graphex_ops"] >= 1
+    assert any("no_such_binary not found" in note for note in case["notes"])
+
+    figures = {(t["figure"], t["case"]): t for t in saved["targets"]}
+    memory = figures[("peak step memory, graphex / eager", "tiny")]
+    assert memory["value"] > 0 and memory["passed"] in (True, False)
+    assert figures[("first call, graphex / inductor", "tiny")]["passed"] is None  # inductor not run
+
+    text = open(paths["markdown"]).read()
+    assert text == report.markdown(results)
+    assert "| workload | backend | median step |" in text and "| tiny | graphex |" in text
+    assert "| peak step memory, graphex / eager | tiny |" in text and "| first call, graphex / inductor | tiny |" in text
+    assert open(paths["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_targets_on_known_numbers():
+    """The four goals of the issue, computed from made-up measurements."""
+    def row(**kw):
+        return kw
+
+    results = {"cases": [
+        {"name": "decoder_step", "ops": None, "results": {
+            "eager": row(median_us=1000.0, first_call_s=0.01, peak_step_bytes=1000),
+            "inductor": row(median_us=500.0, first_call_s=30.0, peak_step_bytes=5000),
+            "graphex": row(median_us=400.0, first_call_s=3.0, peak_step_bytes=1200)}},
+        {"name": "chain500", "ops": 500, "results": {
+            "graphex": row(median_us=900.0), "handwritten": row(median_us=700.0)}},
+    ]}
+    got = {(t["figure"], t["case"]): (round(t["value"], 6) if t["value"] is not None else None, t["passed"])
+           for t in report.derive(results)}
+    assert got[("step latency, graphex / eager", "decoder_step")] == (0.4, True)
+    assert got[("engine overhead per op, (graphex - hand-written) / ops", "chain500")] == (0.4, True)
+    assert got[("first call, graphex / inductor", "decoder_step")] == (0.1, True)
+    assert got[("peak step memory, graphex / eager", "decoder_step")] == (1.2, False)
+    assert got[("peak step memory, graphex / eager", "chain500")] == (None, None)
+
+
+def test_shipped_cases_are_well_formed():
+    names = [c.name for c in CASES]
+    assert len(names) == len(set(names)) and {"decoder_step", "chain500"} <= set(names)
+    chain = next(c for c in CASES if c.name == "chain500")
+    assert chain.ops == 500 and chain.handwritten is not None
+    x = chain.inputs(chain.build())[0]
+    assert x.shape == (16,) and x.dtype == torch.float32
+    assert measure.summarize([3.0, 1.0, 2.0])["median_us"] == 2.0
