@@ -24,6 +24,7 @@ from .errors import (
     SignatureError,
 )
 from .options import Options
+from . import inference  # noqa: E402  (graphex.inference.cache_compile)
 
 __version__ = "0.1.0"
 

@@ -35,8 +35,12 @@ from .runtime import CompiledGraph
 _graph_ids = itertools.count()
 
 
-def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
-    """The backend proper: Dynamo's graph and example inputs in, a callable out."""
+def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options,
+                         on_capture: Callable[[CompiledGraph], None] | None = None) -> Callable[..., Any]:
+    """The backend proper: Dynamo's graph and example inputs in, a callable out.
+
+    `on_capture` is told about each CompiledGraph made (cache_compile records it).
+    """
     check_dynamo_graph(gm)
     # Note [Inference first]
     # The engine replays inference graphs. Training needs a backward graph and saved
@@ -54,7 +58,10 @@ def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
         return aot_module_simplified(gm, example_inputs, fw_compiler=eager, bw_compiler=eager)
 
     def inference_compiler(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any]) -> CompiledGraph:
-        return capture(fx_gm, flat_inputs, options)
+        compiled = capture(fx_gm, flat_inputs, options)
+        if on_capture is not None:
+            on_capture(compiled)
+        return compiled
 
     return aot_module_simplified(
         gm, example_inputs,
@@ -84,6 +91,8 @@ def capture(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], options: Op
     static_inputs = _static_input_indices(len(flat_inputs))
     compiled = CompiledGraph(name, fx_gm, options, static_inputs=static_inputs, kept_copies=kept,
                              example_inputs=flat_inputs)
+    ctx = TracingContext.try_get()
+    compiled.aot_metadata = getattr(ctx, "fw_metadata", None) if ctx is not None else None
     elapsed = (time.perf_counter() - start) * 1000
     _log.info("%s: captured %d ops, %d inputs, %d outputs in %.1f ms%s", name, compiled.num_ops,
               len(flat_inputs), compiled.num_outputs, elapsed, " (dynamic shapes)" if compiled.dynamic else "")

@@ -47,6 +47,7 @@ class CompiledGraph:
         self._signatures: set[tuple[Any, ...]] = set()
         self.executor: _C.Executor | None = None
         self.lowered: LoweredGraph | None = None
+        self.aot_metadata: Any = None  # AOTAutograd's ViewAndMutationMeta for this graph (set by capture)
 
         frozen = options.frozen_parameter and bool(self.static_inputs)
         if not frozen:

@@ -1,0 +1,260 @@
+"""cache_compile: torch.compile with the graphex backend, remembered on disk across processes.
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            ...
+            self.cached_forward = graphex.inference.cache_compile(self._forward, dynamic=False)
+
+        def forward(self, x):
+            return self.cached_forward(x)
+
+The first call with a new input signature traces with Dynamo, captures the program
+and writes it to the cache directory; later calls, in this process or a fresh one,
+load it, bind the module's current parameters and buffers by name and run on the
+C++ engine with no Dynamo and no AOTAutograd. See Note [What the compile cache
+keys on] (keys.py) for what makes an entry stale.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import _C, _log
+from .._warn import warn_once
+from ..errors import OptionsError, SignatureError
+from ..options import Options
+from . import keys
+from .capture import compile_cold
+from .entry import SUFFIX, Entry, EntryError, read_entry, write_entry
+
+DEFAULT_DIR = ".graphex_cache"
+
+
+def cache_compile(func: Callable[..., Any], *, dynamic: bool = False, cache_dir: str | os.PathLike | None = None,
+                  options: dict[str, Any] | None = None) -> "CachedFunction":
+    """Compile `func` (a bound method of an nn.Module, or a plain function) with a persistent cache.
+
+    cache_dir defaults to $GRAPHEX_CACHE_DIR or ./.graphex_cache. `options` are the
+    graphex backend's options (see `graphex options`).
+    """
+    if not callable(func):
+        raise TypeError(f"cache_compile: expected a bound method of an nn.Module or a function, got {func!r}")
+    owner = getattr(func, "__self__", None)
+    if owner is not None and not isinstance(owner, torch.nn.Module):
+        raise TypeError(f"cache_compile: {func!r} is a method of {type(owner).__qualname__}, not of an "
+                        "nn.Module; pass a bound method of your module (self._forward) or a plain function")
+    if isinstance(func, torch.nn.Module):
+        raise TypeError("cache_compile: pass the module's method (e.g. model._forward or model.forward), "
+                        "not the module itself")
+    return CachedFunction(func, dynamic=dynamic, cache_dir=cache_dir, options=options)
+
+
+class _Loaded:
+    """A cache entry bound to this process: an executor plus how to feed it and read it."""
+
+    def __init__(self, entry: Entry, module: torch.nn.Module | None, path: str) -> None:
+        self.path = path
+        self.header = entry.header
+        self.executor = _C.Executor(entry.program, [])
+        self.validate_next = bool(entry.header.get("validate_fake"))
+        self.out_spec = pytree.treespec_loads(entry.header["outputs"]["spec"])
+        self.binders = [_binder(b, module) for b in entry.header["inputs"]]
+        self.leaves = [(o["kind"], o.get("index"), o.get("value")) for o in entry.header["outputs"]["leaves"]]
+
+    def run(self, flat: list[Any]) -> Any:
+        inputs = [bind(flat) for bind in self.binders]
+        if self.validate_next:
+            from ..custom_ops import explain_fake_mismatch
+            from ..errors import FakeMismatch
+
+            try:
+                outs = self.executor.run_validated(inputs)
+            except FakeMismatch as e:
+                raise explain_fake_mismatch(*_fake_mismatch_details(self, e)) from None
+            self.validate_next = False
+        else:
+            outs = self.executor(inputs)
+        leaves = [outs[i] if kind == "graph" else flat[i] if kind == "arg" else value
+                  for kind, i, value in self.leaves]
+        return pytree.tree_unflatten(leaves, self.out_spec)
+
+
+def _binder(binding: dict[str, Any], module: torch.nn.Module | None) -> Callable[[list[Any]], Any]:
+    kind = binding["kind"]
+    if kind == "arg":
+        i = binding["index"]
+        return lambda flat: flat[i]
+    if kind in ("size", "stride"):
+        i, d = binding["arg"], binding["dim"]
+        return (lambda flat: flat[i].size(d)) if kind == "size" else (lambda flat: flat[i].stride(d))
+    if kind == "storage_offset":
+        i = binding["arg"]
+        return lambda flat: flat[i].storage_offset()
+    if module is None:
+        raise EntryError(f"entry binds a {kind} but the function is not a module method")
+    owner = module.get_submodule(binding["owner"]) if binding["owner"] else module
+    table = owner._parameters if kind == "param" else owner._buffers
+    name = binding["name"]
+    if table.get(name) is None:
+        raise EntryError(f"module has no {kind} {binding['owner']}.{name}".replace(" .", " "))
+    # Looked up on every call, so a parameter replaced after loading is still the one used.
+    return lambda flat: table[name]
+
+
+def _fake_mismatch_details(loaded: _Loaded, e: Any) -> tuple[Any, ...]:
+    from ..lower import _op_text  # noqa: F401  (keeps the op naming in one place)
+
+    node_names = loaded.executor.node_names()
+    name, target = node_names[e.node_index]
+    op_name, _, overload = target.partition(".")
+    ns, _, opname = op_name.partition("::")
+    op = getattr(getattr(getattr(torch.ops, ns), opname), overload or "default")
+    return op, name, e.output, e.expected, e.actual, ""
+
+
+class CachedFunction:
+    """The callable cache_compile returns. `stats` counts hits, misses, compiles and writes."""
+
+    def __init__(self, func: Callable[..., Any], *, dynamic: bool, cache_dir: Any, options: Any) -> None:
+        self._func = func
+        self._module = getattr(func, "__self__", None)
+        self._dynamic = bool(dynamic)
+        self._options = Options.from_user(options)
+        self.cache_dir = os.fspath(cache_dir or os.environ.get("GRAPHEX_CACHE_DIR") or DEFAULT_DIR)
+        self._by_call: dict[Any, list[_Loaded]] = {}
+        self._static_parts: dict[str, Any] | None = None
+        self._uncacheable: dict[Any, Callable[..., Any]] = {}
+        self.stats = {"hits": 0, "misses": 0, "compiles": 0, "writes": 0}
+        identity = keys.function_identity(func)
+        self._name = identity["qualname"].replace("<", "").replace(">", "").replace("/", "_")
+
+    # -- the call ---------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat, in_spec = pytree.tree_flatten((args, kwargs))
+        if torch.is_grad_enabled() and self._needs_autograd(flat):
+            return self._plain_compiled()(*args, **kwargs)
+        call_key = (in_spec, tuple(None if isinstance(a, torch.Tensor) else (type(a), a) for a in flat))
+        for loaded in self._by_call.get(call_key, ()):
+            try:
+                return loaded.run(flat)
+            except SignatureError:
+                continue  # another shape/dtype/stride: try the next entry, else load or compile
+        return self._load_or_compile(flat, in_spec, call_key)
+
+    def _needs_autograd(self, flat: list[Any]) -> bool:
+        if any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat):
+            return True
+        return self._module is not None and any(p.requires_grad for p in self._module.parameters())
+
+    def _plain_compiled(self) -> Callable[..., Any]:
+        if "autograd" not in self._uncacheable:
+            warn_once("cache_compile:autograd",
+                      "graphex.inference.cache_compile: autograd is needed (grad mode on and a parameter or input "
+                      "requires grad), so this call is compiled without the cache. Call it under torch.no_grad() "
+                      "or torch.inference_mode() to use the cache.")
+            self._uncacheable["autograd"] = torch.compile(self._func, backend="graphex", fullgraph=True,
+                                                          dynamic=self._dynamic, options=self._options.__dict__)
+        return self._uncacheable["autograd"]
+
+    # -- disk ---------------------------------------------------------------------------------------
+    def _key_parts(self, flat: list[Any], in_spec: pytree.TreeSpec) -> dict[str, Any]:
+        if self._static_parts is None:
+            self._static_parts = {
+                **keys.versions(),
+                "function": keys.function_identity(self._func),
+                "module": keys.module_structure(self._module) if isinstance(self._module, torch.nn.Module) else None,
+                "options": self._options.cache_key(),
+                "dynamic": self._dynamic,
+            }
+        return {**self._static_parts, "in_spec": pytree.treespec_dumps(in_spec),
+                "signature": keys.input_signature(flat, self._dynamic), "grad": torch.is_grad_enabled()}
+
+    def _load_or_compile(self, flat: list[Any], in_spec: pytree.TreeSpec, call_key: Any) -> Any:
+        if call_key in self._uncacheable:
+            return self._uncacheable[call_key](*flat)
+        start = time.perf_counter()
+        parts = self._key_parts(flat, in_spec)
+        key = keys.digest(parts)
+        path = os.path.join(self.cache_dir, f"{self._name}-{key[:24]}{SUFFIX}")
+        loaded, why = self._try_load(path, key)
+        if loaded is not None:
+            try:
+                result = loaded.run(flat)
+            except SignatureError as e:
+                loaded, why = None, f"the entry does not fit this call ({e})"
+            else:
+                self.stats["hits"] += 1
+                self._by_call.setdefault(call_key, []).append(loaded)
+                _log.info("cache hit: %s (%.1f ms to first output)", path, (time.perf_counter() - start) * 1e3)
+                return result
+        self.stats["misses"] += 1
+        _log.info("cache miss for %s %s: %s", self._name, keys.describe_signature(flat), why)
+        return self._compile(flat, in_spec, call_key, parts, key, path)
+
+    def _try_load(self, path: str, key: str) -> tuple[_Loaded | None, str]:
+        if not os.path.exists(path):
+            return None, "no entry yet"
+        try:
+            entry = read_entry(path)
+            header = entry.header
+            if header.get("key_parts") is None or keys.digest(header["key_parts"]) != key:
+                raise EntryError("built for another key")
+            for name, value in keys.versions().items():
+                if header.get(name) != value:
+                    raise EntryError(f"built with {name} {header.get(name)}, this is {value}")
+            stale = (keys.check_sources(header.get("sources", []), keys.project_root(self._func))
+                     or keys.check_custom_ops(header.get("custom_ops", [])))
+            if stale:
+                return None, f"stale: {stale}"
+            return _Loaded(entry, self._module if isinstance(self._module, torch.nn.Module) else None, path), ""
+        except (EntryError, KeyError, TypeError, ValueError, RuntimeError) as e:
+            warn_once(f"cache-bad:{path}", f"graphex cache: ignoring {path}: {e}. It will be rebuilt and replaced.")
+            return None, f"unusable entry ({e})"
+
+    def _compile(self, flat: list[Any], in_spec: pytree.TreeSpec, call_key: Any, parts: dict[str, Any],
+                 key: str, path: str) -> Any:
+        start = time.perf_counter()
+        result, entry, why = compile_cold(self._func, flat, in_spec, self._options, self._dynamic, parts)
+        self.stats["compiles"] += 1
+        if entry is None:
+            warn_once(f"cache-uncacheable:{self._name}:{why}",
+                      f"graphex cache: {self._name} runs compiled but cannot be cached: {why}.")
+            self._uncacheable[call_key] = _remember_compiled(self._func, in_spec, self._options, self._dynamic)
+            return result
+        entry.header["compile_seconds"] = round(time.perf_counter() - start, 3)
+        if self._write(path, entry):
+            self.stats["writes"] += 1
+        loaded = _Loaded(entry, self._module if isinstance(self._module, torch.nn.Module) else None, path)
+        loaded.validate_next = False  # the cold run already validated custom ops' fakes
+        self._by_call.setdefault(call_key, []).append(loaded)
+        _log.info("cache: compiled %s %s in %.2f s -> %s", self._name, entry.header["signature"],
+                  time.perf_counter() - start, path)
+        return result
+
+    def _write(self, path: str, entry: Entry) -> bool:
+        try:
+            os.makedirs(self.cache_dir, exist_ok=True)
+            write_entry(path, entry)
+            return True
+        except OSError as e:
+            warn_once(f"cache-unwritable:{self.cache_dir}",
+                      f"graphex cache: cannot write to {self.cache_dir} ({e.strerror}); running without the "
+                      "cache. Set cache_dir= or GRAPHEX_CACHE_DIR to a writable directory.")
+            return False
+
+
+def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec, options: Options,
+                       dynamic: bool) -> Callable[..., Any]:
+    from .capture import make_flat
+
+    return torch.compile(make_flat(func, in_spec), backend="graphex", fullgraph=True, dynamic=dynamic,
+                         options={k: v for k, v in options.__dict__.items()} or None)
+
+
+__all__ = ["cache_compile", "CachedFunction", "DEFAULT_DIR", "OptionsError"]

@@ -1,0 +1,211 @@
+"""Cold path of cache_compile: trace once with Dynamo, then describe how to replay without it.
+
+The function is compiled through a flat wrapper (the call's arguments flattened
+with pytree), with the graphex backend wrapped to record what the entry needs:
+Dynamo's real example inputs (to bind each graph input to a module parameter or
+buffer by name, or to an argument by position), the code Dynamo traced (for the
+source fingerprints), and the CompiledGraph (its lowered program). The first
+call's result tells how outputs map back: a graph output, an argument passed
+through, or a constant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any, Callable
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from .. import _spec
+from ..compile import compile_dynamo_graph
+from ..options import Options
+from ..runtime import CompiledGraph
+from . import keys
+from .entry import Entry
+
+
+class NotCacheable(Exception):
+    """This function or call cannot be replayed from a cache entry; the message says why."""
+
+
+@dataclasses.dataclass
+class _Recording:
+    example_inputs: list[Any] = dataclasses.field(default_factory=list)
+    sources: list[Any] = dataclasses.field(default_factory=list)
+    traced_code: list[Any] = dataclasses.field(default_factory=list)
+    graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
+    graph_outputs: list[Any] | None = None
+
+
+def make_flat(func: Callable[..., Any], in_spec: pytree.TreeSpec) -> Callable[..., Any]:
+    def flat_call(*flat_args: Any) -> Any:
+        args, kwargs = pytree.tree_unflatten(list(flat_args), in_spec)
+        return func(*args, **kwargs)
+
+    return flat_call
+
+
+def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree.TreeSpec, options: Options,
+                 dynamic: bool, key_parts: dict[str, Any]) -> tuple[Any, Entry | None, str | None]:
+    """Compile and run once. Returns (result, entry or None, why not cacheable)."""
+    rec = _Recording()
+
+    def on_capture(compiled: CompiledGraph) -> None:
+        rec.graphs.append(compiled)
+        run = compiled._run
+
+        def recording(args: list[Any]) -> list[Any]:
+            outs = run(args)
+            rec.graph_outputs = list(outs)
+            return outs
+
+        compiled._run = recording
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **_: Any) -> Callable[..., Any]:
+        from torch._guards import TracingContext
+
+        rec.example_inputs = list(example_inputs)
+        rec.sources = [getattr(n, "_dynamo_source", None) for n in gm.graph.find_nodes(op="placeholder")]
+        ctx = TracingContext.try_get()
+        rec.traced_code = list(getattr(ctx, "traced_code", []) or [])
+        return compile_dynamo_graph(gm, example_inputs, options, on_capture=on_capture)
+
+    compiled_fn = torch.compile(make_flat(func, in_spec), backend=backend, fullgraph=True, dynamic=dynamic)
+    result = compiled_fn(*flat_args)
+    try:
+        entry = _describe(func, flat_args, result, rec, options, key_parts)
+        return result, entry, None
+    except NotCacheable as e:
+        return result, None, str(e)
+
+
+def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: _Recording, options: Options,
+              key_parts: dict[str, Any]) -> Entry:
+    if len(rec.graphs) != 1:
+        raise NotCacheable("the call did not produce exactly one engine graph (autograd needed? run it under "
+                           "torch.no_grad() or torch.inference_mode())")
+    graph = rec.graphs[0]
+    _check_aot_wrappers_are_trivial(graph, len(rec.example_inputs))
+    inputs = [_bind_input(i, value, source, func, flat_args)
+              for i, (value, source) in enumerate(zip(rec.example_inputs, rec.sources))]
+    leaves, out_spec = pytree.tree_flatten(result)
+    outputs = [_bind_output(leaf, flat_args, rec.graph_outputs or []) for leaf in leaves]
+    sources, problem = keys.source_fingerprints(rec.traced_code, keys.project_root(func))
+    if problem:
+        raise NotCacheable(problem)
+    from ..custom_ops.registration import is_custom
+
+    from ..lower import lower
+
+    lowered = lower(graph.gm, name=graph.name)  # never frozen: weights are bound by name, not stored
+    custom = [op for op in lowered.node_ops if op is not None and is_custom(op)]
+    spec = dict(lowered.spec, constants=list(lowered.constants))
+    header = {
+        **keys.versions(),
+        "key_parts": key_parts,
+        "function": keys.function_identity(func),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "signature": keys.describe_signature(flat_args),
+        "inputs": inputs,
+        "outputs": {"spec": pytree.treespec_dumps(out_spec), "leaves": outputs},
+        "sources": sources,
+        "custom_ops": keys.custom_op_fingerprints(custom),
+        "num_ops": lowered.num_ops,
+        "validate_fake": options.validate_fake and lowered.validates_fakes,
+    }
+    return Entry(header, _spec.encode(spec))
+
+
+def _check_aot_wrappers_are_trivial(graph: CompiledGraph, num_dynamo_inputs: int) -> None:
+    """The engine must be the whole story: AOTAutograd's runtime wrappers must have nothing to add."""
+    meta = graph.aot_metadata
+    if len(graph.lowered.spec["inputs"]) != num_dynamo_inputs:  # type: ignore[union-attr]
+        raise NotCacheable("AOTAutograd merged or split graph inputs (aliased or duplicate arguments)")
+    if meta is None:
+        return
+    if getattr(meta, "num_intermediate_bases", 0):
+        raise NotCacheable("an output is a view of an intermediate tensor")
+    if any(getattr(info, "mutates_metadata", False) for info in getattr(meta, "input_info", [])):
+        raise NotCacheable("the function changes an input's metadata in place (e.g. t_(), resize_())")
+    if getattr(meta, "tokens", None):
+        raise NotCacheable("the graph has side-effect tokens")
+
+
+def _param_owners(module: torch.nn.Module) -> dict[int, dict[str, str]]:
+    owners: dict[int, dict[str, str]] = {}
+    for path, sub in module.named_modules(remove_duplicate=False):
+        for kind, table in (("param", sub._parameters), ("buffer", sub._buffers)):
+            for name, t in table.items():
+                if t is not None:
+                    owners.setdefault(id(t), {"kind": kind, "owner": path, "name": name})
+    return owners
+
+
+def _bind_input(i: int, value: Any, source: Any, func: Callable[..., Any], flat_args: list[Any]) -> dict[str, Any]:
+    module = getattr(func, "__self__", None)
+    if isinstance(value, torch.Tensor):
+        for j, a in enumerate(flat_args):
+            if a is value:
+                return {"kind": "arg", "index": j}
+        if isinstance(module, torch.nn.Module):
+            owner = _param_owners(module).get(id(value))
+            if owner is not None:
+                return owner
+    elif isinstance(value, (int, float, bool)):
+        size = _size_of_arg(source)
+        if size is not None:
+            return size
+        j = _arg_index(source)
+        if j is not None and j < len(flat_args):
+            return {"kind": "arg", "index": j}
+    where = getattr(source, "name", None) or f"input {i}"
+    raise NotCacheable(f"graph input {where} is neither an argument nor a registered parameter/buffer of the "
+                       "module (e.g. a global tensor or a plain tensor attribute); make it a buffer "
+                       "(register_buffer) or pass it as an argument")
+
+
+def _arg_index(source: Any) -> int | None:
+    """j for a graph input read straight from the flat wrapper's argument j (L['flat_args'][j])."""
+    from torch._dynamo.source import GetItemSource, LocalSource
+
+    if isinstance(source, GetItemSource) and isinstance(source.base, LocalSource) and isinstance(source.index, int):
+        return source.index
+    return None
+
+
+def _size_of_arg(source: Any) -> dict[str, Any] | None:
+    """A symbolic size input (dynamic=True) read from argument j: L['flat_args'][j].size()[d] and the like."""
+    from torch._dynamo.source import GetItemSource, TensorProperty, TensorPropertySource
+
+    if not isinstance(source, TensorPropertySource) or not isinstance(source.base, GetItemSource):
+        return None
+    prop = {TensorProperty.SIZE: "size", TensorProperty.STRIDE: "stride",
+            TensorProperty.STORAGE_OFFSET: "storage_offset"}.get(source.prop)
+    if prop is None or not isinstance(source.base.index, int):
+        return None
+    return {"kind": prop, "arg": source.base.index, "dim": source.idx}
+
+
+def _bind_output(leaf: Any, flat_args: list[Any], graph_outputs: list[Any]) -> dict[str, Any]:
+    if not isinstance(leaf, torch.Tensor):
+        if isinstance(leaf, (int, float, bool, str, type(None))):
+            return {"kind": "const", "value": leaf}
+        raise NotCacheable(f"the function returns a {type(leaf).__name__}, which a cache entry cannot hold")
+    for j, a in enumerate(flat_args):
+        if a is leaf:
+            return {"kind": "arg", "index": j}
+    for k, g in enumerate(graph_outputs):
+        if g is leaf:
+            return {"kind": "graph", "index": k}
+    for k, g in enumerate(graph_outputs):  # views regenerated by AOTAutograd: same memory, same layout
+        if isinstance(g, torch.Tensor) and _same_view(g, leaf):
+            return {"kind": "graph", "index": k}
+    raise NotCacheable("an output could not be traced back to the captured graph")
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.dtype == b.dtype
+            and a.shape == b.shape and a.stride() == b.stride() and a.storage_offset() == b.storage_offset())

@@ -1,0 +1,262 @@
+"""What a cache entry depends on, so that a change to any of it is a miss (never a stale graph).
+
+Note [What the compile cache keys on]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The entry's file name comes from what is known before tracing:
+  * graphex, torch, program-spec and cache-format versions;
+  * the function: module and qualified name, and for a bound method its module's
+    structure: every submodule's type, every parameter and buffer's name, shape,
+    dtype and device, and plain-valued attributes (ints, floats, strings, bools,
+    dataclass configs) such as `eps` or `heads`, which get baked into the graph;
+  * the options, dynamic=, and grad mode;
+  * the input signature: shapes (or, with dynamic=True, ranks and which dims are
+    0/1), dtypes, devices, strides, and the values of non-tensor arguments.
+What is only known after tracing is stored in the entry and re-checked on load:
+  * the source of every file the trace went through (the method, the submodules'
+    forwards, helpers), hashed whole, plus plain-valued globals those functions
+    read; torch's and graphex's own files are covered by their versions;
+  * for each custom op in the graph: its schema, how it was registered, and the
+    source of its fake/Meta function (C++: the source file it was registered from
+    and the libraries loaded).
+Weights are not part of any of it: new weights, same code, same entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+import os
+import sys
+import types
+from typing import Any
+
+import torch
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_GRAPHEX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PRIMITIVES = (int, float, bool, str, type(None))
+
+
+def digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def versions() -> dict[str, Any]:
+    import graphex
+    from graphex import _C
+
+    from .entry import FORMAT_VERSION
+
+    return {"graphex": graphex.__version__, "torch": torch.__version__,
+            "spec_format": int(_C.SPEC_FORMAT_VERSION), "cache_format": FORMAT_VERSION}
+
+
+def function_identity(func: Any) -> dict[str, Any]:
+    """Module and qualified name (not the file path: a project moved elsewhere keeps its cache)."""
+    target = getattr(func, "__func__", func)
+    return {"module": getattr(target, "__module__", "?"), "qualname": getattr(target, "__qualname__", repr(target))}
+
+
+def project_root(func: Any) -> str:
+    """Source paths under the directory of the cached function's file are recorded relative to it."""
+    target = getattr(func, "__func__", func)
+    try:
+        return os.path.dirname(os.path.abspath(inspect.getsourcefile(target) or ""))
+    except TypeError:
+        return ""
+
+
+def _relative(path: str, root: str) -> str:
+    if root and os.path.commonpath([path, root]) == root:
+        return os.path.relpath(path, root)
+    return path
+
+
+def _absolute(path: str, root: str) -> str:
+    return path if os.path.isabs(path) else os.path.join(root, path)
+
+
+def module_structure(module: torch.nn.Module) -> list[Any]:
+    out: list[Any] = []
+    for path, sub in module.named_modules(remove_duplicate=False):
+        entry: dict[str, Any] = {"path": path, "type": f"{type(sub).__module__}.{type(sub).__qualname__}",
+                                 "training": sub.training}
+        entry["params"] = [[n, list(p.shape), str(p.dtype), str(p.device)] for n, p in sub._parameters.items()
+                           if p is not None]
+        entry["buffers"] = [[n, list(b.shape), str(b.dtype), str(b.device)] for n, b in sub._buffers.items()
+                            if b is not None]
+        entry["attrs"] = {k: _plain(v) for k, v in sorted(vars(sub).items())
+                          if not k.startswith("_") and _plain(v) is not None}
+        out.append(entry)
+    return out
+
+
+def _plain(v: Any) -> Any:
+    """A JSON-able rendering of configuration-like values, or None for anything else."""
+    if isinstance(v, _PRIMITIVES):
+        return [type(v).__name__, v if not isinstance(v, float) else repr(v)]
+    if isinstance(v, (tuple, list)) and all(isinstance(x, _PRIMITIVES) for x in v):
+        return [type(v).__name__, [repr(x) for x in v]]
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return [type(v).__qualname__, {f.name: repr(getattr(v, f.name)) for f in dataclasses.fields(v)}]
+    if isinstance(v, torch.dtype):
+        return ["dtype", str(v)]
+    return None
+
+
+def input_signature(flat_args: list[Any], dynamic: bool) -> list[Any]:
+    sig: list[Any] = []
+    for a in flat_args:
+        if isinstance(a, torch.Tensor):
+            if dynamic:
+                shape = [s if s in (0, 1) else "n" for s in a.shape]
+                strides = ["contiguous" if a.is_contiguous() else "strided"]
+            else:
+                shape, strides = list(a.shape), list(a.stride())
+            sig.append(["tensor", str(a.dtype), str(a.device), shape, strides, a.requires_grad])
+        elif isinstance(a, _PRIMITIVES):
+            sig.append([type(a).__name__, a if not isinstance(a, float) else repr(a)])
+        else:
+            sig.append(["other", type(a).__qualname__])
+    return sig
+
+
+def describe_signature(flat_args: list[Any]) -> str:
+    parts = []
+    for a in flat_args:
+        if isinstance(a, torch.Tensor):
+            parts.append(f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}")
+        else:
+            parts.append(repr(a))
+    return "(" + ", ".join(parts) + ")"
+
+
+# -- after tracing: sources and custom ops -----------------------------------------------------
+
+def _is_user_file(path: str) -> bool:
+    path = os.path.abspath(path)
+    return not (path.startswith(_TORCH_DIR) or path.startswith(_GRAPHEX_DIR) or path.startswith("<"))
+
+
+def file_hash(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def source_fingerprints(traced_code: list[types.CodeType], root: str) -> tuple[list[dict[str, Any]], str | None]:
+    """([{file, sha256, globals}], problem): `problem` names code whose source cannot be checked."""
+    files: dict[str, set[str]] = {}
+    for code in traced_code:
+        if code.co_filename.startswith("<"):
+            return [], f"{code.co_qualname} is defined in {code.co_filename}, whose source cannot be checked later"
+        if _is_user_file(code.co_filename):
+            files.setdefault(os.path.abspath(code.co_filename), set()).update(code.co_names)
+    out = []
+    for path, names in sorted(files.items()):
+        h = file_hash(path)
+        if h is None:
+            return [], f"cannot read {path}"
+        out.append({"file": _relative(path, root), "sha256": h, "globals": _plain_globals(path, names)})
+    return out, None
+
+
+def _plain_globals(path: str, names: set[str]) -> dict[str, Any]:
+    module = _module_for_file(path)
+    if module is None:
+        return {}
+    values = {}
+    for name in sorted(names):
+        if name in vars(module):
+            plain = _plain(vars(module)[name])
+            if plain is not None:
+                values[name] = plain
+    return values
+
+
+def _module_for_file(path: str) -> types.ModuleType | None:
+    for module in list(sys.modules.values()):
+        f = getattr(module, "__file__", None)
+        if f and os.path.abspath(f) == path:
+            return module
+    return None
+
+
+def check_sources(fingerprints: list[dict[str, Any]], root: str) -> str | None:
+    """None when every traced file (and the globals it read) is unchanged, else what changed."""
+    for fp in fingerprints:
+        path = _absolute(fp["file"], root)
+        if file_hash(path) != fp["sha256"]:
+            return f"{fp['file']} changed"
+        current = _plain_globals(path, set(fp["globals"]))
+        if current != fp["globals"]:
+            changed = sorted(k for k in fp["globals"] if current.get(k) != fp["globals"][k])
+            return f"global {', '.join(changed)} of {fp['file']} changed"
+    return None
+
+
+def custom_op_fingerprints(ops: list[torch._ops.OpOverload]) -> list[dict[str, Any]]:
+    from ..custom_ops.registration import describe
+
+    out = []
+    for op in sorted(set(ops), key=lambda o: o.name()):
+        reg = describe(op)
+        out.append({"op": op.name(), "schema": str(op._schema), "style": reg.style,
+                    "fake": _fake_fingerprint(op, reg.style, reg.defined_at)})
+    return out
+
+
+def _fake_fingerprint(op: torch._ops.OpOverload, style: str, defined_at: str) -> str:
+    from torch._library.custom_ops import OPDEFS
+
+    if style == "custom_op":
+        fn = getattr(OPDEFS.get(op._schema.name), "_abstract_fn", None)
+        return _function_hash(fn)
+    kernel = torch._library.simple_registry.singleton.find(op._schema.name).fake_impl.kernel
+    if kernel is not None:
+        return _function_hash(kernel)
+    parts = []
+    dump = torch._C._dispatch_dump(op.name())
+    for line in dump.splitlines():
+        if line.startswith("Meta:") and "registered at" in line:
+            where = line.split("registered at", 1)[1].split("::", 1)[0].strip()
+            parts.append(where + ":" + str(file_hash(where.rsplit(":", 1)[0])))
+    if style == "cpp":
+        src = defined_at.rsplit(":", 1)[0]
+        parts.append(src + ":" + str(file_hash(src)))
+        for lib in sorted(getattr(torch.ops, "loaded_libraries", set())):
+            try:
+                st = os.stat(lib)
+                parts.append(f"{lib}:{st.st_size}:{st.st_mtime_ns}")
+            except OSError:
+                parts.append(f"{lib}:missing")
+    return digest(parts)
+
+
+def _function_hash(fn: Any) -> str:
+    if fn is None:
+        return "none"
+    try:
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
+    except (OSError, TypeError):
+        return f"unverifiable:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def check_custom_ops(fingerprints: list[dict[str, Any]]) -> str | None:
+    for fp in fingerprints:
+        name, _, overload = fp["op"].partition(".")
+        ns, _, opname = name.partition("::")
+        try:
+            packet = getattr(getattr(torch.ops, ns), opname)
+            op = getattr(packet, overload or "default")
+        except (AttributeError, RuntimeError):
+            return f"custom op {fp['op']} is not registered in this process"
+        current = custom_op_fingerprints([op])[0]
+        if current != fp:
+            what = "schema" if current["schema"] != fp["schema"] else "fake/Meta function"
+            return f"the {what} of custom op {fp['op']} changed"
+    return None
