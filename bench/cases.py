@@ -69,6 +69,21 @@ DECODER = Case(
 )
 
 
+def _build_decoder_with_ops() -> torch.nn.Module:
+    from examples.models.decoder import DecoderConfig, build_decoder
+
+    return build_decoder(DecoderConfig(custom_ops=True))
+
+
+DECODER_OPS = Case(
+    name="decoder_ops_step",
+    description="the same decoder with RMSNorm, rotary embeddings and the KV-cache update as C++ custom "
+                "operators (examples/ops: TORCH_LIBRARY + Meta kernels); bit-identical to decoder_step",
+    build=_build_decoder_with_ops,
+    inputs=_decoder_inputs,
+)
+
+
 # -- the elementwise chain (mirrored by bench/handwritten_chain.cpp) ----------------------
 CHAIN_OPS = 500
 CHAIN_SIZE = 16
@@ -105,7 +120,7 @@ CHAIN = Case(
     ),
 )
 
-CASES: list[Case] = [DECODER, CHAIN]
+CASES: list[Case] = [DECODER, DECODER_OPS, CHAIN]
 
 
 def find(name: str, cases: list[Case] | None = None) -> Case:

@@ -63,6 +63,12 @@ TARGETS = (
 def derive(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target for every case it applies to, with its value and pass (None when not measured)."""
     rows = []
+    warm = results.get("warm_start")
+    if warm is not None:
+        value = warm.get("ratio")
+        rows.append({"figure": "cache_compile first output, warm / cold process", "case": DECODER.name,
+                     "value": value, "limit": 0.1, "unit": "x",
+                     "passed": None if value is None else bool(value <= 0.1)})
     for target in TARGETS:
         for case in results["cases"]:
             if target.cases is not None and case["name"] not in target.cases:
@@ -149,6 +155,18 @@ def markdown(results: dict[str, Any]) -> str:
     for row in results.get("targets", []):
         goal = f"<= {row['limit']} us" if row["unit"] == "us" else f"<= {row['limit']}x"
         lines.append(f"| {row['figure']} | {row['case']} | {_value(row)} | {goal} | {_verdict(row)} |")
+    warm = results.get("warm_start")
+    if warm is not None:
+        lines += [""]
+        if "error" in warm:
+            lines.append(f"cache_compile warm start: not measured ({_one_line(warm['error'])})")
+        else:
+            lines += ["| cache_compile, decoder_step | first call | whole process | Dynamo compiles | == eager |",
+                      "|---|---:|---:|---:|:---:|"]
+            for name in ("cold", "warm"):
+                r = warm[name]
+                lines.append(f"| {name} process | {_seconds(r['first_call_s'])} | {_seconds(r['process_s'])} "
+                             f"| {r['dynamo_compiles']} | {'yes' if r['equal'] else 'NO'} |")
     lines += ["", "Workloads:"]
     for case in results["cases"]:
         ops = case["results"].get("graphex", {}).get("graphex_ops")

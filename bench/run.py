@@ -186,7 +186,8 @@ def machine_info(settings: Settings, backends: list[str]) -> dict[str, Any]:
 
 
 def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, isolate: bool = True,
-              bin_dir: str = DEFAULT_BIN_DIR, log: Callable[[str], None] = _log) -> dict[str, Any]:
+              bin_dir: str = DEFAULT_BIN_DIR, log: Callable[[str], None] = _log,
+              warm_start: bool = False) -> dict[str, Any]:
     """Measure every case on every backend; the results dict of bench/report.py, targets included.
 
     isolate=False measures the first call in this process (for tests: cases need not be importable).
@@ -204,6 +205,13 @@ def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, iso
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
         shutil.rmtree(scratch, ignore_errors=True)
     results = {"meta": {**machine_info(settings, backends), "load_before": load_before}, "cases": entries}
+    if warm_start:
+        from . import warm_start as warm_start_mod
+
+        try:
+            results["warm_start"] = warm_start_mod.measure(log)
+        except Exception as e:  # noqa: BLE001
+            results["warm_start"] = {"error": str(e)}
     results["targets"] = report.derive(results)
     return results
 
@@ -217,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", metavar="DIR", default=DEFAULT_OUT, help="where the results go (default bench/results)")
     parser.add_argument("--backends", default=",".join(measure.BACKENDS), help="comma-separated subset of "
                         + ", ".join(measure.BACKENDS))
+    parser.add_argument("--no-warm-start", action="store_true",
+                        help="skip cache_compile's cold-vs-warm fresh-process measurement")
     parser.add_argument("--bin-dir", default=DEFAULT_BIN_DIR, help="where the hand-written C++ binaries are "
                         "(default build/py/bench)")
     ns = parser.parse_args(argv)
@@ -230,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown backends {unknown}; known: {', '.join(measure.BACKENDS)}")
 
-    results = run_suite(selected, backends, QUICK if ns.quick else FULL, bin_dir=ns.bin_dir)
+    results = run_suite(selected, backends, QUICK if ns.quick else FULL, bin_dir=ns.bin_dir,
+                        warm_start=not ns.no_warm_start and "graphex" in backends)
     paths = report.write(results, ns.out)
     _log("wrote " + ", ".join(paths.values()))
     print(report.markdown(results), end="")

@@ -68,8 +68,8 @@ _SPECS: dict[str, _Spec] = {
     "validate_fake": _Spec(
         True, (bool,),
         "On the first replay, check each custom op's real outputs against what its "
-        "fake/Meta function promised (shape, dtype, device) and raise naming the op on a "
-        "mismatch. Costs one extra interpreted run per capture."),
+        "fake/Meta function promised (shape, dtype, device) and raise a CustomOpError naming "
+        "the op, both results and the fix. Done by the engine during that run: no extra run."),
 }
 
 

@@ -161,12 +161,13 @@ def source_fingerprints(traced_code: list[types.CodeType], root: str) -> tuple[l
         h = file_hash(path)
         if h is None:
             return [], f"cannot read {path}"
-        out.append({"file": _relative(path, root), "sha256": h, "globals": _plain_globals(path, names)})
+        module = _module_for_file(path)
+        out.append({"file": _relative(path, root), "sha256": h, "module": module.__name__ if module else None,
+                    "globals": _plain_globals(module, names)})
     return out, None
 
 
-def _plain_globals(path: str, names: set[str]) -> dict[str, Any]:
-    module = _module_for_file(path)
+def _plain_globals(module: types.ModuleType | None, names: set[str]) -> dict[str, Any]:
     if module is None:
         return {}
     values = {}
@@ -192,7 +193,10 @@ def check_sources(fingerprints: list[dict[str, Any]], root: str) -> str | None:
         path = _absolute(fp["file"], root)
         if file_hash(path) != fp["sha256"]:
             return f"{fp['file']} changed"
-        current = _plain_globals(path, set(fp["globals"]))
+        module = sys.modules.get(fp.get("module") or "")
+        if fp["globals"] and module is None:
+            return f"module {fp.get('module')} (which {fp['file']} defines) is not imported"
+        current = _plain_globals(module, set(fp["globals"]))
         if current != fp["globals"]:
             changed = sorted(k for k in fp["globals"] if current.get(k) != fp["globals"][k])
             return f"global {', '.join(changed)} of {fp['file']} changed"
