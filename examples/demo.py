@@ -4,7 +4,9 @@
 
 Greedy-decodes N tokens with the eager model and with the graphex-compiled one,
 checks that logits and KV caches are bit-for-bit equal at every step, then
-prints median decode-step latency for both.
+prints median decode-step latency. Done for the plain-PyTorch decoder and for the
+same decoder built on the C++ example operators (examples/ops), which must give
+the very same bits.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import graphex  # noqa: E402,F401  (registers the backend; the entry point would too)
-from examples.models.decoder import build_decoder  # noqa: E402
+from examples.models.decoder import DecoderConfig, build_decoder  # noqa: E402
 
 
 def decode_and_compare(model, compiled, steps: int) -> float:
@@ -64,26 +66,34 @@ def main() -> None:
     args = parser.parse_args()
 
     model = build_decoder()
+    with_ops = build_decoder(DecoderConfig(custom_ops=True))  # same seed: same weights
     cfg = model.cfg
     print(f"decoder: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, "
           f"KV cache of {cfg.max_positions} positions, batch 1, one token per step")
     compiled = torch.compile(model, backend="graphex", fullgraph=True, dynamic=False)
+    compiled_ops = torch.compile(with_ops, backend="graphex", fullgraph=True, dynamic=False)
     with torch.no_grad():
         first = decode_and_compare(model, compiled, args.steps)
         print(f"graphex == eager, bit for bit: logits and KV caches at all {args.steps} steps")
-        # Interleave the two so that drift in machine speed affects both alike.
-        eager, graph = [], []
+        first_ops = decode_and_compare(model, compiled_ops, args.steps)
+        print("graphex with the C++ custom ops (rms_norm, rotary_embedding, kv_cache_update_) == eager, "
+              "bit for bit")
+        # Interleave the runs so that drift in machine speed affects all alike.
+        runs: dict[str, list[float]] = {"eager": [], "graphex": [], "graphex + custom ops": []}
         for _ in range(5):
-            eager.append(median_step_us(model, model, args.repeat // 5))
-            graph.append(median_step_us(compiled, model, args.repeat // 5))
-    e, g = statistics.median(eager), statistics.median(graph)
+            runs["eager"].append(median_step_us(model, model, args.repeat // 5))
+            runs["graphex"].append(median_step_us(compiled, model, args.repeat // 5))
+            runs["graphex + custom ops"].append(median_step_us(compiled_ops, model, args.repeat // 5))
+    medians = {name: statistics.median(times) for name, times in runs.items()}
+    e = medians["eager"]
     print()
     print("| backend | median decode step | vs eager |")
     print("|---|---:|---:|")
-    print(f"| eager   | {e:8.1f} us | 1.00x |")
-    print(f"| graphex | {g:8.1f} us | {g / e:.2f}x |")
+    for name, m in medians.items():
+        print(f"| {name:20s} | {m:8.1f} us | {m / e:.2f}x |")
     print()
-    print(f"graphex first call (trace + capture + first step): {first * 1000:.0f} ms")
+    print(f"graphex first call (trace + capture + first step): {first * 1000:.0f} ms; "
+          f"with custom ops: {first_ops * 1000:.0f} ms")
 
 
 if __name__ == "__main__":
