@@ -8,10 +8,10 @@ source lines, the copies kept and why; <name>.plan.txt, the engine's program
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import TYPE_CHECKING
 
 from . import _log
+from ._atomic import write_atomic
 
 if TYPE_CHECKING:
     from .runtime import CompiledGraph
@@ -32,18 +32,3 @@ def dump_graph(directory: str, compiled: "CompiledGraph") -> None:
         _log.info("%s: dumped to %s", compiled.name, directory)
     except OSError as e:
         _log.info("%s: could not write dump to %s: %s", compiled.name, directory, e)
-
-
-def write_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

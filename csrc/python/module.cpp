@@ -73,47 +73,40 @@ std::shared_ptr<Executor> makeExecutor(const py::bytes& spec_bytes, const py::li
   return std::make_shared<Executor>(Program::fromSpec(root, tensorList(constants)));
 }
 
-py::list runBoxed(const Executor& ex, const py::list& args) {
+std::vector<c10::IValue> toIValues(const py::list& args) {
   std::vector<c10::IValue> inputs;
   inputs.reserve(args.size());
   for (size_t i = 0; i < args.size(); ++i) inputs.push_back(toIValue(args[i].ptr(), i));
-  std::vector<c10::IValue> outputs;
-  {
-    py::gil_scoped_release no_gil;  // Python kernels of custom ops take it back as needed
-    outputs = ex.run(std::move(inputs));
-  }
+  return inputs;
+}
+
+py::list toPyList(std::vector<c10::IValue> outputs) {
   py::list result(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) result[i] = fromIValue(std::move(outputs[i]));
   return result;
 }
 
+// Run `fn(inputs)` with the GIL released: Python kernels of custom ops take it back as needed.
+template <typename Fn>
+std::vector<c10::IValue> withoutGil(const py::list& args, Fn&& fn) {
+  std::vector<c10::IValue> inputs = toIValues(args);
+  py::gil_scoped_release no_gil;
+  return fn(std::move(inputs));
+}
+
+py::list runBoxed(const Executor& ex, const py::list& args) {
+  return toPyList(withoutGil(args, [&](std::vector<c10::IValue> in) { return ex.run(std::move(in)); }));
+}
+
 py::tuple runTimedBoxed(const Executor& ex, const py::list& args) {
-  std::vector<c10::IValue> inputs;
-  inputs.reserve(args.size());
-  for (size_t i = 0; i < args.size(); ++i) inputs.push_back(toIValue(args[i].ptr(), i));
-  std::vector<c10::IValue> outputs;
   std::vector<int64_t> ns;
-  {
-    py::gil_scoped_release no_gil;
-    outputs = ex.runTimed(std::move(inputs), ns);
-  }
-  py::list result(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) result[i] = fromIValue(std::move(outputs[i]));
+  py::list result =
+      toPyList(withoutGil(args, [&](std::vector<c10::IValue> in) { return ex.runTimed(std::move(in), ns); }));
   return py::make_tuple(result, ns);
 }
 
 py::list runValidatedBoxed(const Executor& ex, const py::list& args) {
-  std::vector<c10::IValue> inputs;
-  inputs.reserve(args.size());
-  for (size_t i = 0; i < args.size(); ++i) inputs.push_back(toIValue(args[i].ptr(), i));
-  std::vector<c10::IValue> outputs;
-  {
-    py::gil_scoped_release no_gil;
-    outputs = ex.runValidated(std::move(inputs));
-  }
-  py::list result(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) result[i] = fromIValue(std::move(outputs[i]));
-  return result;
+  return toPyList(withoutGil(args, [&](std::vector<c10::IValue> in) { return ex.runValidated(std::move(in)); }));
 }
 
 std::string programSummary(const Program& p) { return describeProgram(p); }

@@ -104,12 +104,17 @@ class _MissingFake:
         op = self.opdef._opoverload
         if can_generate_trivial_fake_impl(op):
             return generate_trivial_fake_impl(op, *args, **kwargs)
-        reg = describe(op)
-        raise CustomOpTraceError(_message(
-            reg, "has no fake function",
-            "torch.compile traces with fake tensors, which carry shapes but no data; it needs a function "
-            "that says what shape, dtype and device the op returns",
-            fixes.missing_fake(reg)))
+        raise _missing_fake_error(op)
+
+
+def _missing_fake_error(op: torch._ops.OpOverload) -> CustomOpTraceError:
+    reg = describe(op)
+    what = "has no fake function" if reg.style == "custom_op" else "has no fake (Meta) function"
+    return CustomOpTraceError(_message(
+        reg, what,
+        "torch.compile traces with fake tensors, which carry shapes but no data; it needs a function "
+        "that says what shape, dtype and device the op returns",
+        fixes.missing_fake(reg)))
 
 
 def _needs_check(func: Any) -> bool:
@@ -121,25 +126,17 @@ def _check_fake_dispatch(fake_mode: Any, func: torch._ops.OpOverload, *args: Any
     from torch._subclasses.fake_impls import has_meta
     from torch._subclasses.fake_tensor import in_kernel_invocation_manager
 
-    def missing() -> CustomOpTraceError:
-        reg = describe(func)
-        return CustomOpTraceError(_message(
-            reg, "has no fake (Meta) function",
-            "torch.compile traces with fake tensors, which carry shapes but no data; it needs a function "
-            "that says what shape, dtype and device the op returns",
-            fixes.missing_fake(reg)))
-
     if not has_meta(func):
         if can_generate_trivial_fake_impl(func):
             return NotImplemented
-        raise missing()
+        raise _missing_fake_error(func)
     with in_kernel_invocation_manager(fake_mode):
         try:
             out = func(*args, **kwargs)
         except NotImplementedError:  # only the Meta backend fallback: nothing registered
             if can_generate_trivial_fake_impl(func):
                 return NotImplemented
-            raise missing() from None
+            raise _missing_fake_error(func) from None
         # Inside the kernel invocation, a fake tensor reports `meta`; anything else is a real tensor.
         devices = [t.device for t in _tensors(out)]
     for device in devices:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import struct
-import tempfile
 from typing import Any
+
+from .._atomic import write_atomic
 
 MAGIC = b"GXCACHE\x00"
 FORMAT_VERSION = 1
@@ -86,25 +86,4 @@ def read_header(path: str) -> dict[str, Any]:
 
 def write_entry(path: str, entry: Entry) -> None:
     """Atomically replace `path` with `entry` (Note [Cache files are written whole or not at all])."""
-    data = encode_entry(entry)
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a cache is usually shared like other files
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    write_atomic(path, encode_entry(entry), durable=True)
