@@ -153,3 +153,9 @@ def test_capture_limit_with_dynamic_shapes_falls_back_with_one_warning():
 def test_mode_argument_is_accepted():
     f = torch.compile(lambda x: x - 1, backend="graphex", mode="reduce-overhead")
     assert_same(f(torch.ones(2)), torch.zeros(2))
+
+
+def test_readme_documents_every_option():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    for name, default, _ in option_docs():
+        assert f"| `{name}` | `{default!r}` |" in readme, f"README's option table lacks {name} (run `graphex options`)"

@@ -268,3 +268,35 @@ def test_inference_mode_runs_the_engine():
         before = engine_runs()
         assert_same(compiled(x), expected)
         assert engine_runs() == before + 1
+
+
+EDGE_CASES = {
+    "identity": (lambda x: x, lambda: [torch.randn(3)]),
+    "zero-size": (lambda x: x * 2 + 1, lambda: [torch.randn(0, 4)]),
+    "0-dim": (lambda x: x.exp() + 1, lambda: [torch.tensor(2.0)]),
+    "non-contiguous input": (lambda x: x.t().contiguous() * 2, lambda: [torch.randn(4, 3)[:, ::2]]),
+    "complex64": (lambda x: (x * x).abs(), lambda: [torch.randn(4, dtype=torch.complex64)]),
+    "uint8": (lambda x: x + 3, lambda: [torch.randint(0, 200, (5,), dtype=torch.uint8)]),
+    "random numbers (same seed, same draws)": (lambda x: x + torch.rand(3), lambda: [torch.randn(3)]),
+    "dropout in training mode": (lambda x: torch.nn.functional.dropout(x, 0.5, training=True),
+                                 lambda: [torch.randn(8)]),
+    "scaled_dot_product_attention": (
+        lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True),
+        lambda: [torch.randn(1, 2, 4, 8)]),
+    ".item() used as a scalar": (lambda x: x * x.sum().item(), lambda: [torch.randn(5)]),
+    "data-dependent shape (boolean mask)": (lambda x: x[x > 0].sum(), lambda: [torch.randn(6)]),
+    "topk: several outputs": (lambda x: torch.topk(x, 2), lambda: [torch.randn(6)]),
+    "interpolate": (lambda x: torch.nn.functional.interpolate(x, scale_factor=2.0), lambda: [torch.randn(1, 1, 4, 4)]),
+    "einsum": (lambda a, b: torch.einsum("ij,jk->ik", a, b), lambda: [torch.randn(2, 3), torch.randn(3, 4)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGE_CASES))
+def test_edge_cases_match_eager(name):
+    fn, make_inputs = EDGE_CASES[name]
+    inputs = make_inputs()
+    torch.manual_seed(0)
+    expected = fn(*inputs)
+    compiled = compile_graphex(fn)
+    torch.manual_seed(0)
+    assert_same(compiled(*inputs), expected)
