@@ -155,6 +155,14 @@ def markdown(results: dict[str, Any]) -> str:
     for row in results.get("targets", []):
         goal = f"<= {row['limit']} us" if row["unit"] == "us" else f"<= {row['limit']}x"
         lines.append(f"| {row['figure']} | {row['case']} | {_value(row)} | {goal} | {_verdict(row)} |")
+    for case in results["cases"]:
+        bd = case["results"].get("graphex", {}).get("breakdown")
+        if bd and case["name"].startswith("decoder"):
+            step = case["results"]["graphex"].get("median_us")
+            top = ", ".join(f"{r['op']} {r['share']:.0%} ({r['calls_per_step']}x)" for r in bd["top"][:4])
+            lines += ["", f"Where a graphex {case['name']} goes (engine's per-instruction clock, "
+                      f"{bd['instructions_us_per_step']:.0f} us of operator time"
+                      + (f" in a {step:.0f} us step" if step else "") + f"): {top}."]
     warm = results.get("warm_start")
     if warm is not None:
         lines += [""]

@@ -84,6 +84,12 @@ def prepare(case: Case, backend: str, warmup: int) -> tuple[measure.Runner, dict
     if backend == "graphex":
         graphs = [g for g in measure.graphex_graphs() if id(g) not in graphs_before]
         info["engine_ran"] = measure.engine_runs(graphs) >= warmup + 1
+        if len(graphs) == 1 and graphs[0].executor is not None:
+            from .breakdown import breakdown, capture_args
+
+            with torch.no_grad():
+                engine_args = capture_args(graphs[0], lambda: fn(*args))
+                info["breakdown"] = breakdown(graphs[0], engine_args)
 
     runner = measure.call_runner(fn, args)
 

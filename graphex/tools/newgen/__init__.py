@@ -1,0 +1,20 @@
+"""The code generators behind `graphex new` (the command itself is graphex/tools/new.py).
+
+    plan.py         which files each command writes (and the Meta skeleton for an existing op)
+    spec.py         parse and check the op's schema (torch._C.parse_schema) into an OpSpec
+    typemap.py      schema type -> Python annotation, C++ type, sample value
+    placeholder.py  the trivial kernel bodies and fake functions every generated op starts with
+    text.py         small text helpers: signatures that wrap, string literals
+    pystyles.py     the registration module for --style custom_op and --style library
+    cppstyle.py     --style cpp: the C++ source and the Python module that builds and loads it
+    usage.py        the reproducer (repro.py) and the pytest file (test_NAME.py) for an op
+    mre.py          `graphex new mre`: the standard and the compile-cache reproducer templates
+    files.py        write the files: refuse to overwrite, each write atomic
+    prompts.py      `graphex new` on a terminal: the questions of the custom-op guide
+"""
+
+from __future__ import annotations
+
+from .spec import OpSpec, SkeletonError, parse_op
+
+__all__ = ["OpSpec", "SkeletonError", "parse_op"]

@@ -1,0 +1,60 @@
+"""Which files each `graphex new` command writes, and what to run next."""
+
+from __future__ import annotations
+
+from . import cppstyle, mre, pystyles, usage
+from .files import File
+from .spec import OpSpec
+
+STYLES = {
+    "custom_op": "@torch.library.custom_op in Python; the fake function via @op.register_fake, same file",
+    "library": 'torch.library.Library(ns, "FRAGMENT") + define + @impl(lib, op, "CPU"); '
+               'Meta via Library(ns, "IMPL", "Meta")',
+    "cpp": "TORCH_LIBRARY + C++ CPU and Meta kernels, built on import (the op-plugin path)",
+}
+
+
+def op_files(spec: OpSpec, style: str) -> list[File]:
+    registered = f"{spec.op}: schema and kernel"
+    if style == "custom_op":
+        pystyles.check_python(spec, custom_op=True)
+        files = [File(f"{spec.module}.py", pystyles.custom_op_module(spec), f"{registered} (custom_op), fake function")]
+    elif style == "library":
+        pystyles.check_python(spec, custom_op=False)
+        files = [File(f"{spec.module}.py", pystyles.library_module(spec), f"{registered} (Library), Meta function")]
+    else:
+        cppstyle.check_cpp(spec)
+        files = [
+            File(f"{spec.module}.cpp", cppstyle.cpp_source(spec), f"{registered}, CPU and Meta kernels (C++)"),
+            File(f"{spec.module}.py", cppstyle.loader_module(spec), f"builds {spec.module}.cpp on import and loads it"),
+        ]
+    return files + [
+        File("repro.py", usage.repro(spec), "minimal reproducer: the op under graphex vs eager"),
+        File(f"test_{spec.name}.py", usage.test_file(spec), "pytest: graphex vs eager, torch.library.opcheck"),
+    ]
+
+
+def op_next_steps(spec: OpSpec) -> list[str]:
+    return ["python repro.py", f"python -m pytest test_{spec.name}.py"]
+
+
+def mre_files(cache: bool) -> list[File]:
+    if cache:
+        return [File("repro_cache.py", mre.cache_template(), "reproducer with graphex.inference.cache_compile")]
+    return [File("repro.py", mre.standard_template(), 'reproducer with torch.compile(backend="graphex")')]
+
+
+def meta_skeleton(spec: OpSpec, style: str) -> str:
+    """The fake/Meta registration alone, for an op that already works in eager."""
+    if style in ("custom_op", "library"):
+        pystyles.check_python(spec, custom_op=style == "custom_op")
+    if style == "custom_op":
+        return "\n".join(pystyles.fake_block(spec)) + "\n"
+    if style == "library":
+        return "\n".join(pystyles.meta_block(spec)) + "\n"
+    cppstyle.check_cpp(spec)
+    return "\n".join([
+        *cppstyle.meta_kernel(spec), "", *cppstyle.meta_registration(spec), "",
+        "# Or, op-plugin style, from Python (import it before torch.compile runs):", "",
+        *pystyles.meta_block(spec),
+    ]) + "\n"
