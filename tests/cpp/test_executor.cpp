@@ -7,6 +7,7 @@
 #include <ATen/ops/index_copy.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/neg.h>
 #include <ATen/ops/sin.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
@@ -123,4 +124,38 @@ TEST(Executor, FailingOperatorNamesNodeAndSourceLine) {
     EXPECT_TRUE(contains(msg, "model.py:7")) << msg;
     EXPECT_TRUE(contains(msg, "cannot be multiplied")) << msg;
   }
+}
+
+TEST(Executor, ValidatingRunComparesOutputsWithTheFakesPromise) {
+  // A node whose recorded promise (expect) says float32[4]; the real op returns float32[3].
+  Value node = op("sum", "aten::sum", "dim_IntList", L({Slot(0), L({I(1)})}), {1});
+  spec::Dict d = node.toDict();
+  d["expect"] = L({D({{"dtype", I(static_cast<int>(c10::kFloat))}, {"device", S("cpu")}, {"sizes", L({I(4)})}})});
+  Value spec = program(2, L({tensorInput("x", 0, {3, 4})}), L({Value::dict(d)}), L({Slot(1)}));
+  Executor ex(Program::fromSpec(spec));
+  at::Tensor x = at::randn({3, 4});
+  EXPECT_NO_THROW((void)ex.run({x}));  // the plain run does not check
+  try {
+    (void)ex.runValidated({x});
+    FAIL();
+  } catch (const FakeMismatchError& e) {
+    EXPECT_EQ(e.output, 0u);
+    EXPECT_EQ(e.expected, "float32[4] on cpu");
+    EXPECT_EQ(e.actual, "float32[3] on cpu");
+  }
+}
+
+TEST(Executor, TimedRunReportsEveryInstruction) {
+  Value spec = program(3, L({tensorInput("x", 0, {4})}),
+                       L({op("a", "aten::neg", "default", L({Slot(0)}), {1}),
+                          op("b", "aten::sin", "default", L({Slot(1)}), {2})}),
+                       L({Slot(2)}));
+  Executor ex(Program::fromSpec(spec));
+  std::vector<int64_t> ns;
+  at::Tensor x = at::randn({4});
+  auto out = ex.runTimed({x}, ns);
+  ASSERT_EQ(ns.size(), 2u);
+  EXPECT_GT(ns[0], 0);
+  EXPECT_TRUE(at::equal(out[0].toTensor(), at::sin(at::neg(x))));
+  EXPECT_EQ(ex.runCount(), 1u);
 }
