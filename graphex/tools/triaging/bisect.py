@@ -1,0 +1,151 @@
+"""Accuracy bisection, the npugraph_ex way: eager -> aot_eager -> graphex force_eager -> graphex replay.
+
+Each compiled function the script called is run again from its first call's inputs (fresh
+clones; the module's parameters and buffers put back), under torch.no_grad(), at every stage:
+
+  eager        the model as written; run twice, since a model that is not deterministic in
+               eager cannot be bisected bitwise
+  aot_eager    Dynamo + AOTAutograd (functionalization), no graphex
+  force_eager  graphex's optimized graph, after its passes, run by torch.fx (option force_eager)
+  replay       the same graph replayed by the C++ engine
+
+The first stage whose outputs, inputs after the call or module state differ from eager names
+the culprit. When force_eager is first, the passes are switched off one at a time to name
+the pass. Every stage compiles with fullgraph=False so a graph break does not stop the
+bisection; torch._dynamo.reset() runs between stages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+from typing import Any
+
+import torch
+
+from .compare import Diff, RunResult, compare
+from .findings import Finding, first_line
+from .runner import Compiled
+
+STAGES = ("eager", "aot_eager", "force_eager", "replay")
+
+_MEANING = {
+    "aot_eager": ("the difference appears under Dynamo + AOTAutograd alone, before graphex is involved: the "
+                  "model or a custom op behaves differently once traced and functionalized (a custom op that "
+                  "writes an input it does not declare in mutates_args / Tensor(a!), one that reads Python "
+                  "state, or a tracing problem). Reproduce with backend='aot_eager'."),
+    "force_eager": ("graphex's graph passes change the result (the C++ engine is not involved: force_eager runs "
+                    "the optimized graph in torch.fx). {passes}Passes trust op schemas: check that every custom "
+                    "op declares the arguments it writes (mutates_args / Tensor(a!))."),
+    "replay": ("the optimized graph is right in torch.fx but the C++ replay differs: the graphex engine, or a "
+               "custom op whose fake/Meta function lies about output shapes, strides or dtypes (the engine "
+               "plans with what the fake says). Keep validate_fake on, and set GRAPHEX_DUMP=dir to compare "
+               "graph_N.py with graph_N.plan.txt."),
+}
+_PASSES = ("remove_noop_ops", "inplace_pass", "input_inplace_pass", "post_grad_custom_pre_pass",
+           "post_grad_custom_post_pass")
+
+
+@dataclasses.dataclass
+class Bisection:
+    name: str
+    compiled_at: str
+    stages: dict[str, str]          # stage -> "bitwise equal" / what differs / "raised ..."
+    culprit: str = ""               # the first stage that differs ("" if none, "eager" if eager is not deterministic)
+    verdict: str = ""               # what differs where
+    meaning: str = ""               # what that implies, and what to try
+    problem: bool = False
+    raised: bool = False            # the culprit stage raised a GraphexError (a finding of its own)
+    max_abs: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def bisect(entry: Compiled) -> Bisection:
+    options = entry.graphex_options()
+    result = Bisection(entry.name, entry.compiled_at, {})
+    eager = _run(entry, None)
+    if eager.values is None:
+        result.stages["eager"] = f"raised {eager.error}"
+        result.verdict = "the model fails in eager on these inputs; nothing to compare against"
+        return result
+    again = compare(eager, _run(entry, None))
+    result.stages["eager"] = "deterministic" if again.same else f"not deterministic: {again.describe()}"
+    if not again.same:
+        result.culprit = "eager"
+        result.verdict = "eager gives different results for the same inputs"
+        result.meaning = ("a nondeterministic op or kernel, or state that changes per call: the stages cannot be "
+                          "compared bitwise. Make the model deterministic (seeds, torch.use_deterministic_algorithms) "
+                          "and triage again.")
+        return result
+    for stage in STAGES[1:]:
+        run = _run(entry, stage, options)
+        diff = compare(eager, run)
+        result.stages[stage] = diff.describe()
+        if run.graphex_error and not result.culprit:  # the error is reported (and counted) on its own
+            result.culprit, result.raised = stage, True
+            result.verdict = f"{stage} raises {run.error.split(':', 1)[0]} (reported above); nothing to compare"
+        elif not diff.same and not result.culprit:
+            result.culprit, result.max_abs = stage, diff.max_abs
+            result.problem = not diff.close
+            passes = _guilty_passes(entry, options, eager) if stage == "force_eager" else ""
+            result.verdict = f"{stage} is the first stage that differs from eager: {diff.describe()}"
+            result.meaning = _MEANING[stage].format(passes=passes)
+            if diff.close:
+                result.meaning = "only by rounding: not a bug unless bitwise equality is required."
+    return result
+
+
+def finding(b: Bisection) -> Finding | None:
+    if not b.culprit or b.raised:
+        return None
+    title = (f"{b.name}: eager is not deterministic" if b.culprit == "eager"
+             else f"{b.name}: results first differ at stage {b.culprit}")
+    return Finding("accuracy", title, where=b.compiled_at, fix=b.meaning,
+                   detail=b.verdict, problem=b.problem)
+
+
+def _run(entry: Compiled, stage: str | None, options: dict[str, Any] | None = None) -> RunResult:
+    """One stage: compile (unless eager), call on fresh inputs, collect outputs and what was mutated."""
+    torch._dynamo.reset()
+    args, kwargs = entry.fresh_inputs()
+    quiet = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet), torch.no_grad():
+            fn = entry.target if stage is None else _compiled(entry, stage, options or {})
+            out = fn(*args, **kwargs)
+    except Exception as e:
+        from ...errors import GraphexError
+
+        return RunResult(None, f"{type(e).__name__}: {first_line(str(e), 160)}", isinstance(e, GraphexError))
+    finally:
+        torch._dynamo.reset()
+    module = entry.module()
+    state = {n: t.detach().clone() for n, t in module.named_buffers()} if module is not None else {}
+    return RunResult.of(out, args, kwargs, state)
+
+
+def _compiled(entry: Compiled, stage: str, options: dict[str, Any]) -> Any:
+    if stage == "aot_eager":
+        return torch.compile(entry.target, backend="aot_eager", fullgraph=False, dynamic=entry.dynamic)
+    opts = dict(options, force_eager=(stage == "force_eager"))
+    return torch.compile(entry.target, backend="graphex", fullgraph=False, dynamic=entry.dynamic, options=opts)
+
+
+def _guilty_passes(entry: Compiled, options: dict[str, Any], eager: RunResult) -> str:
+    """Turn each enabled pass off in turn; name those whose absence brings back eager's result."""
+    guilty = []
+    for name in _PASSES:
+        on = options.get(name, name in ("remove_noop_ops", "inplace_pass", "input_inplace_pass"))
+        if not on:
+            continue
+        off = dict(options, **{name: None if name.startswith("post_grad") else False})
+        diff: Diff = compare(eager, _run(entry, "force_eager", off))
+        if diff.same:
+            guilty.append(name)
+    if not guilty:
+        return "No single pass explains it (turning each off does not help). "
+    names = " or ".join(f"options={{'{n}': {None if n.startswith('post_grad') else False}}}" for n in guilty)
+    return f"With {names}, force_eager matches eager again. "

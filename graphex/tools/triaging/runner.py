@@ -1,0 +1,300 @@
+"""Run the user's script with torch.compile intercepted.
+
+Note [How triage sees the script's model]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The script runs in this process (runpy), as `__main__` or, with --entry, imported and its
+function called. While it runs, `torch.compile` is replaced by a wrapper that calls the real
+one and records what was compiled, with which backend and options, and wraps the result so
+its first call saves clones of the inputs (and of the module's parameters and buffers: the
+model may update them in place, like a KV cache) before the real call runs. Every later
+analysis (re-tracing for all graph breaks, the accuracy bisection) replays that first call
+on fresh clones. Errors are recorded with the compiled function they came out of, and each
+call sets the "current call" that Dynamo's log records are tagged with.
+
+A script that fails outside any compiled call is run once more in a fresh interpreter with
+torch.compile returning the model unchanged (a second run here would register its custom
+ops twice): if it fails there too, the script itself is broken (exit code 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import io
+import os
+import runpy
+import subprocess
+import sys
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from .dynamo_logs import DynamoLogs, LogEvent
+from .findings import is_internal, location, short_path
+
+_GRAPHEX_BACKENDS = ("graphex", "npugraph_ex", "graphex_backend", "npugraph_ex_backend")
+
+
+@dataclasses.dataclass
+class Compiled:
+    """One torch.compile(...) the script made, and what happened when it was called."""
+
+    index: int
+    target: Any                 # the model or function given to torch.compile
+    name: str
+    compiled_at: str            # the script's torch.compile line
+    backend: Any
+    options: dict[str, Any] | None
+    fullgraph: bool
+    dynamic: bool | None
+    calls: int = 0
+    first_args: tuple[Any, ...] | None = None
+    first_kwargs: dict[str, Any] | None = None
+    first_state: dict[str, torch.Tensor] | None = None
+    first_call_at: str = ""
+    first_needs_grad: bool = False  # grad mode on and an input or parameter requires grad at the first call
+    error: BaseException | None = None
+    error_call: int = 0         # which call raised (1 = the first)
+    error_call_at: str = ""
+
+    @property
+    def is_graphex(self) -> bool:
+        name = self.backend if isinstance(self.backend, str) else getattr(self.backend, "__name__", "")
+        return name in _GRAPHEX_BACKENDS
+
+    def graphex_options(self) -> dict[str, Any]:
+        return dict(self.options or {}) if self.is_graphex else {}
+
+    def module(self) -> torch.nn.Module | None:
+        target = self.target
+        if isinstance(target, torch.nn.Module):
+            return target
+        owner = getattr(target, "__self__", None)  # Module.compile() compiles the bound _call_impl
+        return owner if isinstance(owner, torch.nn.Module) else None
+
+    def fresh_inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Clones of the first call's inputs, with the module's state put back as it was then."""
+        module = self.module()
+        if module is not None and self.first_state is not None:
+            restore_state(module, self.first_state)
+        return clone_tree(self.first_args or ()), clone_tree(self.first_kwargs or {})
+
+
+@dataclasses.dataclass
+class ScriptRun:
+    script: str
+    argv: list[str]
+    entry: str | None
+    compiled: list[Compiled] = dataclasses.field(default_factory=list)
+    events: list[LogEvent] = dataclasses.field(default_factory=list)
+    error: BaseException | None = None  # what the script raised (SystemExit with a non-zero code included)
+    failed_in: Compiled | None = None  # the compiled function the script's error came out of
+
+
+class EntryError(Exception):
+    """--entry names no function of the script."""
+
+
+def clone_tree(tree: Any) -> Any:
+    def clone(t: Any) -> Any:
+        return t.detach().clone() if isinstance(t, torch.Tensor) else t
+
+    return pytree.tree_map(clone, tree)
+
+
+def state_of(module: torch.nn.Module | None) -> dict[str, torch.Tensor] | None:
+    if module is None:
+        return None
+    named = list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
+    return {name: t.detach().clone() for name, t in named}
+
+
+def restore_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    live = dict(module.named_parameters(remove_duplicate=False))
+    live.update(module.named_buffers(remove_duplicate=False))
+    with torch.no_grad():
+        for name, value in state.items():
+            if name in live and live[name].shape == value.shape:
+                live[name].copy_(value)
+
+
+def user_call_site(with_code: bool = True) -> str:
+    """The innermost frame outside torch and graphex: the script's line that made this call."""
+    frame = sys._getframe(1)
+    while frame is not None and is_internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return location(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, None if with_code else "")
+
+
+_calls: list[tuple[Compiled, str]] = []  # the compiled calls in progress, innermost last
+
+
+def current_call() -> tuple[Compiled, str] | None:
+    return _calls[-1] if _calls else None
+
+
+def _recording(entry: Compiled, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        site = user_call_site()
+        entry.calls += 1
+        if entry.first_args is None:
+            entry.first_args, entry.first_kwargs = clone_tree(args), clone_tree(kwargs)
+            entry.first_state = state_of(entry.module())
+            entry.first_call_at = site
+            entry.first_needs_grad = torch.is_grad_enabled() and _requires_grad(entry.module(), args, kwargs)
+        _calls.append((entry, site))
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            if entry.error is None:
+                entry.error, entry.error_call, entry.error_call_at = e, entry.calls, site
+            raise
+        finally:
+            _calls.pop()
+
+    return call
+
+
+def _requires_grad(module: torch.nn.Module | None, args: Any, kwargs: Any) -> bool:
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if module is not None:
+        tensors += list(module.parameters())
+    return any(t.requires_grad for t in tensors)
+
+
+def _intercepting(run: ScriptRun, real_compile: Callable[..., Any]) -> Callable[..., Any]:
+    def compile(model: Any = None, **kwargs: Any) -> Any:
+        if model is None:  # @torch.compile(...) used as a decorator factory
+            return lambda m: compile(m, **kwargs)
+        compiled = real_compile(model, **kwargs)
+        owner = model if isinstance(model, torch.nn.Module) else getattr(model, "__self__", None)
+        entry = Compiled(
+            index=len(run.compiled), target=model, compiled_at=user_call_site(with_code=False),
+            name=type(owner).__name__ if isinstance(owner, torch.nn.Module) else getattr(model, "__qualname__", "fn"),
+            backend=kwargs.get("backend", "inductor"), options=kwargs.get("options"),
+            fullgraph=bool(kwargs.get("fullgraph", False)), dynamic=kwargs.get("dynamic"))
+        run.compiled.append(entry)
+        if isinstance(compiled, torch.nn.Module):  # OptimizedModule: calls go through .forward
+            compiled.forward = _recording(entry, compiled.forward)
+            return compiled
+        return _recording(entry, compiled)
+
+    return compile
+
+
+def _execute(script: str, argv: list[str], entry: str | None) -> Any:
+    """Run `script` as __main__, or import it and call `entry()`; returns what the entry returned."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        if entry is None:
+            runpy.run_path(script, run_name="__main__")
+            return None
+        namespace = runpy.run_path(script, run_name="__graphex_triage__")
+        fn = namespace.get(entry)
+        if not callable(fn):
+            raise EntryError(f"{script} defines no function {entry!r} (--entry)")
+        return fn()
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def _compile_returned(run: ScriptRun, returned: Any) -> None:
+    """--entry returned (model_or_fn, args) and compiled nothing itself: compile it the MRE way and call it."""
+    if run.compiled or not (isinstance(returned, tuple) and len(returned) in (2, 3) and callable(returned[0])):
+        return
+    target, args = returned[0], returned[1]
+    kwargs = returned[2] if len(returned) == 3 else {}
+    compiled = torch.compile(target, backend="graphex", fullgraph=True, dynamic=False)
+    run.compiled[-1].compiled_at = f"{short_path(run.script)}, returned by {run.entry}()"
+    with torch.no_grad():
+        compiled(*(args if isinstance(args, (tuple, list)) else (args,)), **kwargs)
+
+
+def run_script(script: str, argv: list[str], entry: str | None = None) -> ScriptRun:
+    """Run the script under graphex with the hooks of Note [How triage sees the script's model]."""
+    run = ScriptRun(script, list(argv), entry)
+    output = io.StringIO()  # the script's own printing stays out of the report
+    real_compile = torch.compile
+    torch.compile = _intercepting(run, real_compile)
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output), \
+                DynamoLogs(tag=current_call) as logs:
+            try:
+                _compile_returned(run, _execute(script, argv, entry))
+            except SystemExit as e:
+                if e.code not in (None, 0):
+                    run.error = e
+            except EntryError:
+                raise
+            except Exception as e:  # the script's own failure is what we report on
+                run.error = e
+    finally:
+        torch.compile = real_compile
+        _calls.clear()
+    run.events = logs.events
+    if run.error is not None:
+        run.failed_in = _raised_by(run)
+    return run
+
+
+def _raised_by(run: ScriptRun) -> Compiled | None:
+    chain, e = [], run.error
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for entry in run.compiled:
+        if entry.error is not None and any(entry.error is c for c in chain):
+            return entry
+    return None
+
+
+def eager_failure(run: ScriptRun) -> str | None:
+    """Does the script fail without graphex? The error text if it does, else None.
+
+    An error out of a compiled call is checked by calling the model eagerly on that call's
+    inputs; anything else by re-running the whole script with torch.compile a no-op.
+    """
+    entry = run.failed_in
+    if entry is not None and entry.error_call == 1 and entry.first_args is not None:
+        args, kwargs = entry.fresh_inputs()
+        try:
+            with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                entry.target(*args, **kwargs)
+        except Exception as e:
+            return "".join(traceback.format_exception_only(type(e), e)).strip()
+        return None
+    code = "import sys; from graphex.tools.triaging.runner import eager_main; sys.exit(eager_main())"
+    proc = subprocess.run([sys.executable, "-c", code, run.script, run.entry or "", *run.argv],
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode == 0:
+        return None
+    return (proc.stderr.strip() or proc.stdout.strip() or f"exit code {proc.returncode}")[-3000:]
+
+
+def eager_main() -> int:
+    """`python -c ...eager_main()` SCRIPT ENTRY ARGS...: the script with torch.compile as a no-op."""
+    script, entry, argv = sys.argv[1], sys.argv[2] or None, sys.argv[3:]
+
+    def no_compile(model: Any = None, **kwargs: Any) -> Any:
+        return (lambda m: m) if model is None else model
+
+    torch.compile = no_compile
+    try:
+        _execute(script, argv, entry)
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+    except Exception as e:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if not is_internal(f.filename)]
+        print("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
+              + "".join(traceback.format_exception_only(type(e), e)), end="", file=sys.stderr)
+        return 1
+    return 0
