@@ -28,3 +28,24 @@ def source_line(node: torch.fx.Node) -> str:
         return ""
     file, line, fn, code = frame
     return f"{file}:{line} in {fn}: {code}"
+
+
+_SOURCE_PARTS = [
+    (re.compile(r"^[LG]\['([^']+)'\]"), r"\1"),
+    (re.compile(r"\._(?:modules|parameters|buffers)\['([^']+)'\]"), r".\1"),
+    (re.compile(r"\.__self__"), ""),
+    (re.compile(r"\['([^']+)'\]"), r"[\1]"),
+]
+
+
+def pretty_source(name: str) -> str:
+    """Dynamo's source of a graph input, as the user wrote it: L['self']._modules['fc']._parameters['weight']
+    becomes self.fc.weight, L['cache'] becomes cache."""
+    for pattern, repl in _SOURCE_PARTS:
+        name = pattern.sub(repl, name)
+    return name
+
+
+def display_name(node: torch.fx.Node) -> str:
+    """The user's name for a graph input when known (set at capture), else the FX node's name."""
+    return node.meta.get("graphex_user_name") or node.name

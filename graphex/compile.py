@@ -24,6 +24,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from torch._guards import TracingContext, detect_fake_mode
 
 from . import _log
+from ._source import pretty_source
 from ._warn import warn_once
 from .custom_ops import check_dynamo_graph
 from .dump import dump_graph
@@ -57,8 +58,11 @@ def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
         eager = make_boxed_func_nop()
         return aot_module_simplified(gm, example_inputs, fw_compiler=eager, bw_compiler=eager)
 
+    user_names = [pretty_source(n._dynamo_source.name) if getattr(n, "_dynamo_source", None) else n.name
+                   for n in gm.graph.find_nodes(op="placeholder")]
+
     def inference_compiler(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any]) -> CompiledGraph:
-        compiled = capture(fx_gm, flat_inputs, options)
+        compiled = capture(fx_gm, flat_inputs, options, user_names)
         if on_capture is not None:
             on_capture(compiled)
         return compiled
@@ -78,9 +82,17 @@ def make_boxed_func_nop() -> Callable[..., Any]:
     return nop
 
 
-def capture(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], options: Options) -> CompiledGraph:
-    """Optimize and lower one functional ATen graph; returns the boxed callable AOTAutograd runs."""
+def capture(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], options: Options,
+            user_names: Sequence[str] = ()) -> CompiledGraph:
+    """Optimize and lower one functional ATen graph; returns the boxed callable AOTAutograd runs.
+
+    `user_names`: what the user calls each input (from Dynamo's sources), for messages.
+    """
     start = time.perf_counter()
+    placeholders = list(fx_gm.graph.find_nodes(op="placeholder"))
+    if len(placeholders) == len(user_names):  # AOTAutograd kept Dynamo's inputs one to one
+        for node, user_name in zip(placeholders, user_names):
+            node.meta["graphex_user_name"] = user_name
     graph_id = next(_graph_ids)
     name = f"graph_{graph_id}"
     fake_mode = detect_fake_mode(flat_inputs)

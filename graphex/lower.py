@@ -18,7 +18,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from . import _log
-from ._source import source_line
+from ._source import display_name, source_line
 from ._spec import Const, Slot
 from .custom_ops.registration import is_custom
 from .errors import CaptureError
@@ -138,7 +138,7 @@ class _Lowering:
             return
         slot = self.new_slot()
         self.value_of[node] = slot
-        entry: dict[str, Any] = {"name": node.name, "slot": slot.index}
+        entry: dict[str, Any] = {"name": display_name(node), "slot": slot.index}
         if isinstance(val, torch.Tensor):
             from . import _C
 

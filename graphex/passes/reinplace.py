@@ -35,7 +35,7 @@ from torch._inductor.fx_passes.post_grad import decompose_auto_functionalized
 from torch._inductor.fx_utils import FakeTensorUpdater, get_node_storage
 from torch._inductor.virtualized import V
 
-from .._source import source_line
+from .._source import display_name, source_line
 from .copy_back import fold_copy_backs
 
 aten = torch.ops.aten
@@ -170,14 +170,16 @@ class _Explainer:
             if node.target is torch.ops.higher_order.auto_functionalized_v2:
                 bases = node.kwargs["_all_bases"]
                 for i in (range(len(bases)) if clones is None else clones):
-                    kept.append(KeptCopy(f"the tensor {op} mutates ({bases[i].name})", self.why(node, bases[i])))
+                    kept.append(KeptCopy(f"the tensor {op} mutates ({display_name(bases[i])})",
+                                         self.why(node, bases[i])))
             else:
                 from torch._higher_order_ops.auto_functionalize import get_mutable_args
 
                 for name in (get_mutable_args(op)[0] if clones is None else clones):
                     base = node.kwargs.get(name)
                     if isinstance(base, torch.fx.Node):
-                        kept.append(KeptCopy(f"argument '{name}' of {op} ({base.name})", self.why(node, base)))
+                        kept.append(KeptCopy(f"argument '{name}' of {op} ({display_name(base)})",
+                                             self.why(node, base)))
         return kept
 
     def input_copies(self) -> list[KeptCopy]:
@@ -189,7 +191,8 @@ class _Explainer:
             producer = _resolve_alias(src)
             reason = self.why(producer, base) if producer.op == "call_function" else "it is replaced by another tensor"
             kept.append(KeptCopy(
-                f"graph input {base.name} (the new value from '{producer.name}' is written back by a full copy)",
+                f"graph input {display_name(base)} (the new value from '{producer.name}' is written back by a full "
+                "copy)",
                 reason))
         return kept
 
