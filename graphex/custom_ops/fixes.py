@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import torch
@@ -39,22 +40,28 @@ def fake_body(schema: torch._C.FunctionSchema, *, indent: str = "    ") -> str:
             f"{indent}return {value}")
 
 
-def missing_fake(reg: Registration) -> str:
+def missing_fake(reg: Registration, body: str | None = None) -> str:
+    """The fake to add; `body` (indented lines) replaces the TODO skeleton when the shape rule is known."""
     s = reg.schema
+    proposed = body is not None
+    body = body if body is not None else fake_body(s)
     if reg.style == "custom_op":
         return (f"@{reg.python_name}.register_fake\n"
-                f"def _({params(s)}):\n{fake_body(s)}")
+                f"def _({params(s)}):\n{body}")
     python_meta = (f'meta_lib = torch.library.Library("{reg.namespace}", "IMPL", "Meta")\n\n'
                    f'@torch.library.impl(meta_lib, "{_overload_name(reg)}")\n'
-                   f"def {reg.name}_meta({params(s)}):\n{fake_body(s)}")
+                   f"def {reg.name}_meta({params(s)}):\n{body}")
     if reg.style == "library":
         return python_meta
+    line = body.strip()
+    rule = line[len("return "):].split("  #")[0] if line.startswith("return ") and "\n" not in line else None
     return (f"// in C++, next to TORCH_LIBRARY({reg.namespace}, m):\n"
-            f"{cpp_meta_skeleton(reg)}\n\n"
+            f"{cpp_meta_skeleton(reg, rule if proposed else None)}\n\n"
             f"# or from Python (the op-plugin style), before torch.compile runs:\n{python_meta}")
 
 
-def cpp_meta_skeleton(reg: Registration) -> str:
+def cpp_meta_skeleton(reg: Registration, rule: str | None = None) -> str:
+    """`rule`: the Python expression the fake returns, when known (translated where it is simple)."""
     s = reg.schema
     first = _first_tensor(s) or "x"
     ret = "void" if not s.returns else ("at::Tensor" if len(s.returns) == 1
@@ -63,9 +70,30 @@ def cpp_meta_skeleton(reg: Registration) -> str:
         f"  return at::empty_like({first});  // TODO: the real output shape/dtype"
         if len(s.returns) == 1 else
         f"  return {{{', '.join(f'at::empty_like({first})' for _ in s.returns)}}};  // TODO: real shapes")
+    if rule is not None and s.returns:
+        cpp = _cpp_empty_like(rule)
+        body = f"  return {cpp};" if cpp else f"  // TODO in ATen: {rule}\n{body}"
     return (f"{ret} {reg.name}_meta(/* same parameters as the CPU kernel */) {{\n{body}\n}}\n"
             f"TORCH_LIBRARY_IMPL({reg.namespace}, Meta, m) {{\n"
             f'  m.impl("{_overload_name(reg)}", &{reg.name}_meta);\n}}')
+
+
+_ATEN_DTYPES = {"torch.float32": "at::kFloat", "torch.float64": "at::kDouble", "torch.float16": "at::kHalf",
+                "torch.bfloat16": "at::kBFloat16", "torch.int64": "at::kLong", "torch.int32": "at::kInt",
+                "torch.int16": "at::kShort", "torch.int8": "at::kChar", "torch.uint8": "at::kByte",
+                "torch.bool": "at::kBool"}
+
+
+def _cpp_empty_like(rule: str) -> str | None:
+    """`torch.empty_like(x[, dtype=...])` in ATen; None for anything else."""
+    m = re.fullmatch(r"torch\.empty_like\((\w+)(?:, dtype=([\w.]+))?\)", rule.strip())
+    if m is None:
+        return None
+    x, dtype = m[1], m[2]
+    if dtype is None:
+        return f"at::empty_like({x})"
+    aten = _ATEN_DTYPES.get(dtype) or (f"{dtype[:-len('.dtype')]}.scalar_type()" if dtype.endswith(".dtype") else None)
+    return f"at::empty_like({x}, {x}.options().dtype({aten}))" if aten else None
 
 
 def meta_on_real_device(reg: Registration, device: str) -> str:
@@ -82,14 +110,19 @@ def meta_on_real_device(reg: Registration, device: str) -> str:
             f"return {first}.new_empty(shape)               # another shape, {first}'s device and dtype")
 
 
-def no_mutated_return(reg: Registration) -> str:
+def no_mutated_return(reg: Registration, mutated: list[str] | None = None) -> str:
+    """`mutated`: the arguments the kernel writes (default: those the schema marks `(a!)`)."""
     s = reg.schema
-    mutated = [a.name for a in s.arguments if a.alias_info is not None and a.alias_info.is_write]
-    schema_text = str(s)
-    fixed = schema_text.rsplit(" -> ", 1)[0] + " -> ()"
-    fixed = fixed.split("::", 1)[1]
-    if "." in fixed.split("(", 1)[0]:
-        fixed = fixed.split(".", 1)[0] + "(" + fixed.split("(", 1)[1]
+    declared = [a.name for a in s.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if mutated is None:
+        mutated = declared
+        fixed = str(s).rsplit(" -> ", 1)[0] + " -> ()"
+        fixed = fixed.split("::", 1)[1]
+        if "." in fixed.split("(", 1)[0]:
+            fixed = fixed.split(".", 1)[0] + "(" + fixed.split("(", 1)[1]
+    else:
+        mutated = list(dict.fromkeys(declared + list(mutated)))
+        fixed = schema_text(s, write=tuple(mutated), returns="()")
     if reg.style == "custom_op":
         return textwrap.dedent(f"""\
             @torch.library.custom_op("{reg.qualname}", mutates_args=({", ".join(repr(m) for m in mutated)},))
@@ -127,3 +160,115 @@ def fake_mismatch(reg: Registration, output: int, expected: str, actual: str) ->
 
 def _overload_name(reg: Registration) -> str:
     return reg.name if reg.overload in ("default", "") else f"{reg.name}.{reg.overload}"
+
+
+# -- schema edits (graphex check): declare or drop writes, return a fresh tensor -------------------
+def schema_text(schema: torch._C.FunctionSchema, *, write: tuple[str, ...] = (), unwrite: tuple[str, ...] = (),
+                returns: str | None = None) -> str:
+    """The schema as `define`/`m.def` takes it (no namespace), with `(a!)` added to `write` arguments,
+    removed from `unwrite` ones, and the returns replaced when `returns` is given."""
+    text = str(schema).split("::", 1)[1]
+    head, rest = text.split("(", 1)
+    depth, end = 1, 0
+    for end, ch in enumerate(rest):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(ch, 0)
+        if depth == 0:
+            break
+    args, ret = rest[:end], rest[end + 1:].split("->", 1)[1].strip()
+    used = set(re.findall(r"\(([a-z])!?\)", text))
+    free = iter(c for c in "abcdefghijklmnopqrstuvwxyz" if c not in used)
+    out = []
+    for arg in _split_top(args):
+        type_, sep, name = arg.partition(" ")  # types have no spaces; `*` (keyword-only from here) has no name
+        if not sep:
+            out.append(arg)
+            continue
+        base = name.split("=", 1)[0]
+        if base in unwrite:
+            type_ = re.sub(r"\([a-z]!?\)", "", type_)
+        if base in write and "!" not in type_ and type_.startswith("Tensor"):
+            type_ = f"Tensor({next(free)}!)" + type_[len("Tensor"):]
+        name = re.sub(r"=([-+]?[\d.]+[eE][-+]?\d+|[-+]?\d+\.\d+)$", lambda m: f"={float(m[1])!r}", name)
+        out.append(f"{type_} {name}")
+    return f"{head}({', '.join(out)}) -> {returns if returns is not None else ret}"
+
+
+def _split_top(args: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in args:
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return parts + ([cur.strip()] if cur.strip() else [])
+
+
+def _mutates_args(names: list[str]) -> str:
+    return "(" + ", ".join(f'"{n}"' for n in names) + ("," if len(names) == 1 else "") + ")"
+
+
+def declare_mutation(reg: Registration, names: list[str]) -> str:
+    """The kernel writes `names` but the registration does not say so."""
+    s = reg.schema
+    if reg.style == "custom_op":
+        declared = [a.name for a in s.arguments if a.alias_info is not None and a.alias_info.is_write]
+        return (f'@torch.library.custom_op("{reg.qualname}", mutates_args={_mutates_args(declared + names)})\n'
+                f"def {reg.python_name}({params(s)}):  # writes {', '.join(names)} in place\n    ...")
+    text = schema_text(s, write=tuple(names))
+    why = f"(a!): the kernel writes {', '.join(names)} in place"
+    if reg.style == "library":
+        return f'lib.define("{text}")  # {why}'
+    return f'm.def("{text}");  // {why}'
+
+
+def undeclare_mutation(reg: Registration, names: list[str]) -> str:
+    """The registration declares writes to `names` that the kernel never made."""
+    s = reg.schema
+    note = (f"never written on the recorded calls: {', '.join(names)}; if the kernel writes them only on "
+            f"other inputs, keep the declaration")
+    if reg.style == "custom_op":
+        declared = [a.name for a in s.arguments
+                    if a.alias_info is not None and a.alias_info.is_write and a.name not in names]
+        return (f'@torch.library.custom_op("{reg.qualname}", mutates_args={_mutates_args(declared)})\n'
+                f"def {reg.python_name}({params(s)}):  # {note}\n    ...")
+    text = schema_text(s, unwrite=tuple(names))
+    if reg.style == "library":
+        return f'lib.define("{text}")  # {note}'
+    return f'm.def("{text}");  // {note}'
+
+
+def return_clone(reg: Registration, output: int, arg: str) -> str:
+    """Output `output` is `arg` itself or a view of it: return new memory instead."""
+    s = reg.schema
+    aliased_return = any(r.alias_info is not None for r in s.returns)
+    if reg.style == "cpp":
+        fix = f"return {arg}.clone();  // output {output}: new memory, not {arg} or a view of it"
+        return fix + (f'\nm.def("{schema_text(s, returns=_plain_returns(s))}");' if aliased_return else "")
+    fix = (f"# in the kernel of {reg.qualname}, output {output}:\n"
+           f"return {arg}.clone()  # new memory, not {arg} or a view of it (e.g. {arg}.view(...).clone())")
+    if aliased_return and reg.style == "library":
+        fix += f'\nlib.define("{schema_text(s, returns=_plain_returns(s))}")  # no alias annotation on the return'
+    return fix
+
+
+def _plain_returns(s: torch._C.FunctionSchema) -> str:
+    types = ["Tensor" if isinstance(r.type, torch.TensorType) else str(r.type) for r in s.returns]
+    return types[0] if len(types) == 1 else "(" + ", ".join(types) + ")"
+
+
+def fake_reads_data(reg: Registration) -> str:
+    """The fake reads tensor values (.item(), .tolist(), numpy): fakes have shapes, not data."""
+    s = reg.schema
+    first = _first_tensor(s) or "x"
+    size = next(n for n in ("size", "n_out", "dyn_size") if n not in {a.name for a in s.arguments})
+    body = ("    # compute the output shape from shapes and non-tensor arguments, never from tensor values;\n"
+            "    # when it truly depends on values (like nonzero), use an unbacked size:\n"
+            f"    {size} = torch.library.get_ctx().new_dynamic_size()\n"
+            f"    return {first}.new_empty({size})  # TODO: {size} where the value-dependent dim goes")
+    if reg.style == "custom_op":
+        return f"@{reg.python_name}.register_fake\ndef _({params(s)}):\n{body}"
+    return (f"# a Meta function cannot create unbacked sizes; register a fake instead of the Meta function:\n"
+            f'@torch.library.register_fake("{reg.qualname}")\n'
+            f"def {reg.name}_fake({params(s)}):\n{body}")
