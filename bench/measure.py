@@ -26,7 +26,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-BACKENDS = ("eager", "inductor", "aot_eager", "graphex")
+BACKENDS = ("eager", "inductor", "aot_eager", "graphex", "graphex_cached")
 
 # A runner takes a time budget in seconds and returns per-call latencies in microseconds.
 Runner = Callable[[float], list[float]]
@@ -53,6 +53,14 @@ def compile_for(backend: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` as `backend` runs it: eager is fn itself; the others are torch.compile'd (lazily)."""
     if backend == "eager":
         return fn
+    if backend == "graphex_cached":
+        # graphex behind cache_compile: the same program, called without Dynamo (a fresh, empty cache).
+        import tempfile
+
+        import graphex
+
+        target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+        return graphex.inference.cache_compile(target, cache_dir=tempfile.mkdtemp(prefix="graphex-bench-cache-"))
     if backend == "inductor":
         configure_cold_inductor()
     elif backend == "graphex":

@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 from .cases import CHAIN, DECODER
 
-ORDER = ("eager", "inductor", "aot_eager", "graphex", "handwritten")
+ORDER = ("eager", "inductor", "aot_eager", "graphex", "graphex_cached", "handwritten")
 LABELS = {"eager": "eager", "inductor": "inductor (torch.compile default)", "aot_eager": "aot_eager",
-          "graphex": "graphex", "handwritten": "hand-written C++ (ATen)"}
+          "graphex": "graphex", "graphex_cached": "graphex via cache_compile (no Dynamo per call)", "handwritten": "hand-written C++ (ATen)"}
 
 
 @dataclasses.dataclass(frozen=True)

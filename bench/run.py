@@ -81,6 +81,8 @@ def prepare(case: Case, backend: str, warmup: int) -> tuple[measure.Runner, dict
         info["max_abs_diff_vs_eager"] = _max_abs_diff(fn(*args), reference)
         for _ in range(warmup):
             fn(*args)
+    if backend == "graphex_cached":
+        info["engine_ran"] = fn.stats["compiles"] == 1  # every later call replayed the cached program
     if backend == "graphex":
         graphs = [g for g in measure.graphex_graphs() if id(g) not in graphs_before]
         info["engine_ran"] = measure.engine_runs(graphs) >= warmup + 1
