@@ -69,7 +69,7 @@ def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
 
     return aot_module_simplified(
         gm, example_inputs,
-        fw_compiler=inference_compiler,
+        fw_compiler=make_boxed_func_nop(),  # only if AOTAutograd still picks its training path: eager
         inference_compiler=inference_compiler,
         keep_inference_input_mutations=True,
     )
@@ -101,8 +101,7 @@ def capture(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], options: Op
         _log.info("%s: %s", name, copy)
 
     static_inputs = _static_input_indices(len(flat_inputs))
-    compiled = CompiledGraph(name, fx_gm, options, static_inputs=static_inputs, kept_copies=kept,
-                             example_inputs=flat_inputs)
+    compiled = CompiledGraph(name, fx_gm, options, static_inputs=static_inputs, kept_copies=kept)
     ctx = TracingContext.try_get()
     compiled.aot_metadata = getattr(ctx, "fw_metadata", None) if ctx is not None else None
     elapsed = (time.perf_counter() - start) * 1000

@@ -37,7 +37,7 @@ class CompiledGraph:
     _boxed_call = True  # AOTAutograd passes the inputs as one list
 
     def __init__(self, name: str, gm: torch.fx.GraphModule, options: Options, *, static_inputs: Sequence[int],
-                 kept_copies: list[KeptCopy], example_inputs: Sequence[Any]) -> None:
+                 kept_copies: list[KeptCopy]) -> None:
         self.name = name
         self.gm = gm
         self.options = options
@@ -50,12 +50,9 @@ class CompiledGraph:
         self.aot_metadata: Any = None  # AOTAutograd's ViewAndMutationMeta for this graph (set by capture)
 
         frozen = options.frozen_parameter and bool(self.static_inputs)
-        if not frozen:
-            self.lowered = lower(gm, name=name)
+        self.lowered = lower(gm, name=name)
+        if not frozen:  # frozen: parameters become constants of the program, built on the first call
             self.executor = build_executor(self.lowered)
-        else:
-            # Parameters become constants of the program; their real tensors arrive with the first call.
-            self.lowered = lower(gm, name=name, frozen={i: example_inputs[i] for i in self.static_inputs})
         self.num_ops = self.lowered.num_ops
         self.dynamic = self.lowered.dynamic
         self._clone_outputs = _outputs_to_clone(gm) if options.clone_output else []
