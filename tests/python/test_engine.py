@@ -300,3 +300,22 @@ def test_edge_cases_match_eager(name):
     compiled = compile_graphex(fn)
     torch.manual_seed(0)
     assert_same(compiled(*inputs), expected)
+
+
+def test_update_whose_old_value_is_read_later_keeps_a_copy_and_names_the_reader(monkeypatch, capfd):
+    """x.copy_(x.index_put(...)) with a read of the old x in between: the write-back must stay a copy."""
+    monkeypatch.setenv("GRAPHEX_LOG", "1")
+
+    def f(x, idx, v):
+        updated = x.index_put((idx,), v)
+        old_doubled = x * 2  # reads x before it is overwritten
+        x.copy_(updated)
+        return old_doubled
+
+    x = torch.randn(6)
+    expected, actual, eager_args, graph_args = run_both(f, x, torch.tensor([1, 4]), torch.ones(2))
+    assert_same(actual, expected)
+    assert_same(graph_args[0], eager_args[0], "x")
+    err = capfd.readouterr().err
+    assert "kept a copy of graph input x" in err, err
+    assert "node 'mul' (aten::mul.Tensor) reads its old value later" in err and "old_doubled = x * 2" in err, err
