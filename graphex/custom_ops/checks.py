@@ -160,22 +160,29 @@ def check_dynamo_graph(gm: torch.fx.GraphModule) -> None:
             if not is_custom(op) or op.name() in seen:
                 continue
             seen.add(op.name())
-            for ret in op._schema.returns:
-                info = ret.alias_info
-                if info is not None and info.is_write:
-                    reg = describe(op)
-                    raise CustomOpError(_message(
-                        reg, f"returns its mutated input (schema: {op._schema})",
-                        "since PyTorch 2.6, auto-functionalization requires in-place custom ops to return "
-                        "nothing for the arguments they mutate: the caller already holds that tensor",
-                        fixes.no_mutated_return(reg), node=node))
-                if info is not None:
-                    reg = describe(op)
-                    raise CustomOpError(_message(
-                        reg, f"returns an alias of an input (schema: {op._schema})",
-                        "graph mode needs outputs that do not share memory with inputs; return a new tensor "
-                        "(e.g. `.clone()`) and remove the alias annotation from the return",
-                        fixes.missing_fake(reg), node=node))
+            for output, ret in enumerate(op._schema.returns):
+                if ret.alias_info is None:
+                    continue
+                reg = describe(op)
+                if ret.alias_info.is_write:
+                    problem = "returns its mutated input"
+                    why = ("since PyTorch 2.6, auto-functionalization requires in-place custom ops to return "
+                           "nothing for the arguments they mutate: the caller already holds that tensor")
+                    fix = fixes.no_mutated_return(reg)
+                else:
+                    problem = "returns an alias of an input"
+                    why = ("graph mode needs outputs that do not share memory with inputs; return a new tensor "
+                           "(e.g. `.clone()`) and remove the alias annotation from the return")
+                    fix = fixes.return_clone(reg, output, _aliased_argument(op._schema, ret))
+                raise CustomOpError(_message(reg, f"{problem} (schema: {op._schema})", why, fix, node=node))
+
+
+def _aliased_argument(schema: torch._C.FunctionSchema, ret: Any) -> str:
+    """The name of the argument a return aliases (same alias set), for the fix."""
+    for arg in schema.arguments:
+        if arg.alias_info is not None and arg.alias_info.before_set == ret.alias_info.before_set:
+            return arg.name
+    return "x"
 
 
 def explain_fake_mismatch(op: torch._ops.OpOverload, node_name: str, output: int, expected: str,

@@ -243,13 +243,16 @@ def return_clone(reg: Registration, output: int, arg: str) -> str:
     """Output `output` is `arg` itself or a view of it: return new memory instead."""
     s = reg.schema
     aliased_return = any(r.alias_info is not None for r in s.returns)
+    # Read-only alias annotations (Tensor(a)) go from the arguments too; written ones (a!) stay.
+    views = tuple(a.name for a in s.arguments if a.alias_info is not None and not a.alias_info.is_write)
+    fixed_schema = schema_text(s, unwrite=views, returns=_plain_returns(s))
     if reg.style == "cpp":
         fix = f"return {arg}.clone();  // output {output}: new memory, not {arg} or a view of it"
-        return fix + (f'\nm.def("{schema_text(s, returns=_plain_returns(s))}");' if aliased_return else "")
+        return fix + (f'\nm.def("{fixed_schema}");' if aliased_return else "")
     fix = (f"# in the kernel of {reg.qualname}, output {output}:\n"
            f"return {arg}.clone()  # new memory, not {arg} or a view of it (e.g. {arg}.view(...).clone())")
     if aliased_return and reg.style == "library":
-        fix += f'\nlib.define("{schema_text(s, returns=_plain_returns(s))}")  # no alias annotation on the return'
+        fix += f'\nlib.define("{fixed_schema}")  # no alias annotations: a new tensor comes back'
     return fix
 
 

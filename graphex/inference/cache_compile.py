@@ -108,8 +108,6 @@ def _binder(binding: dict[str, Any], module: torch.nn.Module | None) -> Callable
 
 
 def _fake_mismatch_details(loaded: _Loaded, e: Any) -> tuple[Any, ...]:
-    from ..lower import _op_text  # noqa: F401  (keeps the op naming in one place)
-
     node_names = loaded.executor.node_names()
     name, target = node_names[e.node_index]
     op_name, _, overload = target.partition(".")
@@ -159,7 +157,7 @@ class CachedFunction:
                       "requires grad), so this call is compiled without the cache. Call it under torch.no_grad() "
                       "or torch.inference_mode() to use the cache.")
             self._uncacheable["autograd"] = torch.compile(self._func, backend="graphex", fullgraph=True,
-                                                          dynamic=self._dynamic, options=self._options.__dict__)
+                                                          dynamic=self._dynamic, options=self._options)
         return self._uncacheable["autograd"]
 
     # -- disk ---------------------------------------------------------------------------------------
@@ -254,7 +252,7 @@ def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec, optio
     from .capture import make_flat
 
     return torch.compile(make_flat(func, in_spec), backend="graphex", fullgraph=True, dynamic=dynamic,
-                         options={k: v for k, v in options.__dict__.items()} or None)
+                         options=options)
 
 
 __all__ = ["cache_compile", "CachedFunction", "DEFAULT_DIR", "OptionsError"]

@@ -98,9 +98,11 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         raise NotCacheable(problem)
     from ..custom_ops.registration import is_custom
 
-    from ..lower import lower
+    lowered = graph.lowered
+    if lowered is None or lowered.frozen_inputs:  # weights are bound by name, never stored in an entry
+        from ..lower import lower
 
-    lowered = lower(graph.gm, name=graph.name)  # never frozen: weights are bound by name, not stored
+        lowered = lower(graph.gm, name=graph.name)
     custom = [op for op in lowered.node_ops if op is not None and is_custom(op)]
     spec = dict(lowered.spec, constants=list(lowered.constants))
     header = {

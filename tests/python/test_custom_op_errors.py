@@ -117,3 +117,14 @@ def test_fake_that_disagrees_with_the_kernel_is_caught_on_the_first_run(style):
     torch._dynamo.reset()
     out = compile_graphex(lambda x: op(x) * 2, validate_fake=False)(x)
     assert_same(out, op(x) * 2)
+
+
+def test_op_returning_an_alias_of_its_input():
+    lib = torch.library.Library("gx_err7", "FRAGMENT")
+    lib.define("flat(Tensor(a) x) -> Tensor(a)")
+    lib.impl("flat", lambda x: x.view(-1), "CPU")
+    meta = torch.library.Library("gx_err7", "IMPL", "Meta")
+    meta.impl("flat", lambda x: x.view(-1))
+    msg = compile_error(lambda x: torch.ops.gx_err7.flat(x) + 1, torch.randn(2, 3))
+    assert "gx_err7::flat returns an alias of an input" in msg
+    assert "return x.clone()" in msg and 'lib.define("flat(Tensor x) -> Tensor")' in msg
