@@ -17,7 +17,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from . import _log
+from . import _C, _log
 from ._source import display_name, source_line
 from ._spec import Const, Slot
 from .custom_ops.registration import is_custom
@@ -134,14 +134,12 @@ class _Lowering:
         val = node.meta.get("val")
         if index in self.frozen:
             self.value_of[node] = self.const(self.frozen[index])
-            self.inputs.append({"name": node.name, "kind": "other", "slot": self.new_slot().index})
+            self.inputs.append({"name": display_name(node), "kind": "other", "slot": self.new_slot().index})
             return
         slot = self.new_slot()
         self.value_of[node] = slot
         entry: dict[str, Any] = {"name": display_name(node), "slot": slot.index}
         if isinstance(val, torch.Tensor):
-            from . import _C
-
             sizes = [_static_int(s) for s in val.shape]
             strides = [_static_int(s) for s in val.stride()]
             self.dynamic |= None in sizes
@@ -280,18 +278,12 @@ class _Lowering:
                 return a  # inf / nan are valid float constants
             return a
         if isinstance(a, torch.dtype):
-            from . import _C
-
             return _C.dtype_code(a)
         if isinstance(a, torch.device):
             return str(a)
         if isinstance(a, torch.layout):
-            from . import _C
-
             return _C.layout_code(a)
         if isinstance(a, torch.memory_format):
-            from . import _C
-
             return _C.memory_format_code(a)
         if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor):
             return self.const(a)
@@ -331,8 +323,6 @@ def _wants_tensor(schema: torch._C.FunctionSchema, position: int | str) -> bool:
 
 
 def _expected_outputs(node: torch.fx.Node, count: int) -> list[Any]:
-    from . import _C
-
     vals = node.meta.get("val")
     vals = list(vals) if isinstance(vals, (list, tuple)) and count > 1 else [vals]
     out: list[Any] = []
