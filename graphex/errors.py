@@ -5,18 +5,60 @@ Dynamo wraps any exception a backend raises in BackendCompilerFailed, except
 the ShortenTraceback family, which it re-raises as is. GraphexError derives from
 ShortenTraceback (with no frame to cut), so a user sees our message and our
 class, not a wrapper around it; `except graphex.GraphexError` works.
+
+Note [Errors are data, rendered at the edge]
+An error that explains a problem carries it as fields (`error.finding`: what went
+wrong, where in the user's code, why it matters, the fix, and the op and node
+concerned). The message is rendered from those fields once; tools (`graphex
+triage`, `graphex check`) read the fields, never the text.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch._dynamo.exc import ShortenTraceback
 
 
-class GraphexError(ShortenTraceback):
-    """Base class of every error graphex raises on purpose."""
+@dataclasses.dataclass
+class Finding:
+    """One explained problem. `what` is a sentence without the trailing period."""
 
-    def __init__(self, message: str) -> None:
+    what: str
+    where: str = ""  # the user's source line: 'model.py:42 in forward: y = f(x)'
+    why: str = ""
+    fix: str = ""  # may span lines (code to paste)
+    op: str = ""  # 'ns::name.overload' or ''
+    node: str = ""  # the FX node's name or ''
+    detail: str = ""  # extra context lines (e.g. how a custom op was registered)
+
+    def render(self, prefix: str = "graphex: ") -> str:
+        text = f"{prefix}{self.what}."
+        for line in self.detail.splitlines():
+            text += f"\n  {line}"
+        if self.where:
+            text += f"\n  used at: {self.where}"
+        if self.why:
+            text += f"\n  why: {self.why.rstrip('.')}."
+        if self.fix:
+            if "\n" in self.fix:
+                text += "\n  fix:\n" + "\n".join("    " + line for line in self.fix.splitlines())
+            else:
+                text += f"\n  fix: {self.fix}"
+        return text
+
+
+class GraphexError(ShortenTraceback):
+    """Base class of every error graphex raises on purpose.
+
+    Built from a message, or from a Finding's fields (Note [Errors are data, rendered at the edge]).
+    """
+
+    def __init__(self, message: str | None = None, *, finding: Finding | None = None) -> None:
+        if message is None:
+            message = finding.render() if finding is not None else ""
         super().__init__(message, first_useful_frame=None)
+        self.finding = finding
 
 
 class OptionsError(GraphexError, ValueError):

@@ -21,7 +21,7 @@ from . import _C, _log
 from ._source import display_name, source_line
 from ._spec import Const, Slot
 from .custom_ops.registration import is_custom
-from .errors import CaptureError
+from .errors import CaptureError, Finding
 
 
 @dataclasses.dataclass
@@ -291,11 +291,10 @@ class _Lowering:
                          "pass it as a tensor or a Python number instead.")
 
     def error(self, node: torch.fx.Node, what: str, fix: str) -> CaptureError:
-        where = source_line(node)
-        return CaptureError(
-            f"graphex cannot capture node '{node.name}' ({_target_text(node)}): {what}.\n"
-            + (f"  from user code: {where}\n" if where else "")
-            + f"  fix: {fix}")
+        op = _op_text(node.target) if isinstance(node.target, torch._ops.OpOverload) else ""
+        return CaptureError(finding=Finding(
+            what=f"cannot capture node '{node.name}' ({_target_text(node)}): {what}", where=source_line(node),
+            fix=fix, op=op, node=node.name))
 
 
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}

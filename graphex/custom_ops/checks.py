@@ -32,7 +32,7 @@ import torch
 import torch.fx
 from torch._dynamo.exc import Unsupported
 
-from ..errors import CustomOpError
+from ..errors import CustomOpError, Finding
 from . import fixes
 from .registration import Registration, describe, is_custom
 
@@ -40,9 +40,10 @@ from .registration import Registration, describe, is_custom
 class CustomOpTraceError(CustomOpError, Unsupported):
     """A CustomOpError raised while Dynamo traces (see Note [Where custom-op errors are caught])."""
 
-    def __init__(self, message: str) -> None:
-        Unsupported.__init__(self, message, gb_type="graphex custom op")
+    def __init__(self, *, finding: Finding) -> None:
+        Unsupported.__init__(self, finding.render(), gb_type="graphex custom op")
         self.first_useful_frame = None
+        self.finding = finding
 
 
 _installed = False
@@ -110,7 +111,7 @@ class _MissingFake:
 def _missing_fake_error(op: torch._ops.OpOverload) -> CustomOpTraceError:
     reg = describe(op)
     what = "has no fake function" if reg.style == "custom_op" else "has no fake (Meta) function"
-    return CustomOpTraceError(_message(
+    return CustomOpTraceError(finding=_finding(
         reg, what,
         "torch.compile traces with fake tensors, which carry shapes but no data; it needs a function "
         "that says what shape, dtype and device the op returns",
@@ -142,7 +143,7 @@ def _check_fake_dispatch(fake_mode: Any, func: torch._ops.OpOverload, *args: Any
     for device in devices:
         if device.type != "meta":
             reg = describe(func)
-            raise CustomOpTraceError(_message(
+            raise CustomOpTraceError(finding=_finding(
                 reg, f"has a Meta function that returns a tensor on '{device}'",
                 "a Meta/fake function must allocate its outputs on the `meta` device (like its inputs), "
                 "never on a real device: it only describes shapes and must not touch memory",
@@ -174,7 +175,7 @@ def check_dynamo_graph(gm: torch.fx.GraphModule) -> None:
                     why = ("graph mode needs outputs that do not share memory with inputs; return a new tensor "
                            "(e.g. `.clone()`) and remove the alias annotation from the return")
                     fix = fixes.return_clone(reg, output, _aliased_argument(op._schema, ret))
-                raise CustomOpError(_message(reg, f"{problem} (schema: {op._schema})", why, fix, node=node))
+                raise CustomOpError(finding=_finding(reg, f"{problem} (schema: {op._schema})", why, fix, node=node))
 
 
 def _aliased_argument(schema: torch._C.FunctionSchema, ret: Any) -> str:
@@ -188,7 +189,7 @@ def _aliased_argument(schema: torch._C.FunctionSchema, ret: Any) -> str:
 def explain_fake_mismatch(op: torch._ops.OpOverload, node_name: str, output: int, expected: str,
                           actual: str, source: str) -> CustomOpError:
     reg = describe(op)
-    return CustomOpError(_message(
+    return CustomOpError(finding=_finding(
         reg, f"has a fake/Meta function that disagrees with its real kernel (node '{node_name}', output {output}: "
              f"fake {expected}, real {actual})",
         "ops after it were planned with the fake's shape; the replay would compute garbage or fail. "
@@ -196,20 +197,16 @@ def explain_fake_mismatch(op: torch._ops.OpOverload, node_name: str, output: int
         fixes.fake_mismatch(reg, output, expected, actual), source=source))
 
 
-def _message(reg: Registration, problem: str, why: str, fix: str, node: torch.fx.Node | None = None,
-             source: str = "") -> str:
+def _finding(reg: Registration, problem: str, why: str, fix: str, node: torch.fx.Node | None = None,
+             source: str = "") -> Finding:
     from .._source import source_line
 
-    where = source or (source_line(node) if node is not None else "")
     style = {"custom_op": "torch.library.custom_op", "library": "torch.library.Library",
              "cpp": "C++ TORCH_LIBRARY"}[reg.style]
-    text = f"graphex: custom op {reg.qualname} {problem}.\n"
-    text += f"  registered with {style}{reg.where()}\n"
-    if where:
-        text += f"  used at: {where}\n"
-    text += f"  why: {why}.\n  fix:\n"
-    text += "\n".join("    " + line for line in fix.splitlines())
-    return text
+    return Finding(what=f"custom op {reg.qualname} {problem}",
+                   where=source or (source_line(node) if node is not None else ""), why=why, fix=fix,
+                   op=reg.qualname, node=node.name if node is not None else "",
+                   detail=f"registered with {style}{reg.where()}")
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:

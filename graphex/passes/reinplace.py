@@ -44,13 +44,35 @@ _AUTO_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.hi
 
 @dataclasses.dataclass
 class KeptCopy:
-    """A copy the replay still makes, and why."""
+    """A copy the replay still makes, and why: the decision's own record, read by logs and `graphex triage`.
+
+    `cause` is one of:
+      "option"        the user switched the pass off (`option` names which);
+      "read-later"    node `reader` reads the old value after the update;
+      "not-declared"  a graph input the caller's code does not mutate;
+      "replaced"      a graph input overwritten by another tensor (no in-place form exists);
+      "unproven"      the alias analysis could not prove the old value dead.
+    """
 
     what: str  # "argument 'cache' of mylib::update_" / "graph input arg2_1"
-    reason: str
+    reason: str  # the sentence logged after "because"
+    cause: str = "unproven"
+    node: str = ""  # the FX node whose value is copied (the op's node, or the input's)
+    where: str = ""  # the user's source line of the copying op (or of the reader for "read-later")
+    reader: str = ""  # for "read-later": the FX node that reads the old value
+    option: str = ""  # for "option": input_inplace_pass or inplace_pass
 
     def __str__(self) -> str:
         return f"kept a copy of {self.what} because {self.reason}"
+
+
+@dataclasses.dataclass
+class _Why:
+    reason: str
+    cause: str
+    reader: str = ""
+    where: str = ""
+    option: str = ""
 
 
 def _hidden_input_copy(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
@@ -141,12 +163,12 @@ class _Explainer:
         self.epilogue = {n.args[0]: n for n in graph.find_nodes(op="call_function", target=aten.copy_.default)
                          if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"}
 
-    def why(self, op_node: torch.fx.Node, base: torch.fx.Node) -> str:
+    def why(self, op_node: torch.fx.Node, base: torch.fx.Node) -> _Why:
         is_input = _root(base).op == "placeholder"
         if is_input and not self.inputs:
-            return "option input_inplace_pass=False"
+            return _Why("option input_inplace_pass=False", "option", option="input_inplace_pass")
         if not is_input and not self.intermediates:
-            return "option inplace_pass=False"
+            return _Why("option inplace_pass=False", "option", option="inplace_pass")
         for alias in self.storage_nodes.get(get_node_storage(base), []):
             for user in sorted(alias.users, key=self.order.__getitem__):
                 if self.order[user] <= self.order[op_node] or user is self.epilogue.get(base):
@@ -154,11 +176,17 @@ class _Explainer:
                 if user.target in inductor_reinplace.META_ONLY_OPS:
                     continue
                 where = source_line(user)
-                return (f"node '{user.name}' ({_target(user)}) reads its old value later"
-                        + (f" ({where})" if where else ""))
+                return _Why(f"node '{user.name}' ({_target(user)}) reads its old value later"
+                            + (f" ({where})" if where else ""), "read-later", reader=user.name, where=where)
         if is_input and base not in self.epilogue:
-            return "the graph must leave that input unchanged (the caller's tensor is not declared mutated)"
-        return "the aliasing analysis could not prove the old value dead"
+            return _Why("the graph must leave that input unchanged (the caller's tensor is not declared mutated)",
+                        "not-declared")
+        return _Why("the aliasing analysis could not prove the old value dead", "unproven")
+
+    def kept(self, what: str, op_node: torch.fx.Node, base: torch.fx.Node, why: _Why | None = None) -> KeptCopy:
+        why = why or self.why(op_node, base)
+        return KeptCopy(what, why.reason, cause=why.cause, node=op_node.name,
+                        where=why.where or source_line(op_node), reader=why.reader, option=why.option)
 
     def auto_functionalized_clones(self) -> list[KeptCopy]:
         kept: list[KeptCopy] = []
@@ -170,16 +198,14 @@ class _Explainer:
             if node.target is torch.ops.higher_order.auto_functionalized_v2:
                 bases = node.kwargs["_all_bases"]
                 for i in (range(len(bases)) if clones is None else clones):
-                    kept.append(KeptCopy(f"the tensor {op} mutates ({display_name(bases[i])})",
-                                         self.why(node, bases[i])))
+                    kept.append(self.kept(f"the tensor {op} mutates ({display_name(bases[i])})", node, bases[i]))
             else:
                 from torch._higher_order_ops.auto_functionalize import get_mutable_args
 
                 for name in (get_mutable_args(op)[0] if clones is None else clones):
                     base = node.kwargs.get(name)
                     if isinstance(base, torch.fx.Node):
-                        kept.append(KeptCopy(f"argument '{name}' of {op} ({display_name(base)})",
-                                             self.why(node, base)))
+                        kept.append(self.kept(f"argument '{name}' of {op} ({display_name(base)})", node, base))
         return kept
 
     def input_copies(self) -> list[KeptCopy]:
@@ -189,11 +215,11 @@ class _Explainer:
             if not isinstance(src, torch.fx.Node):
                 continue
             producer = _resolve_alias(src)
-            reason = self.why(producer, base) if producer.op == "call_function" else "it is replaced by another tensor"
-            kept.append(KeptCopy(
+            why = (self.why(producer, base) if producer.op == "call_function"
+                   else _Why("it is replaced by another tensor", "replaced"))
+            kept.append(self.kept(
                 f"graph input {display_name(base)} (the new value from '{producer.name}' is written back by a full "
-                "copy)",
-                reason))
+                "copy)", producer, base, why))
         return kept
 
 

@@ -59,7 +59,13 @@ def error_findings(run: ScriptRun) -> list[Finding]:
         e = entry.error
         if e is None or is_graph_break(e):
             continue
-        if isinstance(e, CustomOpError):
+        fields = getattr(e, "finding", None)
+        if isinstance(e, CustomOpError) and fields is not None:
+            findings.append(Finding("custom-op", fields.what, where=fields.where or _frame_of(e), fix=fields.fix,
+                                    detail="\n".join(filter(None, (fields.detail, fields.why)))))
+        elif isinstance(e, CaptureError) and fields is not None:
+            findings.append(Finding("capture", fields.what, where=fields.where, fix=fields.fix))
+        elif isinstance(e, CustomOpError):
             findings.append(custom_op_finding(str(e), _frame_of(e)))
         elif isinstance(e, CaptureError):
             findings.append(capture_finding(str(e)))
