@@ -28,9 +28,10 @@ _SPECS: dict[str, _Spec] = {
         "False but not with True, the engine is at fault; otherwise a pass is."),
     "capture_limit": _Spec(
         64, (int,),
-        "Most input signatures (shapes, dtypes, strides, int values of dynamic sizes) one "
-        "compiled graph replays on the engine. With dynamic=True each new concrete "
-        "signature is one capture; past the limit that graph runs eagerly, with one warning."),
+        "Most device graphs (one per concrete input signature) one compiled graph captures, "
+        "as in npugraph_ex; past the limit that graph runs eagerly, with one warning. The CPU "
+        "engine captures no device graphs: a dynamic=True program is one program that serves "
+        "every shape and int value, so on the CPU the limit is never reached."),
     "clone_output": _Spec(
         False, (bool,),
         "Clone every output the graph computes before returning it. On CPU outputs are "

@@ -1,9 +1,18 @@
 """CompiledGraph: what AOTAutograd calls on every step (boxed: one list in, one list out).
 
 The common case is a straight call into the C++ executor. The options that need
-Python on the hot path (force_eager, clone_output, capture_limit with dynamic
-shapes, frozen_parameter's first call) select a different `_run` once, at
-construction, so the plain path pays for none of them.
+Python on the hot path (force_eager, clone_output, capture_limit for programs that
+capture a device graph per shape, frozen_parameter's first call) select a
+different `_run` once, at construction, so the plain path pays for none of them.
+
+Note [capture_limit counts device graphs]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+In npugraph_ex, capture_limit bounds how many device graphs (one per concrete
+input signature) one compiled graph captures. A CPU program captures none: with
+dynamic=True it is one program that computes every size per call in C++, so a
+new size or a new int value (a decode position) costs no capture and never runs
+eagerly. Only a program that sets `captures_per_shape` (a device-graph mode)
+counts signatures in `_admit_signature`; the CPU path never pays for the check.
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ class CompiledGraph:
             self.executor = build_executor(self.lowered)
         self.num_ops = self.lowered.num_ops
         self.dynamic = self.lowered.dynamic
+        # Note [capture_limit counts device graphs]: the CPU engine captures no per-shape device graphs.
+        self.captures_per_shape = False
         self._clone_outputs = _outputs_to_clone(gm) if options.clone_output else []
         self._run = self._select_run(frozen)
         _live[next(_order)] = self
@@ -73,7 +84,7 @@ class CompiledGraph:
         return self._steady_run()
 
     def _run_with_options(self, args: list[Any]) -> list[Any]:
-        if self.dynamic and not self._admit_signature(args):
+        if self.captures_per_shape and not self._admit_signature(args):
             return self.run_fx(args)
         return self._with_options_applied(self.executor(args))  # type: ignore[misc]
 
@@ -82,7 +93,7 @@ class CompiledGraph:
         from .custom_ops import explain_fake_mismatch
         from .errors import FakeMismatch
 
-        if self.dynamic:
+        if self.captures_per_shape:
             self._admit_signature(args)  # counts toward capture_limit like any other first call
         try:
             outs = self.executor.run_validated(args)  # type: ignore[union-attr]
@@ -94,7 +105,7 @@ class CompiledGraph:
         return self._with_options_applied(outs)
 
     def _steady_run(self) -> Callable[[list[Any]], list[Any]]:
-        if not self.dynamic and not self._clone_outputs:
+        if not self.captures_per_shape and not self._clone_outputs:
             return self.executor  # type: ignore[return-value]
         return self._run_with_options
 
@@ -126,7 +137,7 @@ class CompiledGraph:
         return True
 
     def run_fx(self, args: list[Any]) -> list[Any]:
-        """Run the optimized graph with torch.fx (force_eager, and past capture_limit)."""
+        """Run the optimized graph with torch.fx (force_eager, and past capture_limit for device graphs)."""
         out = self.gm(*args)
         return list(out) if isinstance(out, (tuple, list)) else [out]
 

@@ -136,7 +136,7 @@ class CachedFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat, in_spec = pytree.tree_flatten((args, kwargs))
         if torch.is_grad_enabled() and self._needs_autograd(flat):
-            return self._plain_compiled()(*args, **kwargs)
+            return self._plain_compiled(flat, in_spec)
         call_key = (in_spec, tuple(None if isinstance(a, torch.Tensor) else (type(a), a) for a in flat))
         for loaded in self._by_call.get(call_key, ()):
             try:
@@ -150,15 +150,29 @@ class CachedFunction:
             return True
         return self._module is not None and any(p.requires_grad for p in self._module.parameters())
 
-    def _plain_compiled(self) -> Callable[..., Any]:
-        if "autograd" not in self._uncacheable:
+    def _plain_compiled(self, flat: list[Any], in_spec: pytree.TreeSpec) -> Any:
+        if ("autograd", in_spec) not in self._uncacheable:
             warn_once("cache_compile:autograd",
                       "graphex.inference.cache_compile: autograd is needed (grad mode on and a parameter or input "
                       "requires grad), so this call is compiled without the cache. Call it under torch.no_grad() "
                       "or torch.inference_mode() to use the cache.")
-            self._uncacheable["autograd"] = torch.compile(self._func, backend="graphex", fullgraph=True,
-                                                          dynamic=self._dynamic, options=self._options)
-        return self._uncacheable["autograd"]
+        return self._run_uncached(("autograd", in_spec), flat, in_spec)
+
+    def _run_uncached(self, key: Any, flat: list[Any], in_spec: pytree.TreeSpec) -> Any:
+        """Plain torch.compile (no entry), for calls that cannot be cached; keeps serving new shapes."""
+        if key not in self._uncacheable:
+            self._uncacheable[key] = _remember_compiled(self._func, in_spec, self._options, self._dynamic)
+        try:
+            return self._uncacheable[key](*flat)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            # Note [A fresh code object per cold compile]: start a new code object rather than fail.
+            warn_once(f"cache_compile:recompile_limit:{self._name}",
+                      f"graphex.inference.cache_compile: {self._name} reached Dynamo's recompile limit "
+                      f"(torch._dynamo.config.recompile_limit = {torch._dynamo.config.recompile_limit}) on its "
+                      "uncached path; it keeps compiling new shapes with a fresh code object. For fewer compiles "
+                      "pass dynamic=True or pad inputs to a few shapes.")
+            self._uncacheable[key] = _remember_compiled(self._func, in_spec, self._options, self._dynamic)
+            return self._uncacheable[key](*flat)
 
     # -- disk ---------------------------------------------------------------------------------------
     def _key_parts(self, flat: list[Any], in_spec: pytree.TreeSpec) -> dict[str, Any]:
@@ -175,7 +189,7 @@ class CachedFunction:
 
     def _load_or_compile(self, flat: list[Any], in_spec: pytree.TreeSpec, call_key: Any) -> Any:
         if call_key in self._uncacheable:
-            return self._uncacheable[call_key](*flat)
+            return self._run_uncached(call_key, flat, in_spec)
         start = time.perf_counter()
         parts = self._key_parts(flat, in_spec)
         key = keys.digest(parts)

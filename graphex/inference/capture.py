@@ -41,10 +41,21 @@ class _Recording:
 
 
 def make_flat(func: Callable[..., Any], in_spec: pytree.TreeSpec) -> Callable[..., Any]:
+    """The call with its arguments flattened, as a function with a code object of its own.
+
+    Note [A fresh code object per cold compile]
+    Dynamo caches compiled frames per code object and gives up after
+    torch._dynamo.config.recompile_limit (8) entries, which with fullgraph=True is a hard
+    failure. cache_compile compiles once per input signature and never asks Dynamo again
+    for it (hits replay the entry), so each cold compile gets a copy of `flat_call`'s
+    code (`code.replace()` makes a new object): every copy holds one cache entry and
+    is freed with the function, and a 9th batch size compiles like the first.
+    """
     def flat_call(*flat_args: Any) -> Any:
         args, kwargs = pytree.tree_unflatten(list(flat_args), in_spec)
         return func(*args, **kwargs)
 
+    flat_call.__code__ = flat_call.__code__.replace()
     return flat_call
 
 
@@ -156,8 +167,8 @@ def _bind_input(i: int, value: Any, source: Any, func: Callable[..., Any], flat_
             owner = _param_owners(module).get(id(value))
             if owner is not None:
                 return owner
-    elif isinstance(value, (int, float, bool)):
-        size = _size_of_arg(source)
+    elif isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        size = _size_of_arg(source)  # dynamic=True: a size of an argument is a SymInt input
         if size is not None:
             return size
         j = _arg_index(source)

@@ -1,0 +1,81 @@
+"""Many shapes and positions: dynamic programs on the CPU use no capture slot, and cache_compile keeps serving
+new shapes past Dynamo's recompile limit. Everything is compared bitwise with eager."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+import graphex
+from conftest import assert_same, captures, compile_graphex, engine_runs
+
+
+class Decoder(torch.nn.Module):
+    """One decode step at an int position: writes the KV cache in place, attends over positions 0..pos."""
+
+    def __init__(self, dim: int = 8, max_positions: int = 320) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(dim, dim)
+        self.kv = torch.nn.Linear(dim, 2 * dim)
+        self.register_buffer("k_cache", torch.zeros(max_positions, dim))
+        self.register_buffer("v_cache", torch.zeros(max_positions, dim))
+
+    def forward(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+        k, v = self.kv(x).chunk(2, dim=-1)
+        self.k_cache[pos] = k
+        self.v_cache[pos] = v
+        keys, values = self.k_cache[: pos + 1], self.v_cache[: pos + 1]
+        probs = torch.softmax(self.q(x) @ keys.T, dim=-1)
+        return probs @ values
+
+
+def test_dynamic_decode_of_300_positions_stays_on_the_engine():
+    """Note [capture_limit counts device graphs]: every position runs the one CPU program, none runs eagerly."""
+    torch.manual_seed(0)
+    eager, compiled_model = Decoder(), Decoder()
+    compiled_model.load_state_dict(eager.state_dict())
+    step = compile_graphex(compiled_model, dynamic=True)
+    xs = torch.randn(300, 8)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for pos in range(3):  # positions 0 and 1 are specialized (Dynamo never makes 0/1 symbolic)
+            assert_same(step(xs[pos], pos), eager(xs[pos], pos), f"position {pos}")
+        graph = captures()[-1]
+        assert graph.dynamic
+        runs_before, total_before = graph.executor.run_count, engine_runs()
+        for pos in range(3, 300):
+            assert_same(step(xs[pos], pos), eager(xs[pos], pos), f"position {pos}")
+    assert not [w for w in caught if "capture_limit" in str(w.message)]
+    assert graph.executor.run_count - runs_before == 297  # every position on the engine, none eagerly
+    assert engine_runs() - total_before == 297
+    assert_same(compiled_model.k_cache, eager.k_cache)
+
+
+def test_cache_compile_serves_12_batch_sizes_past_dynamos_recompile_limit(tmp_path):
+    """torch._dynamo.config.recompile_limit is 8 per code object; each cold compile traces a fresh one."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU())
+    cached = graphex.inference.cache_compile(model.forward, dynamic=False, cache_dir=str(tmp_path))
+    assert torch._dynamo.config.recompile_limit < 12
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in range(1, 13):
+            x = torch.randn(batch, 6)
+            assert_same(cached(x), model(x), f"batch {batch}")
+    assert cached.stats["compiles"] == 12 and cached.stats["writes"] == 12
+    assert not [w for w in caught if "recompile" in str(w.message).lower()]
+
+
+def test_uncached_autograd_path_keeps_serving_new_shapes_with_one_warning(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    cached = graphex.inference.cache_compile(model.forward, cache_dir=str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in range(1, 11):  # grad mode on, parameters require grad: plain torch.compile, no entry
+            x = torch.randn(batch, 4)
+            out = cached(x)
+            assert_same(out, model(x), f"batch {batch}")
+            assert out.requires_grad
+    limit = [w for w in caught if "recompile limit" in str(w.message)]
+    assert len(limit) == 1, [str(w.message) for w in caught]
