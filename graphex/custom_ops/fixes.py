@@ -40,42 +40,115 @@ def fake_body(schema: torch._C.FunctionSchema, *, indent: str = "    ") -> str:
             f"{indent}return {value}")
 
 
-def missing_fake(reg: Registration, body: str | None = None) -> str:
-    """The fake to add; `body` (indented lines) replaces the TODO skeleton when the shape rule is known."""
+def unknown_fake_body(schema: torch._C.FunctionSchema, unknown: str, *, indent: str = "    ") -> str:
+    """The body when no shape rule could be inferred: a marked TODO that stops, not a guess."""
+    del unknown  # shown next to the fix (the report's note), not repeated in the code
+    return (f"{indent}# TODO: graphex could not infer the output shape of {schema.name} (see the note).\n"
+            f"{indent}# Compute it from the inputs' shapes and non-tensor arguments, never their data, e.g.\n"
+            f"{indent}#   return x.new_empty((x.shape[0], n))\n"
+            f'{indent}raise NotImplementedError("TODO: the fake of {schema.name}")')
+
+
+def missing_fake(reg: Registration, body: str | None = None, *, unknown: str | None = None) -> str:
+    """The fake to add; `body` (indented lines) replaces the TODO skeleton when the shape rule is known;
+    `unknown` (what was seen) says that it could not be inferred."""
     s = reg.schema
     proposed = body is not None
-    body = body if body is not None else fake_body(s)
+    if body is None:
+        body = unknown_fake_body(s, unknown) if unknown is not None and s.returns else fake_body(s)
     if reg.style == "custom_op":
         return (f"@{reg.python_name}.register_fake\n"
                 f"def _({params(s)}):\n{body}")
-    python_meta = (f'meta_lib = torch.library.Library("{reg.namespace}", "IMPL", "Meta")\n\n'
+    hint = vanished_meta_hint(reg)
+    python_meta = (f'meta_lib = torch.library.Library("{reg.namespace}", "IMPL", "Meta")  '
+                   f"# keep it alive: a collected Library unregisters its functions\n\n"
                    f'@torch.library.impl(meta_lib, "{_overload_name(reg)}")\n'
                    f"def {reg.name}_meta({params(s)}):\n{body}")
+    if hint:
+        return hint
     if reg.style == "library":
         return python_meta
     line = body.strip()
     rule = line[len("return "):].split("  #")[0] if line.startswith("return ") and "\n" not in line else None
     return (f"// in C++, next to TORCH_LIBRARY({reg.namespace}, m):\n"
-            f"{cpp_meta_skeleton(reg, rule if proposed else None)}\n\n"
+            f"{cpp_meta_skeleton(reg, rule if proposed else None, unknown=unknown)}\n\n"
             f"# or from Python (the op-plugin style), before torch.compile runs:\n{python_meta}")
 
 
-def cpp_meta_skeleton(reg: Registration, rule: str | None = None) -> str:
-    """`rule`: the Python expression the fake returns, when known (translated where it is simple)."""
+def vanished_meta_hint(reg: Registration) -> str | None:
+    """When the user's code did register a Meta function for the op on a `Library` that has since been
+    collected (Note [A Meta registration that vanished], registration.py): what to change instead."""
+    from .registration import vanished_meta
+
+    found = vanished_meta(reg)
+    if found is None:
+        return None
+    return (f"# {found.where}: a Meta function for {reg.qualname} is registered on `{found.var}`,\n"
+            f"# a torch.library.Library that was garbage-collected since"
+            + (f" (`{found.var}` is bound to a new Library at {found.rebound})" if found.rebound else "")
+            + ",\n# and a collected Library unregisters everything registered on it. Keep a reference to it:\n"
+            f'meta_{reg.name} = torch.library.Library("{reg.namespace}", "IMPL", "Meta")  '
+            f"# a name of its own, alive as long as the program\n\n"
+            f'@torch.library.impl(meta_{reg.name}, "{_overload_name(reg)}")  # instead of impl({found.var}, ...)\n'
+            f"def {reg.name}_meta({params(reg.schema)}):\n"
+            f"    ...  # your Meta function, unchanged")
+
+
+def cpp_meta_skeleton(reg: Registration, rule: str | None = None, *, unknown: str | None = None) -> str:
+    """A complete Meta kernel (Note [A C++ Meta skeleton compiles]). `rule`: the Python expression the
+    fake returns, when known (translated where it is simple); `unknown`: why no rule could be inferred."""
     s = reg.schema
     first = _first_tensor(s) or "x"
     ret = "void" if not s.returns else ("at::Tensor" if len(s.returns) == 1
                                         else f"std::tuple<{', '.join(['at::Tensor'] * len(s.returns))}>")
     body = "" if not s.returns else (
-        f"  return at::empty_like({first});  // TODO: the real output shape/dtype"
-        if len(s.returns) == 1 else
-        f"  return {{{', '.join(f'at::empty_like({first})' for _ in s.returns)}}};  // TODO: real shapes")
-    if rule is not None and s.returns:
+        f"  // TODO: the shape/dtype {s.name} really returns; never read tensor data here\n"
+        + (f"  return at::empty_like({first});" if len(s.returns) == 1 else
+           f"  return {{{', '.join(f'at::empty_like({first})' for _ in s.returns)}}};"))
+    todo = None
+    if unknown is not None and s.returns:
+        todo = f"TODO: the output shape of {s.name}; graphex could not infer it"
+    elif rule is not None and s.returns:
         cpp = _cpp_empty_like(rule)
-        body = f"  return {cpp};" if cpp else f"  // TODO in ATen: {rule}\n{body}"
-    return (f"{ret} {reg.name}_meta(/* same parameters as the CPU kernel */) {{\n{body}\n}}\n"
+        body = f"  return {cpp};" if cpp else ""
+        todo = None if cpp else f"TODO: in ATen, the shape rule graphex inferred: {rule}"
+    if todo is not None:
+        # No guess that would compile and return the wrong shape: a loud stop until it is written.
+        body = (f"  // {todo}\n"
+                f'  TORCH_CHECK(false, "{_c_string(todo)}");\n'
+                f"  return {{}};")
+    return (f"{ret} {reg.name}_meta({cpp_params(s)}) {{\n{body}\n}}\n"
             f"TORCH_LIBRARY_IMPL({reg.namespace}, Meta, m) {{\n"
             f'  m.impl("{_overload_name(reg)}", &{reg.name}_meta);\n}}')
+
+
+# Note [A C++ Meta skeleton compiles]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The C++ fix is a whole function: the schema's parameters with the C++ types the
+# dispatcher passes (typemap.TYPES, the table `graphex new --style cpp` uses; a
+# written `Tensor(a!)` is `at::Tensor&`), and a body that either follows a rule
+# graphex verified or stops with TORCH_CHECK(false, "TODO ...") -- never an
+# `empty_like` guess that compiles and then plans the wrong shape.
+# tests/python/test_fixes_apply.py compiles one.
+def cpp_params(schema: torch._C.FunctionSchema) -> str:
+    from graphex.tools.newgen.typemap import TYPES
+
+    text = str(schema).split("(", 1)[1].rsplit(") ->", 1)[0]
+    out = []
+    for arg in _split_top(text):
+        type_, sep, name = arg.partition(" ")
+        if not sep:  # `*`: keyword-only from here; C++ takes them in order
+            continue
+        written = "!" in type_
+        base = re.sub(r"\([a-z]!?\)", "", type_)
+        info = TYPES.get(base)
+        cpp = "at::Tensor&" if written and base == "Tensor" else (info.cpp if info and info.cpp else None)
+        out.append(f"{cpp or '/* ' + base + ' */ auto'} {name.split('=', 1)[0]}")
+    return ", ".join(out)
+
+
+def _c_string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 _ATEN_DTYPES = {"torch.float32": "at::kFloat", "torch.float64": "at::kDouble", "torch.float16": "at::kHalf",
@@ -269,7 +342,8 @@ def fake_reads_data(reg: Registration) -> str:
     body = ("    # compute the output shape from shapes and non-tensor arguments, never from tensor values;\n"
             "    # when it truly depends on values (like nonzero), use an unbacked size:\n"
             f"    {size} = torch.library.get_ctx().new_dynamic_size()\n"
-            f"    return {first}.new_empty({size})  # TODO: {size} where the value-dependent dim goes")
+            f"    return {first}.new_empty(({size}, *{first}.shape[1:]))  # the value-dependent dim first, "
+            f"the others as {first}'s: check that yours are")
     if reg.style == "custom_op":
         return f"@{reg.python_name}.register_fake\ndef _({params(s)}):\n{body}"
     return (f"# a Meta function cannot create unbacked sizes; register a fake instead of the Meta function:\n"

@@ -80,3 +80,115 @@ def is_custom(op: object) -> bool:
         return False
     return op.namespace not in ("prims", "_c10d_functional", "c10d_functional", "_dtensor", "higher_order",
                                 "inductor", "quantized", "_quantized", "profiler", "debugprims", "rngprims")
+
+
+# Note [A Meta registration that vanished]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A torch.library.Library unregisters everything registered on it when it is
+# garbage-collected. The op-plugin blocks of the npugraph_ex template each say
+# `m = Library("npu", "IMPL", "Meta")`; pasted one after the other, the second
+# rebinds `m`, the first Library is collected and its Meta function is gone
+# without a word. Nothing in torch remembers it, so graphex reads the user's
+# source: when an op has no Meta kernel but a file of the program decorates a
+# function with `impl(VAR, "op")` where VAR is assigned a
+# `Library("ns", "IMPL", "Meta")`, the missing-fake error says the registration
+# vanished and why (a later assignment to VAR, if any), instead of proposing
+# a new Meta function the user already wrote.
+@dataclasses.dataclass(frozen=True)
+class VanishedMeta:
+    where: str       # "model.py:31": the registration that no longer holds
+    var: str         # the name the Library was bound to
+    rebound: str     # "model.py:40" where that name gets another Library, or ""
+
+
+def vanished_meta(reg: Registration) -> VanishedMeta | None:
+    if reg.style == "custom_op" or torch._C._dispatch_has_kernel_for_dispatch_key(
+            f"{reg.qualname}.{reg.overload}" if reg.overload not in ("", "default") else reg.qualname, "Meta"):
+        return None
+    names = {reg.name, f"{reg.name}.{reg.overload}"}
+    for path in _program_files(reg):
+        found = _find_meta_registration(path, reg.namespace, names)
+        if found is not None:
+            return found
+    return None
+
+
+def _program_files(reg: Registration) -> list[str]:
+    """Python files of the user's program: where the op is defined, __main__, the frames now running."""
+    import os
+    import sys
+
+    candidates = [reg.defined_at.rsplit(":", 1)[0]] if reg.defined_at else []
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main:
+        candidates.append(main)
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidates.append(frame.f_code.co_filename)
+        frame = frame.f_back
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+    seen: list[str] = []
+    for path in candidates:
+        path = os.path.abspath(path)
+        if path.endswith(".py") and os.path.isfile(path) and not path.startswith(skip) and path not in seen:
+            seen.append(path)
+    return seen
+
+
+def _find_meta_registration(path: str, namespace: str, names: set[str]) -> VanishedMeta | None:
+    import ast
+    import os
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    meta_libs: dict[str, list[int]] = {}   # var -> lines where it is assigned a Meta Library of `namespace`
+    assigned: dict[str, list[int]] = {}    # var -> every line where it is assigned
+    registered: list[tuple[str, int]] = []  # (var, line) of impl(var, "op")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    assigned.setdefault(target.id, []).append(node.lineno)
+                    if _is_meta_library(node.value, namespace):
+                        meta_libs.setdefault(target.id, []).append(node.lineno)
+        if isinstance(node, ast.Call):
+            var = _impl_target(node, names)
+            if var is not None:
+                registered.append((var, node.lineno))
+    base = os.path.basename(path)
+    for var, line in registered:
+        if var in meta_libs:
+            later = [n for n in assigned.get(var, []) if n > line]
+            return VanishedMeta(f"{base}:{line}", var, f"{base}:{later[0]}" if later else "")
+    return None
+
+
+def _is_meta_library(value: object, namespace: str) -> bool:
+    import ast
+
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    consts = [a.value for a in value.args if isinstance(a, ast.Constant)]
+    return name == "Library" and consts[:1] == [namespace] and "Meta" in consts[1:]
+
+
+def _impl_target(call: object, names: set[str]) -> str | None:
+    """VAR for `impl(VAR, "op")` / `torch.library.impl(VAR, "op")` / `VAR.impl("op", ...)`."""
+    import ast
+
+    func = call.func  # type: ignore[attr-defined]
+    args = call.args  # type: ignore[attr-defined]
+    if isinstance(func, ast.Attribute) and func.attr == "impl" and isinstance(func.value, ast.Name) \
+            and args and isinstance(args[0], ast.Constant) and args[0].value in names:
+        return func.value.id
+    is_impl = (isinstance(func, ast.Name) and func.id == "impl") or (
+        isinstance(func, ast.Attribute) and func.attr == "impl")
+    if is_impl and len(args) >= 2 and isinstance(args[0], ast.Name) and isinstance(args[1], ast.Constant) \
+            and args[1].value in names:
+        return args[0].id
+    return None

@@ -67,7 +67,7 @@ def check_exists(call: Call, reg: Registration, proposal: Callable[[], Proposal]
                     "a fake (Meta) function: torch.compile traces with fake tensors, which have shapes but no data",
                     f"none registered for {call.op.name()} ({_STYLE[reg.style]}"
                     + (f", defined at {reg.defined_at})" if reg.defined_at else ")"),
-                    fixes.missing_fake(reg, body=p.body), note=p.note())]
+                    fixes.missing_fake(reg, body=p.body, unknown=p.unknown), note=p.note())]
 
 
 def check_fake(call: Call, reg: Registration, proposal: Callable[[], Proposal]) -> list[Problem]:
@@ -154,7 +154,7 @@ def _fix(reg: Registration, proposal: Callable[[], Proposal], mismatch: tuple[in
         return fixes.missing_fake(reg, body=p.body), "replace the fake; " + p.note()
     if mismatch is not None:
         return fixes.fake_mismatch(reg, mismatch[0], mismatch[1], mismatch[2]), p.note()
-    return fixes.missing_fake(reg), p.note()
+    return fixes.missing_fake(reg, unknown=p.unknown), p.note()
 
 
 def _reads_data(e: BaseException) -> bool:

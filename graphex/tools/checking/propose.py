@@ -35,10 +35,18 @@ class Proposal:
     rule: str           # what the body computes, or why no rule fits
     probes: int         # inputs the rule was verified on
     refused: int        # probes the real kernel raised on (skipped)
+    seen: str = ""      # what the kernel returned on some probes, when no rule fits
+
+    @property
+    def unknown(self) -> str | None:
+        """Why no fake could be inferred (what was seen), or None when a rule fits."""
+        if self.body is not None:
+            return None
+        return f"{self.rule}; {self.seen}" if self.seen else self.rule
 
     def note(self) -> str:
         if self.body is None:
-            return f"no shape rule fits: {self.rule}"
+            return f"no shape rule fits: {self.unknown}; the fake below is a TODO to finish by hand"
         refused = f"; {self.refused} probe(s) refused by the kernel, skipped" if self.refused else ""
         return f"inferred: {self.rule} (verified on {self.probes} input shape(s){refused})"
 
@@ -67,11 +75,23 @@ def propose(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = None) 
         found = rule_for_output(bound, results, j, optional)
         if found is None:
             kind = "a tensor" if isinstance(ret.type, torch.TensorType) else str(ret.type)
-            return Proposal(None, f"output {j} ({kind}) follows none of the candidate rules", len(results), refused)
+            return Proposal(None, f"output {j} ({kind}) follows none of the candidate rules", len(results), refused,
+                            _seen(schema, results, j))
         exprs.append(found[0])
         rules.append(f"output {j}: {found[1]}" if len(schema.returns) > 1 else found[1])
     value = exprs[0] if len(exprs) == 1 else "(" + ", ".join(exprs) + ")"
     return Proposal(f"    return {value}", "; ".join(rules), len(results), refused)
+
+
+def _seen(schema: torch._C.FunctionSchema, results: list, j: int) -> str:
+    """'on x=f32[3, 5] it returned f32[7]; on x=f32[4, 5]: f32[9]' for the first probes."""
+    shown = []
+    for probe, outs in results[:3]:
+        inputs = ", ".join(f"{k}={values.short(v)}" for k, v in probe.items()
+                           if isinstance(v, torch.Tensor) or is_int(v))
+        out = values.short(outs[j]) if j < len(outs) else "nothing"
+        shown.append(f"on {inputs} it returned {out}" if not shown else f"on {inputs}: {out}")
+    return "; ".join(shown)
 
 
 # -- probes --------------------------------------------------------------------------------------
