@@ -78,7 +78,14 @@ class SignatureError(GraphexError):
 
 
 class ReplayError(GraphexError):
-    """An operator failed while a captured graph ran: names the node and the user's source line."""
+    """An operator failed while a captured graph ran: names the node and the user's source line.
+
+    Raised as a class that is also what eager raises (Note [A replay error keeps its cause]):
+    `except IndexError` and `except graphex.ReplayError` both catch an out-of-range index.
+    """
+
+    def __str__(self) -> str:  # not KeyError's repr() when mixed with KeyError
+        return str(self.args[0]) if self.args else ""
 
 
 class CustomOpError(GraphexError):
@@ -96,3 +103,99 @@ class FakeMismatch(GraphexError):
 
 class CacheError(GraphexError):
     """A compile-cache problem that cannot be handled by recompiling."""
+
+
+# Note [A replay error keeps its cause]
+# An operator that fails in a captured graph fails as it would in eager, plus graphex's part:
+# the error is a ReplayError *and* the class eager raises (ReplayIndexError is a ReplayError
+# and an IndexError), created once per class. Its finding carries the kernel's own message
+# (what), the user's source line (where), the op and the node; a Python kernel's exception is
+# kept as __cause__ and its class is the one mixed in. The C++ executor reports the kind of a
+# c10 error (csrc/runtime/executor.h, KernelErrorKind); graphex._C calls make_replay_error.
+
+_replay_classes: dict[type, type[ReplayError]] = {}
+
+
+def replay_error_class(base: type[BaseException]) -> type[ReplayError]:
+    """The ReplayError that is also a `base` (IndexError -> ReplayIndexError), made once per class."""
+    if issubclass(ReplayError, base):  # RuntimeError, Exception: ReplayError already is one
+        return ReplayError
+    if issubclass(base, ReplayError):
+        return base
+    cls = _replay_classes.get(base)
+    if cls is None:
+        try:
+            cls = type(f"Replay{base.__name__}", (ReplayError, base),
+                       {"__module__": __name__, "__doc__": f"A ReplayError that is also a {base.__qualname__}."})
+        except TypeError:  # a class that cannot be mixed (instance layout, metaclass, final)
+            cls = ReplayError
+        _replay_classes[base] = cls
+    return cls
+
+
+ReplayIndexError = replay_error_class(IndexError)
+ReplayValueError = replay_error_class(ValueError)
+ReplayTypeError = replay_error_class(TypeError)
+ReplayNotImplementedError = replay_error_class(NotImplementedError)
+
+
+def _c10_error_class(kind: str) -> type[BaseException]:
+    """The Python class torch raises for a c10 error class (torch/csrc/Exceptions.h)."""
+    import builtins
+
+    import torch
+
+    where = {"LinAlgError": torch.linalg, "OutOfMemoryError": torch, "AcceleratorError": torch}
+    if kind.startswith("Dist") or kind == "QueueEmptyError":
+        import torch.distributed
+        where[kind] = torch.distributed
+    found = getattr(where.get(kind, builtins), kind, RuntimeError)
+    return found if isinstance(found, type) and issubclass(found, BaseException) else RuntimeError
+
+
+def make_replay_error(kind: str, message: str, graph: str, node: str, op: str, source: str,
+                      cause: BaseException | None = None) -> ReplayError:
+    """The error for an operator that failed at replay (called by graphex._C).
+
+    `kind` names the c10 error class (IndexError, LinAlgError, ...; RuntimeError for a plain
+    c10::Error); `cause` is a Python kernel's exception, whose class wins and which becomes __cause__.
+    """
+    if cause is not None:
+        message = str(cause) or type(cause).__name__
+        base: type[BaseException] = type(cause)
+    else:
+        base = _c10_error_class(kind)
+    what = message.strip().rstrip(".") or f"{base.__name__} without a message"
+    raised_at = _kernel_line(cause)
+    finding = Finding(what=what, where=source, op=op, node=node,
+                      detail=f"raised in the kernel at {raised_at}" if raised_at else "")
+    text = finding.render(prefix=f"graphex: {graph}: node '{node}' ({op}) failed: ")
+    try:
+        error = replay_error_class(base)(text, finding=finding)
+    except Exception:  # a class whose construction we cannot drive: the plain ReplayError
+        error = ReplayError(text, finding=finding)
+    # torch.compile's frame re-raises errors `from None` (Dynamo's ShortenTraceback handling), which
+    # drops __cause__ on that path; kernel_error keeps the kernel's exception either way.
+    error.__cause__ = cause
+    error.kernel_error = cause  # type: ignore[attr-defined]
+    return error
+
+
+def _kernel_line(cause: BaseException | None) -> str:
+    """'my_ops.py:12 in kernel: raise ValueError(...)': the innermost frame of a Python kernel's
+    error outside torch itself, or '' (one line instead of the Python stack)."""
+    import linecache
+    import os
+    import traceback
+
+    import torch
+
+    if cause is None or cause.__traceback__ is None:
+        return ""
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    for frame in reversed(traceback.extract_tb(cause.__traceback__)):
+        if frame.filename.startswith(torch_dir) or frame.filename.startswith("<"):
+            continue
+        code = (frame.line or linecache.getline(frame.filename, frame.lineno or 0)).strip()
+        return f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}" + (f": {code}" if code else "")
+    return ""

@@ -9,11 +9,14 @@
 #include "program/spec.h"
 #include "runtime/executor.h"
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <optional>
 
 namespace py = pybind11;
 
@@ -86,12 +89,82 @@ py::list toPyList(std::vector<c10::IValue> outputs) {
   return result;
 }
 
+const char* kindName(KernelErrorKind kind) {
+  switch (kind) {
+    case KernelErrorKind::Runtime: return "RuntimeError";
+    case KernelErrorKind::Index: return "IndexError";
+    case KernelErrorKind::Value: return "ValueError";
+    case KernelErrorKind::Type: return "TypeError";
+    case KernelErrorKind::NotImplemented: return "NotImplementedError";
+    case KernelErrorKind::Buffer: return "BufferError";
+    case KernelErrorKind::LinAlg: return "LinAlgError";
+    case KernelErrorKind::OutOfMemory: return "OutOfMemoryError";
+    case KernelErrorKind::Syntax: return "SyntaxError";
+    case KernelErrorKind::Accelerator: return "AcceleratorError";
+    case KernelErrorKind::Dist: return "DistError";
+    case KernelErrorKind::DistBackend: return "DistBackendError";
+    case KernelErrorKind::DistStore: return "DistStoreError";
+    case KernelErrorKind::DistNetwork: return "DistNetworkError";
+    case KernelErrorKind::DistQueueEmpty: return "QueueEmptyError";
+    case KernelErrorKind::Foreign: return "RuntimeError";
+  }
+  return "RuntimeError";
+}
+
+// The Python exception inside a kernel's error, or None. A Python kernel (a custom op
+// written in Python, or a TorchDispatchMode such as the one AOTAutograd runs on a
+// graph's first call) fails with torch's python_error, which leaves the exception in
+// this thread's error indicator until persist() fetches it; pybind11 kernels fail with
+// error_already_set. Must run with the GIL held, before any other Python call.
+py::object pythonCause(const std::exception_ptr& cause) {
+  if (!cause) return py::none();
+  try {
+    std::rethrow_exception(cause);
+  } catch (python_error& e) {
+    e.persist();
+    if (!e.value) return py::none();
+    PyObject *type = e.type, *value = e.value, *tb = e.traceback;
+    Py_XINCREF(type);
+    Py_XINCREF(value);
+    Py_XINCREF(tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb && value) PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return py::reinterpret_steal<py::object>(value);
+  } catch (py::error_already_set& e) {
+    return e.value();
+  } catch (...) {
+    return py::none();
+  }
+}
+
+// Note [A replay error keeps its cause] (runtime/executor.h): raise the ReplayError that is
+// also what eager raises, built by graphex.errors.make_replay_error from the error's fields.
+[[noreturn]] void raiseReplayError(const ExecutionError& e) {
+  py::object cause = e.kind == KernelErrorKind::Foreign ? pythonCause(e.cause) : py::none();  // first: see above
+  static py::object make = py::module_::import("graphex.errors").attr("make_replay_error");
+  py::object err = make(kindName(e.kind), e.kernel_message, e.graph, e.node, e.op, e.source, cause);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
+  throw py::error_already_set();
+}
+
 // Run `fn(inputs)` with the GIL released: Python kernels of custom ops take it back as needed.
+// An operator's failure is raised as soon as the GIL is back (its Python cause, if any, is
+// still in the error indicator then).
 template <typename Fn>
 std::vector<c10::IValue> withoutGil(const py::list& args, Fn&& fn) {
   std::vector<c10::IValue> inputs = toIValues(args);
-  py::gil_scoped_release no_gil;
-  return fn(std::move(inputs));
+  std::optional<ExecutionError> failure;
+  {
+    py::gil_scoped_release no_gil;
+    try {
+      return fn(std::move(inputs));
+    } catch (const ExecutionError& e) {
+      failure.emplace(e);
+    }
+  }
+  raiseReplayError(*failure);
 }
 
 py::list runBoxed(const Executor& ex, const py::list& args) {
@@ -126,7 +199,7 @@ void registerErrors(py::module_& m) {
       PyErr_SetString(program_error.ptr(), e.what());
     } catch (const SignatureError& e) {
       PyErr_SetString(signature_error.ptr(), e.what());
-    } catch (const ExecutionError& e) {
+    } catch (const ExecutionError& e) {  // runs translate it themselves (withoutGil); this is a fallback
       PyErr_SetString(replay_error.ptr(), e.what());
     } catch (const FakeMismatchError& e) {
       py::object err = fake_mismatch(e.what(), e.node_index, e.output, e.expected, e.actual);

@@ -90,16 +90,48 @@ void validateOutputs(const Program& p, const Instruction& instr, const torch::ji
   }
 }
 
-std::string describeNode(const Program& p, const Instruction& instr) {
+ExecutionError replayFailure(const Program& p, const Instruction& instr, const std::exception& e,
+                             std::exception_ptr cause) {
   const NodeInfo& info = p.nodes[instr.debug];
+  std::string message = kernelMessage(e);
   std::string s = "graphex: " + p.name + ": node '" + info.name + "' (" + info.target + ")";
   if (!info.source.empty()) s += "\n  from user code: " + info.source;
-  return s;
+  s += "\n  failed: " + message;
+  return ExecutionError(s, instr.debug, p.name, info.name, info.target, info.source, std::move(message),
+                        classifyKernelError(e), std::move(cause));
 }
 
 std::atomic<uint64_t> g_total_runs{0};
 
 }  // namespace
+
+KernelErrorKind classifyKernelError(const std::exception& e) {
+  using K = KernelErrorKind;
+  // Most derived first (DistBackendError is a DistError).
+  if (dynamic_cast<const c10::IndexError*>(&e)) return K::Index;
+  if (dynamic_cast<const c10::ValueError*>(&e)) return K::Value;
+  if (dynamic_cast<const c10::TypeError*>(&e)) return K::Type;
+  if (dynamic_cast<const c10::NotImplementedError*>(&e)) return K::NotImplemented;
+  if (dynamic_cast<const c10::BufferError*>(&e)) return K::Buffer;
+  if (dynamic_cast<const c10::LinAlgError*>(&e)) return K::LinAlg;
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return K::OutOfMemory;
+  if (dynamic_cast<const c10::SyntaxError*>(&e)) return K::Syntax;
+  if (dynamic_cast<const c10::AcceleratorError*>(&e)) return K::Accelerator;
+  if (dynamic_cast<const c10::DistBackendError*>(&e)) return K::DistBackend;
+  if (dynamic_cast<const c10::DistQueueEmptyError*>(&e)) return K::DistQueueEmpty;
+  if (dynamic_cast<const c10::DistStoreError*>(&e)) return K::DistStore;
+  if (dynamic_cast<const c10::DistNetworkError*>(&e)) return K::DistNetwork;
+  if (dynamic_cast<const c10::DistError*>(&e)) return K::Dist;
+  if (dynamic_cast<const c10::Error*>(&e)) return K::Runtime;
+  return K::Foreign;
+}
+
+std::string kernelMessage(const std::exception& e) {
+  // Like torch's own translation: the message without the C++ backtrace (what() adds
+  // "Exception raised from ..." and, with TORCH_SHOW_CPP_STACKTRACES, the frames).
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();  // empty for a Python kernel's error that is not persisted yet: the binding reads the cause
+}
 
 uint64_t Executor::totalRunCount() { return g_total_runs.load(std::memory_order_relaxed); }
 
@@ -185,11 +217,8 @@ std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int6
     }
   } catch (const FakeMismatchError&) {
     throw;
-  } catch (const c10::Error& e) {
-    throw ExecutionError(describeNode(p, p.instructions[pc]) + "\n  failed: " + e.what_without_backtrace(),
-                         p.instructions[pc].debug);
   } catch (const std::exception& e) {
-    throw ExecutionError(describeNode(p, p.instructions[pc]) + "\n  failed: " + e.what(), p.instructions[pc].debug);
+    throw replayFailure(p, p.instructions[pc], e, std::current_exception());
   }
 
   std::vector<c10::IValue> outputs;

@@ -21,6 +21,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -34,16 +35,48 @@ class SignatureError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// An operator failed while the program ran. The message names the node, its
-// operator and the user's source line, followed by the operator's own error.
+// What kind of error an operator raised, so that the Python binding can raise what
+// eager PyTorch raises (the c10 classes map like torch/csrc/Exceptions.h).
+// Foreign: not a c10::Error (e.g. a Python kernel's exception): see ExecutionError::cause.
+enum class KernelErrorKind {
+  Runtime, Index, Value, Type, NotImplemented, Buffer, LinAlg, OutOfMemory, Syntax, Accelerator,
+  Dist, DistBackend, DistStore, DistNetwork, DistQueueEmpty, Foreign
+};
+
+// The kind of `e`, and its message as eager PyTorch would show it (no C++ backtrace).
+KernelErrorKind classifyKernelError(const std::exception& e);
+std::string kernelMessage(const std::exception& e);
+
+// Note [A replay error keeps its cause]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An operator failed while the program ran. The error carries the node, its operator
+// and the user's source line (graphex's part) and, untouched, the operator's own error:
+// its message, its kind and the exception itself (`cause`). The Python binding raises a
+// graphex.ReplayError that is also what eager would have raised (an IndexError stays an
+// IndexError; a Python kernel's exception is re-raised with its own type and as __cause__).
+// what() renders it all for C++ callers.
 class ExecutionError : public std::runtime_error {
  public:
   ExecutionError(const std::string& msg, uint32_t node_index)
       : std::runtime_error(msg), node_index_(node_index) {}
+  ExecutionError(const std::string& msg, uint32_t node_index, std::string graph, std::string node, std::string op,
+                 std::string source, std::string kernel_message, KernelErrorKind kind, std::exception_ptr cause)
+      : std::runtime_error(msg), node_index_(node_index), graph(std::move(graph)), node(std::move(node)),
+        op(std::move(op)), source(std::move(source)), kernel_message(std::move(kernel_message)), kind(kind),
+        cause(std::move(cause)) {}
   uint32_t nodeIndex() const { return node_index_; }
 
  private:
   uint32_t node_index_;
+
+ public:
+  std::string graph;           // the program's name, e.g. "graph_0"
+  std::string node;            // the FX node's name
+  std::string op;              // "aten::addmm.default"
+  std::string source;          // the user's source line, or ""
+  std::string kernel_message;  // the operator's own message, as eager shows it
+  KernelErrorKind kind = KernelErrorKind::Runtime;
+  std::exception_ptr cause;    // the operator's exception (null when thrown by graphex itself)
 };
 
 // A custom operator's real output differs from what its fake/Meta function promised

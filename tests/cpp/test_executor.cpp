@@ -5,6 +5,8 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/index_copy.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/neg.h>
@@ -12,6 +14,9 @@
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
+#include <torch/library.h>
+
+#include <stdexcept>
 
 using namespace graphex;
 using namespace graphex::testing;
@@ -123,6 +128,60 @@ TEST(Executor, FailingOperatorNamesNodeAndSourceLine) {
     EXPECT_TRUE(contains(msg, "aten::mm")) << msg;
     EXPECT_TRUE(contains(msg, "model.py:7")) << msg;
     EXPECT_TRUE(contains(msg, "cannot be multiplied")) << msg;
+    EXPECT_EQ(e.kind, KernelErrorKind::Runtime);
+    EXPECT_EQ(e.graph, "test_graph");
+    EXPECT_EQ(e.node, "mm_1");
+    EXPECT_EQ(e.op, "aten::mm.default");
+    EXPECT_EQ(e.source, "model.py:7 in forward: a @ b");
+  }
+}
+
+// Note [A replay error keeps its cause]: the kernel's message exactly as eager shows it, its
+// c10 class as a kind, and the exception itself.
+TEST(Executor, FailingOperatorKeepsTheKernelsMessageKindAndException) {
+  Value spec = program(3, L({tensorInput("x", 0, {4}), tensorInput("idx", 1, {2}, c10::kLong)}),
+                       L({op("sel", "aten::index_select", "default", L({Slot(0), I(0), Slot(1)}), {2})}),
+                       L({Slot(2)}));
+  Executor ex(Program::fromSpec(spec));
+  at::Tensor x = at::randn({4}), idx = at::tensor({int64_t{0}, int64_t{9}});
+  std::string eager;
+  try {
+    (void)at::index_select(x, 0, idx);
+  } catch (const c10::IndexError& e) {
+    eager = e.what_without_backtrace();
+  }
+  ASSERT_FALSE(eager.empty());
+  try {
+    (void)ex.run({x, idx});
+    FAIL();
+  } catch (const ExecutionError& e) {
+    EXPECT_EQ(e.kind, KernelErrorKind::Index);
+    EXPECT_EQ(e.kernel_message, eager);
+    EXPECT_TRUE(contains(e.what(), eager)) << e.what();
+    EXPECT_FALSE(contains(e.what(), "Exception raised from")) << e.what();  // no C++ backtrace
+    ASSERT_TRUE(e.cause);
+    EXPECT_THROW(std::rethrow_exception(e.cause), c10::IndexError);
+  }
+}
+
+namespace {
+at::Tensor failingKernel(const at::Tensor&) { throw std::invalid_argument("not a c10 error"); }
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(graphex_cpp_test, m) { m.def("fail(Tensor x) -> Tensor"); }
+TORCH_LIBRARY_IMPL(graphex_cpp_test, CPU, m) { m.impl("fail", &failingKernel); }
+
+TEST(Executor, ForeignKernelErrorIsKeptAsTheCause) {
+  Value spec = program(2, L({tensorInput("x", 0, {4})}),
+                       L({op("f", "graphex_cpp_test::fail", "default", L({Slot(0)}), {1})}), L({Slot(1)}));
+  Executor ex(Program::fromSpec(spec));
+  try {
+    (void)ex.run({at::randn({4})});
+    FAIL();
+  } catch (const ExecutionError& e) {
+    EXPECT_EQ(e.kind, KernelErrorKind::Foreign);
+    EXPECT_EQ(e.kernel_message, "not a c10 error");
+    EXPECT_THROW(std::rethrow_exception(e.cause), std::invalid_argument);
   }
 }
 
