@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C  # noqa: F401
-from .backend import graphex_backend, npugraph_ex_backend, register as _register
+from .backend import compile_fx, get_backend, graphex_backend, npugraph_ex_backend, register as _register
 from .custom_ops import install_trace_checks as _install_trace_checks
 from .errors import (
     CacheError,
@@ -32,6 +32,6 @@ _register()
 _install_trace_checks()
 
 __all__ = [
-    "graphex_backend", "npugraph_ex_backend", "Options", "GraphexError", "OptionsError", "CaptureError",
+    "graphex_backend", "npugraph_ex_backend", "get_backend", "compile_fx", "Options", "GraphexError", "OptionsError", "CaptureError",
     "ProgramError", "SignatureError", "ReplayError", "CustomOpError", "CacheError", "__version__",
 ]

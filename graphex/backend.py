@@ -1,10 +1,12 @@
-"""The torch.compile backends: "graphex" and its alias "npugraph_ex".
+"""The torch.compile backends: "graphex" and its alias "npugraph_ex", and the entry points around them.
 
     torch.compile(model, backend="graphex", fullgraph=True, dynamic=False, options={...})
+    torch.compile(model, backend=graphex.get_backend({...}))          # options bound once
+    aot_module_simplified(gm, inputs, fw_compiler=graphex.compile_fx)  # frameworks driving AOTAutograd
 
 Both names are registered as `torch_dynamo_backends` entry points, so they work
 without `import graphex` once the package is installed; `import graphex`
-registers them too (the alias only when no other package has taken the name).
+registers them too (through torch's public `register_backend`).
 """
 
 from __future__ import annotations
@@ -14,24 +16,38 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from .compile import compile_dynamo_graph
+from .compile import capture, compile_dynamo_graph
+from .errors import OptionsError
 from .options import Options
 from ._warn import warn_once
 
-_MODES = (None, "default", "reduce-overhead", "max-autotune-no-cudagraphs")
+# torch.compile modes and what they mean here. None and "default" are the plain compile.
+_MODE_HELP = {
+    "reduce-overhead": "it asks inductor for CUDA graphs. On the CPU graphex already replays the whole graph "
+                       "from C++ with no Python per op; graphex's CUDA graphs are not built yet",
+    "max-autotune": "it asks inductor to autotune its generated kernels; graphex runs eager's own kernels "
+                    "(bit for bit equal to eager) and generates none",
+    "max-autotune-no-cudagraphs": "it asks inductor to autotune its generated kernels; graphex runs eager's own "
+                                  "kernels (bit for bit equal to eager) and generates none",
+}
+
+
+def _check_mode(mode: str | None) -> None:
+    if mode in (None, "default"):
+        return
+    why = _MODE_HELP.get(str(mode), "it is not a mode graphex knows")
+    raise OptionsError(f"graphex: torch.compile(mode={mode!r}) is not supported by the graphex backend: {why}. "
+                       "Remove mode= (graphex's settings go in options={...}; `graphex options` lists them).")
 
 
 def graphex_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,
                     mode: str | None = None, **kwargs: Any) -> Callable[..., Any]:
     """torch.compile backend: capture the ATen graph once and replay it from C++."""
+    _check_mode(mode)
     opts = Options.from_user(options)
     if kwargs:
-        from .errors import OptionsError
-
         raise OptionsError(f"graphex: unexpected backend arguments {sorted(kwargs)}; pass settings as "
                            "torch.compile(..., options={...}).")
-    if mode not in _MODES:
-        warn_once(f"mode:{mode}", f"graphex: torch.compile mode={mode!r} has no meaning for graphex and is ignored.")
     return compile_dynamo_graph(gm, example_inputs, opts)
 
 
@@ -40,24 +56,55 @@ def npugraph_ex_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     return graphex_backend(gm, example_inputs, **kwargs)
 
 
-def register() -> None:
-    """Make "graphex" and "npugraph_ex" known to torch.compile.
+def get_backend(options: dict[str, Any] | Options | None = None) -> Callable[..., Any]:
+    """A backend callable with `options` bound: `torch.compile(model, backend=graphex.get_backend({...}))`.
 
-    Names declared as entry points are left to torch, which loads them on first
-    lookup (registering them here as well would make that lookup fail as a
-    duplicate). If another installed package also declares "npugraph_ex" (the
-    real torch_npu), its declaration is the one kept.
+    The options are checked now (an unknown key raises OptionsError here, not at the first call).
+    """
+    opts = Options.from_user(options)
+
+    def graphex_with_options(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        return compile_dynamo_graph(gm, example_inputs, opts)
+
+    graphex_with_options._graphex_backend = True  # type: ignore[attr-defined]
+    return graphex_with_options
+
+
+def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+               options: dict[str, Any] | Options | None = None) -> Callable[..., Any]:
+    """For frameworks that run AOTAutograd themselves: compile one ATen graph it hands its compiler.
+
+        aot_module_simplified(gm, inputs, fw_compiler=graphex.compile_fx)
+        aot_module_simplified(gm, inputs, fw_compiler=functools.partial(graphex.compile_fx, options={...}))
+
+    `gm` is the functional ATen graph (what AOTAutograd passes to fw_compiler /
+    inference_compiler); the result takes the inputs as one list and returns a list
+    (AOTAutograd's boxed calling convention), replayed by the C++ engine.
+    """
+    return capture(gm, list(example_inputs), Options.from_user(options))
+
+
+for _fn in (graphex_backend, npugraph_ex_backend):
+    _fn._graphex_backend = True  # type: ignore[attr-defined]  (compat.in_graphex_trace)
+
+
+def register() -> None:
+    """Make "graphex" and "npugraph_ex" known to torch.compile, through torch's public API.
+
+    Names torch already knows (from our entry points, or "npugraph_ex" from another
+    package such as torch_npu) are left alone: torch loads entry points itself on
+    first lookup. When another installed package also declares "npugraph_ex", which
+    one torch picks is up to importlib's order, so we say so once.
     """
     from importlib.metadata import entry_points
 
-    from torch._dynamo.backends import registry
-
-    registry._discover_entrypoint_backends()
+    known = set(torch._dynamo.list_backends(exclude_tags=()))
+    for name, fn in (("graphex", graphex_backend), ("npugraph_ex", npugraph_ex_backend)):
+        if name not in known:
+            torch._dynamo.register_backend(fn, name=name)
     others = [ep for ep in entry_points(group="torch_dynamo_backends", name="npugraph_ex")
               if not ep.value.startswith("graphex.")]
-    if others and "npugraph_ex" not in registry._COMPILER_FNS:
-        registry._BACKENDS["npugraph_ex"] = others[0]
-    for name, fn in (("graphex", graphex_backend), ("npugraph_ex", npugraph_ex_backend)):
-        if name in registry._COMPILER_FNS or registry._BACKENDS.get(name) is not None:
-            continue
-        registry.register_backend(fn, name=name)
+    if others:
+        warn_once("npugraph_ex:taken",
+                  f"graphex: another package ({others[0].value}) also provides the backend name 'npugraph_ex'; "
+                  "torch uses whichever it finds first. Use backend='graphex' to be sure to get graphex.")

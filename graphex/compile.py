@@ -6,9 +6,9 @@
                 └─ lower (graphex/lower.py): program spec
                      └─ graphex._C.Executor: ops resolved once, run from C++
 
-When autograd is needed (grad mode on and an input requires grad) the engine is
-not used: AOTAutograd's eager path runs instead, with a one-time message, so
-gradients are always right (Note [Inference first]).
+When autograd is needed (grad mode on and an input requires grad) the forward
+graph still runs on the engine and the backward on AOTAutograd's eager path
+(Note [Inference first]).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from torch._guards import TracingContext, detect_fake_mode
 
 from . import _log
 from ._source import pretty_source
-from ._warn import warn_once
-from .custom_ops import check_dynamo_graph
+from .custom_ops import check_dynamo_graph, install_trace_checks
 from .dump import dump_graph
 from .lower import lower
 from .options import Options
@@ -42,35 +41,37 @@ def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
 
     `on_capture` is told about each CompiledGraph made (cache_compile records it).
     """
+    install_trace_checks()  # back after a torch._dynamo.reset() (Note [Where custom-op errors are caught])
     check_dynamo_graph(gm)
-    # Note [Inference first]
-    # The engine replays inference graphs. Training needs a backward graph and saved
-    # activations; rather than run it wrong, we hand it to AOTAutograd's eager path.
-    needs_autograd = torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
-    if needs_autograd:
-        warn_once(
-            "autograd",
-            "graphex: this graph needs autograd (grad mode is on and an input or parameter requires grad), "
-            "so it runs on AOTAutograd's eager path, not on the graphex engine. Gradients are correct. "
-            "For the engine, call the model under torch.no_grad() or torch.inference_mode(), or "
-            "set requires_grad_(False) on its parameters.")
-        eager = make_boxed_func_nop()
-        return aot_module_simplified(gm, example_inputs, fw_compiler=eager, bw_compiler=eager)
-
     user_names = [pretty_source(n._dynamo_source.name) if getattr(n, "_dynamo_source", None) else n.name
-                   for n in gm.graph.find_nodes(op="placeholder")]
+                  for n in gm.graph.find_nodes(op="placeholder")]
 
-    def inference_compiler(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any]) -> CompiledGraph:
+    def engine_compiler(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any]) -> CompiledGraph:
         compiled = capture(fx_gm, flat_inputs, options, user_names)
         if on_capture is not None:
             on_capture(compiled)
         return compiled
 
+    # Note [Inference first]
+    # The engine replays inference graphs: AOTAutograd's inference graph, with input
+    # mutations kept in it so that a KV cache is written in place. When autograd is
+    # needed (grad mode on and an input or parameter requires grad), AOTAutograd
+    # partitions the joint graph: its forward graph (outputs plus the activations the
+    # backward saves) runs on the engine too, and the backward runs on AOTAutograd's
+    # eager path, so gradients are what AOTAutograd computes.
+    needs_autograd = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+    if needs_autograd:
+        _log.info("graphex: this graph needs autograd (grad mode is on and an input or parameter requires grad): "
+                  "its forward runs on the engine and saves activations for AOTAutograd's eager backward. For "
+                  "inference, call it under torch.no_grad() or torch.inference_mode().")
+        return aot_module_simplified(gm, example_inputs, fw_compiler=engine_compiler,
+                                     inference_compiler=engine_compiler, bw_compiler=make_boxed_func_nop())
+
     return aot_module_simplified(
         gm, example_inputs,
-        fw_compiler=make_boxed_func_nop(),  # only if AOTAutograd still picks its training path: eager
-        inference_compiler=inference_compiler,
+        fw_compiler=engine_compiler,  # only if AOTAutograd still picks its training path
+        inference_compiler=engine_compiler,
         keep_inference_input_mutations=True,
     )
 

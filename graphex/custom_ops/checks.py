@@ -4,20 +4,28 @@ Note [Where custom-op errors are caught]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A missing or wrong fake function fails while Dynamo traces, before our backend
 ever runs. To still explain it in the user's registration style we add one
-entry to FakeTensorMode's table of special-cased operators
-(torch._subclasses.fake_impls.op_implementations_checks), matching only custom
-operators, consulted after a registered fake impl and before the Meta kernel.
-It either raises (no Meta at all; a Meta that allocates on a real device) or
-returns NotImplemented, so it never changes what a working op does. The error
-derives from Dynamo's Unsupported, which Dynamo re-raises as is (with the user's
-source line) instead of burying it in a repr.
+entry to FakeTensorMode's table of special-cased operators (torch's public-ish
+`register_op_impl`), consulted after a registered fake impl and before the Meta
+kernel. It acts only for custom operators, and only while Dynamo traces for a
+graphex backend on this thread (compat.in_graphex_trace): inductor's or anyone
+else's compile sees torch's own behaviour. It either raises (no Meta at all; a
+Meta that allocates on a real device) or returns NotImplemented, so it never
+changes what a working op does. The error derives from Dynamo's Unsupported,
+which Dynamo re-raises as is (with the user's source line).
 
 `custom_op` ops do not reach that table: their own fake wrapper runs first and,
-with no fake registered, raises torch's generic message. For them, while Dynamo
-compiles (its start/end-of-compile callbacks), each CustomOpDef without a fake
-gets a stand-in fake that raises our error instead; it is removed when the
-compile ends, and a later `register_fake` replaces it as usual. torch._dynamo.reset()
-clears all compile callbacks, so the handler's clear() re-adds ours.
+with no fake registered, raises torch's generic message. For them, each
+CustomOpDef without a fake gets a stand-in fake (at import, when Dynamo starts a
+compile (its public start-of-compile callback) and when a graphex backend runs); a
+later `register_fake` replaces it as usual. The stand-in raises graphex's error
+only in a graphex trace on the calling thread; anywhere else it does exactly what
+torch does without a fake (a trivial fake where torch makes one, else torch's
+error, same text). The one difference left outside graphex: torch's
+`has_fake_kernel` sees a fake, which only matters to draft export's
+propagate-real-tensors mode. torch._dynamo.reset() clears all compile callbacks;
+graphex adds its own back when its backend next runs (and its tools do so right
+after the resets they make); stand-ins already made stay. torch itself is never
+patched (Note [graphex never patches torch], compat.py).
 
 Schema rules (an in-place op must not return its mutated input) are checked on
 the Dynamo graph at the start of our backend; the fake-vs-real comparison runs
@@ -32,6 +40,7 @@ import torch
 import torch.fx
 from torch._dynamo.exc import Unsupported
 
+from ..compat import in_graphex_trace
 from ..errors import CustomOpError, Finding
 from . import fixes
 from .registration import Registration, describe, is_custom
@@ -46,35 +55,25 @@ class CustomOpTraceError(CustomOpError, Unsupported):
         self.finding = finding
 
 
-_installed = False
+_op_impl_registered = False
 
 
 def install_trace_checks() -> None:
-    """Add graphex's custom-op checks to fake tensor propagation (once per process)."""
-    global _installed
-    if _installed:
-        return
-    from torch._subclasses.fake_impls import register_op_impl
+    """Add graphex's custom-op checks to fake tensor propagation; idempotent, cheap (see the Note).
 
-    register_op_impl(_needs_check)(_check_fake_dispatch)
-    handler = torch._dynamo.callback.callback_handler
-    original_clear = handler.clear
+    Called at import and whenever a graphex backend runs, so the compile callbacks
+    come back after torch._dynamo.reset().
+    """
+    global _op_impl_registered
+    if not _op_impl_registered:
+        from torch._subclasses.fake_impls import register_op_impl
 
-    def clear_keeping_graphex() -> None:
-        original_clear()
-        _add_compile_callbacks()
-
-    handler.clear = clear_keeping_graphex  # type: ignore[method-assign]
-    _add_compile_callbacks()
-    _installed = True
-
-
-def _add_compile_callbacks() -> None:
+        register_op_impl(_needs_check)(_check_fake_dispatch)
+        _op_impl_registered = True
     handler = torch._dynamo.callback.callback_handler
     if _stand_in_missing_fakes not in handler.start_callbacks:
         handler.register_start_callback(_stand_in_missing_fakes)
-    if _remove_stand_ins not in handler.end_callbacks:
-        handler.register_end_callback(_remove_stand_ins)
+    _stand_in_missing_fakes()
 
 
 def _stand_in_missing_fakes(*_: Any) -> None:
@@ -83,14 +82,6 @@ def _stand_in_missing_fakes(*_: Any) -> None:
     for opdef in list(OPDEFS.values()):
         if getattr(opdef, "_abstract_fn", "absent") is None:
             opdef._abstract_fn = _MissingFake(opdef)
-
-
-def _remove_stand_ins(*_: Any) -> None:
-    from torch._library.custom_ops import OPDEFS
-
-    for opdef in list(OPDEFS.values()):
-        if isinstance(getattr(opdef, "_abstract_fn", None), _MissingFake):
-            opdef._abstract_fn = None
 
 
 class _MissingFake:
@@ -105,7 +96,12 @@ class _MissingFake:
         op = self.opdef._opoverload
         if can_generate_trivial_fake_impl(op):
             return generate_trivial_fake_impl(op, *args, **kwargs)
-        raise _missing_fake_error(op)
+        if in_graphex_trace():
+            raise _missing_fake_error(op)
+        # Not graphex's compile: torch's own message (torch/_library/custom_ops.py, 2.4+).
+        raise RuntimeError(
+            f"There was no fake impl registered for {self.opdef}. This is necessary for torch.compile/export/fx "
+            f"tracing to work. Please use `{self.opdef._init_fn.__name__}.register_fake` to add an fake impl.")
 
 
 def _missing_fake_error(op: torch._ops.OpOverload) -> CustomOpTraceError:
@@ -119,7 +115,7 @@ def _missing_fake_error(op: torch._ops.OpOverload) -> CustomOpTraceError:
 
 
 def _needs_check(func: Any) -> bool:
-    return is_custom(func)
+    return is_custom(func) and in_graphex_trace()
 
 
 def _check_fake_dispatch(fake_mode: Any, func: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:

@@ -12,12 +12,11 @@ The result still runs under torch.fx, which is what `force_eager` uses.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
-
 import torch.fx
 from torch._inductor.fx_passes.post_grad import remove_noop_ops
 from torch._inductor.virtualized import V
 
+from ..compat import insertion_successor, on_node_created
 from ..options import Options
 from .reinplace import KeptCopy, reinplace_graph
 
@@ -29,7 +28,7 @@ def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object) ->
     if options.post_grad_custom_pre_pass is not None:
         options.post_grad_custom_pre_pass(gm.graph)
         gm.recompile()
-    with _new_nodes_inherit_source():
+    with _new_nodes_inherit_source(gm):
         if options.remove_noop_ops:
             with V.set_fake_mode(fake_mode):
                 remove_noop_ops(gm.graph)
@@ -42,25 +41,17 @@ def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object) ->
     return kept
 
 
-@contextlib.contextmanager
-def _new_nodes_inherit_source() -> Iterator[None]:
+def _new_nodes_inherit_source(gm: torch.fx.GraphModule) -> contextlib.AbstractContextManager[None]:
     """Nodes that passes create inherit the user's source line of the node they are inserted before.
 
     Passes rewrite a node by inserting its replacement just before it; without this,
     the replacement (e.g. the in-place `copy_` that reinplacing makes of a slice
-    assignment) would lose the stack trace that errors and dumps show.
+    assignment) would lose the stack trace that errors and dumps show. A create-node
+    hook on this GraphModule only: torch.fx itself is not patched.
     """
-    original = torch.fx.Graph.create_node
-
-    def create_node(self: torch.fx.Graph, *args: Any, **kwargs: Any) -> torch.fx.Node:
-        node = original(self, *args, **kwargs)
-        anchor = node.next
-        if "stack_trace" not in node.meta and anchor.op != "root" and anchor.meta.get("stack_trace"):
+    def inherit(node: torch.fx.Node) -> None:
+        anchor = insertion_successor(node.graph)
+        if "stack_trace" not in node.meta and anchor is not None and anchor.meta.get("stack_trace"):
             node.meta["stack_trace"] = anchor.meta["stack_trace"]
-        return node
 
-    torch.fx.Graph.create_node = create_node  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.fx.Graph.create_node = original  # type: ignore[method-assign]
+    return on_node_created(gm, inherit)

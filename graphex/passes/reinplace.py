@@ -13,7 +13,8 @@ epilogue copy, and marks which auto_functionalized arguments still need a clone.
 Two changes for graphex:
   * inductor declines to reinplace a scatter into a graph input when it thinks a
     fused functional kernel would be faster; with no fusion here, in place always
-    wins, so that heuristic is replaced by "always" while the pass runs;
+    wins, so the pass runs with a table of our own without that heuristic
+    (graphex/compat.py: inductor's table is never modified);
   * the npugraph_ex switches `inplace_pass` (intermediates) and
     `input_inplace_pass` (graph inputs) are honoured by hiding from the pass what
     it must not touch: the epilogue copies (inputs) or, by listing intermediates as
@@ -26,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from typing import Iterator
-from unittest import mock
 
 import torch
 import torch.fx
@@ -36,6 +36,7 @@ from torch._inductor.fx_utils import FakeTensorUpdater, get_node_storage
 from torch._inductor.virtualized import V
 
 from .._source import display_name, source_line
+from ..compat import inplaceable_ops_table, reinplace_inplaceable_ops
 from .copy_back import fold_copy_backs
 
 aten = torch.ops.aten
@@ -83,10 +84,10 @@ def _hidden_input_copy(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
 def reinplace_graph(gm: torch.fx.GraphModule, fake_mode: object, *, intermediates: bool, inputs: bool) -> list[KeptCopy]:
     """Reinplace functional ops of `gm` in place; returns the copies that remain, with reasons."""
     graph = gm.graph
-    with V.set_fake_mode(fake_mode), _always_reinplace_scatter():
+    with V.set_fake_mode(fake_mode):
         with _hide_input_copies(graph, hide=not inputs), _pin_intermediates(graph, pin=not intermediates):
             updater = FakeTensorUpdater(gm)
-            inductor_reinplace.reinplace_inplaceable_ops(updater, graph)
+            reinplace_inplaceable_ops(updater, graph, inplaceable_ops_table(always_reinplace_scatter=True))
         explain = _Explainer(graph, intermediates=intermediates, inputs=inputs)
         kept = explain.auto_functionalized_clones()
         decompose_auto_functionalized(graph)
@@ -96,14 +97,6 @@ def reinplace_graph(gm: torch.fx.GraphModule, fake_mode: object, *, intermediate
     kept += _Explainer(graph, intermediates=intermediates, inputs=inputs).input_copies()
     gm.recompile()
     return kept
-
-
-@contextlib.contextmanager
-def _always_reinplace_scatter() -> Iterator[None]:
-    op = inductor_reinplace.inplaceable_ops[inductor_reinplace._generalized_scatter]
-    always = inductor_reinplace.InplaceableOp(op.inplace_op, op.mutated_arg)
-    with mock.patch.dict(inductor_reinplace.inplaceable_ops, {inductor_reinplace._generalized_scatter: always}):
-        yield
 
 
 @contextlib.contextmanager

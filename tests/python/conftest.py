@@ -25,6 +25,9 @@ def fresh_dynamo(monkeypatch):
     monkeypatch.delenv("GRAPHEX_LOG", raising=False)
     monkeypatch.delenv("GRAPHEX_DUMP", raising=False)
     torch._dynamo.reset()
+    # reset() drops every compile callback, graphex's custom-op explanations included; they come back at
+    # the next graphex compile or, as here and in graphex's tools, right after the reset.
+    graphex.custom_ops.install_trace_checks()
     _warn.reset()
     yield
     torch._dynamo.reset()

@@ -152,11 +152,6 @@ def test_capture_limit_counts_no_shape_of_a_dynamic_cpu_program():
     assert graph.executor.run_count == 5
 
 
-def test_mode_argument_is_accepted():
-    f = torch.compile(lambda x: x - 1, backend="graphex", mode="reduce-overhead")
-    assert_same(f(torch.ones(2)), torch.zeros(2))
-
-
 def test_readme_documents_every_option():
     readme = open(os.path.join(ROOT, "README.md")).read()
     for name, default, _ in option_docs():

@@ -1,0 +1,139 @@
+"""Everything graphex needs from torch's private modules that may differ between versions.
+
+graphex supports torch 2.11 through 2.15 (pyproject.toml). Private APIs are reached
+through this module, so a version difference is handled in one place, each branch
+with a note of what differs and since which version. Nothing here changes torch:
+Note [graphex never patches torch] (no module attribute, class method or table of
+torch's is replaced; what graphex changes is scoped to its own compile on the
+compiling thread).
+
+Checked on: 2.13.0 (CI), 2.14.1 (`make test-torch TORCH=2.14.1`); 2.11 by the GPU
+check script where a GPU is available.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.fx
+
+TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore[assignment]
+SUPPORTED = ((2, 11), (2, 15))  # inclusive; pyproject.toml says the same
+
+
+# -- inductor's reinplacing pass, with a table of our own ---------------------------------------
+
+def inplaceable_ops_table(always_reinplace_scatter: bool) -> dict[Any, Any]:
+    """A copy of inductor's table of functional ops and their in-place forms.
+
+    With `always_reinplace_scatter`, the generalized scatter loses inductor's
+    `should_reinplace_scatter` check (a fusion heuristic: with no fusion, in place
+    always wins). Built per call: inductor extends its table at import time
+    (collectives), so a copy taken once could miss entries.
+    """
+    from torch._inductor.fx_passes import reinplace as inductor_reinplace
+
+    table = dict(inductor_reinplace.inplaceable_ops)
+    scatter = inductor_reinplace._generalized_scatter
+    if always_reinplace_scatter and scatter in table:
+        op = table[scatter]
+        table[scatter] = inductor_reinplace.InplaceableOp(op.inplace_op, op.mutated_arg)
+    return table
+
+
+@functools.cache
+def _core_code() -> tuple[types.CodeType, dict[str, Any], Any, Any]:
+    from torch._inductor.fx_passes import reinplace as inductor_reinplace
+
+    core = inductor_reinplace.reinplace_inplaceable_ops_core
+    return core.__code__, core.__globals__, core.__defaults__, core.__closure__
+
+
+def reinplace_inplaceable_ops(fake_tensor_updater: Any, graph: torch.fx.Graph, table: dict[Any, Any]) -> None:
+    """inductor's `reinplace_inplaceable_ops`, reading `table` instead of its module-level table.
+
+    The pass looks its table up as a module global; rather than swap that global
+    for every thread, we run the same code with a globals mapping of our own in
+    which `inplaceable_ops` is `table`. Same steps as inductor's driver (2.11-2.15):
+    canonicalize view scatters, refresh fake tensors, reinplace, decompose scatters.
+    """
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._inductor.fx_passes import reinplace as inductor_reinplace
+
+    code, module_globals, defaults, closure = _core_code()
+    scoped_globals = dict(module_globals, inplaceable_ops=table)
+    core = types.FunctionType(code, scoped_globals, code.co_name, defaults, closure)
+    with enable_python_dispatcher():
+        inductor_reinplace.canonicalize_view_scatter_ops(graph)
+        fake_tensor_updater.incremental_update()
+        core(graph)
+        inductor_reinplace.decompose_generalized_scatter(graph)
+
+
+# -- torch.fx: where a pass inserts a node ---------------------------------------------------------
+
+@contextlib.contextmanager
+def on_node_created(gm: torch.fx.GraphModule, hook: Callable[[torch.fx.Node], None]) -> Iterator[None]:
+    """Call `hook(node)` for every node created in `gm`'s graph while the block runs (this graph only).
+
+    GraphModule's create-node hooks (2.5+) run as the node is made, before it is linked in.
+    """
+    gm._register_create_node_hook(hook)
+    try:
+        yield
+    finally:
+        gm._unregister_create_node_hook(hook)
+
+
+def insertion_successor(graph: torch.fx.Graph) -> torch.fx.Node | None:
+    """The node a node created now will be inserted before (None at the end of the graph).
+
+    The graph's insertion point is `anchor.prepend` (inserting_before, the default
+    with the root) or `anchor.append` (inserting_after); both 2.0+.
+    """
+    insert = graph._insert
+    anchor = getattr(insert, "__self__", None)
+    if not isinstance(anchor, torch.fx.Node):
+        return None
+    node = anchor if getattr(insert, "__name__", "") == "prepend" else anchor.next
+    return None if node.op == "root" else node
+
+
+# -- Dynamo: which backend is tracing on this thread ----------------------------------------------
+
+def current_dynamo_backend() -> Callable[..., Any] | None:
+    """The backend of the Dynamo trace running on this thread, unwrapped, or None outside a trace.
+
+    Dynamo keeps the instruction translator of the frame it traces in a thread-local
+    (`InstructionTranslator.current_tx()`, 2.1+); its output graph holds the backend,
+    wrapped by torch.compile (`_TorchCompileWrapper.compiler_fn`), by the debug wrapper
+    (`_torchdynamo_orig_backend`) and by partials.
+    """
+    from torch._dynamo import symbolic_convert
+
+    tx = getattr(symbolic_convert.tls, "current_tx", None)
+    fn = getattr(getattr(tx, "output", None), "compiler_fn", None)
+    for _ in range(16):  # unwrap, bounded
+        if fn is None:
+            return None
+        inner = (getattr(fn, "_torchdynamo_orig_backend", None) or getattr(fn, "compiler_fn", None)
+                 or (fn.func if isinstance(fn, functools.partial) else None) or getattr(fn, "__wrapped__", None))
+        if inner is None or inner is fn:
+            return fn
+        fn = inner
+    return fn
+
+
+def in_graphex_trace() -> bool:
+    """True while Dynamo traces, on this thread, for a graphex backend (Note [graphex never patches torch])."""
+    return bool(getattr(current_dynamo_backend(), "_graphex_backend", False))
+
+
+def recompile_limit() -> int:
+    """Dynamo's per-code recompile limit (config `recompile_limit`; called `cache_size_limit` before 2.6)."""
+    config = torch._dynamo.config
+    return int(getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 8)))
