@@ -2,7 +2,9 @@
 #   make demo    build, then run the shipped decoder with graphex vs eager
 #   make test    build, then the C++ (ctest) and Python (pytest) tests
 #   make bench   build, then eager / inductor / aot_eager / graphex side by side
-# Variables: PYTHON (interpreter that creates .venv), PYTEST_ARGS, BENCH_ARGS.
+#   make test-torch TORCH=2.14.1   the same build and tests against another torch, in its own
+#                                 venv (.venv-torch2.14.1) and build folder (build/torch2.14.1)
+# Variables: PYTHON (interpreter that creates .venv), PYTEST_ARGS, BENCH_ARGS, TORCH.
 
 PYTHON ?= python3
 VENV := .venv
@@ -13,7 +15,7 @@ STAMP_VENV := $(VENV)/.graphex-venv
 STAMP_SYS := build/.graphex-system-deps
 TORCH_VERSION := 2.13.0
 
-.PHONY: all build demo test test-cpp test-python bench clean distclean
+.PHONY: all build demo test test-cpp test-python test-torch bench clean distclean
 
 all: build
 
@@ -50,6 +52,20 @@ test-cpp:
 test-python:
 	$(PY) -m pytest tests/python -q $(PYTEST_ARGS)
 
+# Another torch, side by side with the default one: its own venv and build folder.
+TORCH ?= $(TORCH_VERSION)
+ALT_VENV := .venv-torch$(TORCH)
+ALT_PY := $(ALT_VENV)/bin/python
+ALT_BUILD := build/torch$(TORCH)
+test-torch: $(STAMP_SYS)
+	@test -x $(ALT_PY) || $(PYTHON) -m venv $(ALT_VENV)
+	@$(ALT_PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH)')" 2>/dev/null || \
+	  $(ALT_PY) -m pip install -q torch==$(TORCH)
+	$(ALT_PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest numpy
+	$(ALT_PY) -m pip install -q --no-build-isolation --no-deps -C build-dir=$(ALT_BUILD) -e .
+	cd $(ALT_BUILD) && ctest --output-on-failure --timeout 120
+	$(ALT_PY) -m pytest tests/python -q $(PYTEST_ARGS)
+
 demo: build
 	$(PY) examples/demo.py
 
@@ -60,4 +76,4 @@ clean:
 	rm -rf build
 
 distclean: clean
-	rm -rf $(VENV) .graphex_cache
+	rm -rf $(VENV) .venv-torch* .graphex_cache
