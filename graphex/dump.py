@@ -3,6 +3,9 @@
 Per graph: <name>.py, the optimized ATen graph as Python code with the user's
 source lines, the copies kept and why; <name>.plan.txt, the engine's program
 (slots, moves, frees). Files are written whole (temp file + rename).
+
+A directory that cannot be written (GRAPHEX_DUMP pointing under a file, no
+permission) never fails the compile: one GraphexWarning per directory says so.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import os
 from typing import TYPE_CHECKING
 
 from . import _log
+from ._warn import warn_once
 from ._atomic import write_atomic
 
 if TYPE_CHECKING:
@@ -31,4 +35,6 @@ def dump_graph(directory: str, compiled: "CompiledGraph") -> None:
         write_atomic(os.path.join(directory, f"{compiled.name}.plan.txt"), compiled.plan())
         _log.info("%s: dumped to %s", compiled.name, directory)
     except OSError as e:
-        _log.info("%s: could not write dump to %s: %s", compiled.name, directory, e)
+        warn_once(f"dump:{directory}", f"graphex: cannot write graph dumps to {directory!r} "
+                  f"({e.strerror or e}); the model runs as usual, without dumps. Set dump_dir= or "
+                  f"GRAPHEX_DUMP to a writable directory.")

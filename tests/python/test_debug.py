@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 
+from graphex._warn import GraphexWarning
 from conftest import compile_graphex
 
 
@@ -61,3 +62,22 @@ def test_dump_writes_readable_graph_and_plan(tmp_path, monkeypatch, how):
     assert "aten::mm.default(" in plan and "return (" in plan
     compile(code.split("class ", 1)[0], "dump", "exec")  # the header is valid Python (comments)
     assert not list(target.glob(".tmp-*")), "a temporary file was left behind"
+
+
+def test_unwritable_dump_dir_warns_once_at_the_users_line(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("GRAPHEX_DUMP", str(blocker / "dumps"))  # under a file: cannot be created
+    compiled = compile_graphex(model)
+    with pytest.warns(GraphexWarning) as record:
+        out = compiled(torch.randn(2, 3), torch.randn(3, 4))  # the user's line
+        compiled(torch.randn(5, 3), torch.randn(3, 4))        # a second capture: no second warning
+    assert len(out) == 2
+    [w] = [w for w in record if "cannot write graph dumps" in str(w.message)]
+    assert "a_file" in str(w.message) and "GRAPHEX_DUMP" in str(w.message)
+    assert w.filename == __file__ and w.lineno == _line_of("out = compiled(")
+
+
+def _line_of(text: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if text in line and "_line_of" not in line)
