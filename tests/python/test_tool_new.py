@@ -131,6 +131,25 @@ def test_multi_output_every_type_runs_in_cpp(tmp_path):
     assert "acc, outs written in place" in output
 
 
+def test_two_cpp_ops_of_one_namespace_load_in_one_process(tmp_path):
+    # Note [Generated C++ ops share their namespace]: with TORCH_LIBRARY in each file the second
+    # load aborted the process ("Only a single TORCH_LIBRARY can be used to register the namespace").
+    generate(tmp_path / "a", "gx_pair_cpp::first", "cpp")
+    generate(tmp_path / "b", "gx_pair_cpp::second", "cpp", "--signature", "second(Tensor x, float alpha) -> Tensor")
+    for path in (tmp_path / "a" / "gx_pair_cpp_first.cpp", tmp_path / "b" / "gx_pair_cpp_second.cpp"):
+        source = path.read_text()
+        assert "TORCH_LIBRARY_FRAGMENT(gx_pair_cpp, m)" in source and "TORCH_LIBRARY(gx_pair_cpp" not in source
+    script = ("import sys, pytest\n"
+              "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'a/test_first.py', 'b/test_second.py']))\n")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    for name in ("TORCH_EXTENSIONS_DIR", "GRAPHEX_LOG", "GRAPHEX_DUMP"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "4 passed" in output, output[-6000:]  # graphex == eager, and opcheck, per op
+
+
 # --- more signatures, in this process -----------------------------------------------------------
 
 SIGNATURES = {

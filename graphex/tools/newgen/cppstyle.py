@@ -1,4 +1,9 @@
-"""--style cpp: a C++ source (TORCH_LIBRARY + CPU and Meta kernels) and the module that loads it.
+"""--style cpp: a C++ source (TORCH_LIBRARY_FRAGMENT + CPU and Meta kernels) and the module that loads it.
+
+Note [Generated C++ ops share their namespace]
+The schema is defined in a TORCH_LIBRARY_FRAGMENT: a process aborts at the second TORCH_LIBRARY
+of one namespace, and two generated ops (graphex new op mylib::a / mylib::b --style cpp) are two
+libraries of the namespace mylib, loaded together.
 
 The loader builds the source with torch.utils.cpp_extension.load on first import. The source
 includes only <torch/library.h> and narrow ATen headers: <torch/torch.h> or
@@ -53,9 +58,9 @@ def cpp_source(spec: OpSpec) -> str:
         "",
         "}  // namespace",
         "",
-        f"// One TORCH_LIBRARY per namespace in a process: another file adding ops to {spec.namespace}",
-        f"// uses TORCH_LIBRARY_FRAGMENT({spec.namespace}, m) instead.",
-        f"TORCH_LIBRARY({spec.namespace}, m) {{",
+        "// A fragment: a process aborts at a namespace's second TORCH_LIBRARY block, and other ops of",
+        f"// {spec.namespace} (another generated file, a Python Library) add to the same namespace.",
+        f"TORCH_LIBRARY_FRAGMENT({spec.namespace}, m) {{",
         ["  // An in-place op declares every input it writes (Tensor(a!)) and returns none of them."]
         if spec.inplace else [],
         f"  m.def({cpp_str(spec.schema)});",
@@ -104,7 +109,7 @@ def loader_module(spec: OpSpec) -> str:
         f'    sources=[os.path.join(_HERE, "{spec.module}.cpp")],',
         '    extra_cflags=["-O1"],  # a small kernel: a quick build matters more than -O3',
         "    build_directory=_build_dir,",
-        "    is_python_module=False,  # the library registers its ops itself (TORCH_LIBRARY)",
+        "    is_python_module=False,  # the library registers its ops itself (TORCH_LIBRARY_FRAGMENT)",
         ")",
         "",
         "# Alternative, the op-plugin style: the C++ library keeps the schema and the CPU kernel and the",
