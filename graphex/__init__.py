@@ -8,7 +8,12 @@ See README.md for the options, custom operators, the compile cache and the tools
 
 from __future__ import annotations
 
-import torch  # noqa: F401  (loads libtorch before our extension)
+from . import cli as _cli
+
+if _cli.help_requested():  # `graphex --help`: answered before torch loads (Note [graphex --help does not import torch])
+    _cli.answer_help()
+
+import torch  # noqa: F401,E402  (loads libtorch before our extension)
 
 from . import _C  # noqa: F401
 from .backend import compile_fx, get_backend, graphex_backend, npugraph_ex_backend, register as _register

@@ -1,22 +1,29 @@
-"""The `graphex` command line (also `python -m graphex`).
+"""graphex: tools for getting a model, and its custom operators, into torch.compile's graph mode.
 
-    graphex new ...      op skeletons and minimal reproducers     (tools/new.py)
-    graphex check ...    validate your custom ops from your own eager run (tools/check.py)
-    graphex triage ...   explain graph breaks, recompiles, copies, accuracy (tools/triage.py)
-    graphex cache ...    list or clear compile caches             (tools/cache_cli.py)
-    graphex options      the backend's options and what they do
+  graphex new op NS::NAME     start a custom op that works in graph mode: the op, a reproducer, a test
+  graphex new mre [--cache]   write a minimal reproducer (plain torch.compile, or cache_compile)
+  graphex check SCRIPT        my op works in eager, not in graph mode: check every custom op SCRIPT calls
+  graphex triage SCRIPT       it compiles but something is wrong: graph breaks, recompiles, accuracy
+  graphex cache ls|clear      list or clear the cache_compile directory
+  graphex options             the backend's options and what they do
 
-Each subcommand lives in its own module with `add_parser(subparsers)` and
-`run(args) -> int` (the process exit code).
+Run `graphex COMMAND --help` for a command's options. Also `python -m graphex`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-# subcommand -> module under graphex.tools (imported only when used: torch is slow to import)
+# Note [graphex --help does not import torch]
+# Each subcommand lives in its own module under graphex.tools with `add_parser(subparsers)`
+# and `run(args) -> int`; a module imports torch only inside `run`, so building the parser
+# is cheap. `graphex --help` (and `graphex COMMAND --help`) is answered from graphex/__init__.py
+# before torch is imported (help_requested, answer_help); torch takes seconds to import.
+
+# subcommand -> module under graphex.tools (imported only when used)
 _COMMANDS = {
     "new": "graphex.tools.new",
     "check": "graphex.tools.check",
@@ -42,6 +49,26 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             continue  # not built yet
         module.add_parser(sub)
     return parser
+
+
+def help_requested(argv: list[str] | None = None) -> bool:
+    """Whether this process is the graphex command asked only for help (no torch needed)."""
+    if argv is None:
+        orig = list(getattr(sys, "orig_argv", []))
+        as_module = "-m" in orig and orig.index("-m") + 1 < len(orig) and orig[orig.index("-m") + 1] == "graphex"
+        if not (as_module or os.path.basename(sys.argv[0]) == "graphex"):
+            return False
+        argv = orig[orig.index("-m") + 2:] if as_module else sys.argv[1:]
+    before = argv[:argv.index("--")] if "--" in argv else argv
+    if not argv:
+        return True  # `graphex` alone prints the help
+    return any(a in ("-h", "--help") for a in before) and (argv[0] in _COMMANDS or argv[0].startswith("-"))
+
+
+def answer_help() -> None:
+    """Print the help the command line asks for and exit (called before torch is imported)."""
+    sys.exit(main(sys.argv[1:] if os.path.basename(sys.argv[0]) == "graphex" else
+                  sys.orig_argv[sys.orig_argv.index("-m") + 2:]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,9 +15,10 @@ distinct input signatures per op), then checks each op on those calls:
 
 Each failure names the op, the check, what was expected and seen, a case id (OP#N, the op's
 N-th recorded call) that `--case` re-runs alone, and the fix in your registration style.
-Exit status: 0 all checks pass, 1 problems found, 2 the script failed (its traceback is shown).
-The checking code lives in graphex/tools/checking/.
+Exit status: 0 all checks pass, 1 problems found, 2 the script failed (its traceback is shown,
+and the ops it called before failing are still checked).
 """
+# The checking code lives in graphex/tools/checking/.
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@
     graphex new                 on a terminal: asks what state your op is in and what you need
 
 `op` writes the registration (kernel + fake/Meta function), repro.py and test_NAME.py into
-./NAME; `mre` writes the reproducer templates. Existing files are kept unless --force.
-The generators live in graphex/tools/newgen/.
+./NAME; `mre` writes one reproducer template per call: repro.py (torch.compile), or with
+--cache repro_cache.py (cache_compile). Existing files are kept unless --force.
 """
+# The generators live in graphex/tools/newgen/.
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import argparse
 import os
 import sys
 
-from .newgen.plan import STYLES
+from .newgen.styles import STYLES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -1,5 +1,6 @@
 """The code generators behind `graphex new` (the command itself is graphex/tools/new.py).
 
+    styles.py       the registration styles (no torch)
     plan.py         which files each command writes (and the Meta skeleton for an existing op)
     spec.py         parse and check the op's schema (torch._C.parse_schema) into an OpSpec
     typemap.py      schema type -> Python annotation, C++ type, sample value
@@ -15,6 +16,14 @@
 
 from __future__ import annotations
 
-from .spec import OpSpec, SkeletonError, parse_op
+from typing import Any
 
 __all__ = ["OpSpec", "SkeletonError", "parse_op"]
+
+
+def __getattr__(name: str) -> Any:
+    """spec.py imports torch: loaded on first use, so that `graphex --help` stays fast."""
+    if name in __all__:
+        from . import spec
+        return getattr(spec, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

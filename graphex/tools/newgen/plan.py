@@ -6,12 +6,7 @@ from . import cppstyle, mre, pystyles, usage
 from .files import File
 from .spec import OpSpec
 
-STYLES = {
-    "custom_op": "@torch.library.custom_op in Python; the fake function via @op.register_fake, same file",
-    "library": 'torch.library.Library(ns, "FRAGMENT") + define + @impl(lib, op, "CPU"); '
-               'Meta via Library(ns, "IMPL", "Meta")',
-    "cpp": "TORCH_LIBRARY + C++ CPU and Meta kernels, built on import (the op-plugin path)",
-}
+from .styles import STYLES  # noqa: E402,F401  (re-exported: prompts, new)
 
 
 def op_files(spec: OpSpec, style: str) -> list[File]:
