@@ -14,6 +14,9 @@ if _cli.help_requested():  # `graphex --help`: answered before torch loads (Note
     _cli.answer_help()
 
 import torch  # noqa: F401,E402  (loads libtorch before our extension)
+from ._warn import import_torch_quietly as _import_torch_quietly  # noqa: E402
+
+_import_torch_quietly()  # Note [No DeprecationWarnings from importing graphex]
 
 from . import _C  # noqa: F401
 from .backend import compile_fx, get_backend, graphex_backend, npugraph_ex_backend, register as _register

@@ -52,3 +52,24 @@ def _user_stacklevel() -> int:
 def reset() -> None:
     """Forget which warnings were shown (tests)."""
     _seen.clear()
+
+
+# Note [No DeprecationWarnings from importing graphex]
+# graphex reuses inductor's passes, whose import chain loads torch.utils.mkldnn, which calls the
+# deprecated torch.jit.script_method while defining its classes: a DeprecationWarning per class on
+# every `import graphex`, shown by pytest in every user's (and every generated) test run. They are
+# torch's own and say nothing to the user, so that one module is imported once with them silenced.
+_TORCH_IMPORT_NOISE = ("torch.utils.mkldnn",)
+
+
+def import_torch_quietly() -> None:
+    import importlib
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`torch.jit.script_method` is deprecated",
+                                category=DeprecationWarning)
+        for name in _TORCH_IMPORT_NOISE:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass

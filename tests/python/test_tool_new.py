@@ -49,6 +49,7 @@ def run_generated(out, name: str, **env_vars: str) -> str:
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"generated files failed in {out}:\n{output[-6000:]}"
     assert "graphex matches eager" in output and "2 passed" in output, output[-3000:]
+    assert "DeprecationWarning" not in output, output[-3000:]  # generated tests run quietly
     return output
 
 
