@@ -1,0 +1,37 @@
+"""Print the extra pip `-C` settings needed to build graphex against the torch of this interpreter.
+
+A CUDA build of torch makes `find_package(Torch)` look for the CUDA toolkit and for
+libnvrtc. The toolkit comes from CUDA_HOME (or /usr/local/cuda); the pip wheels ship
+libnvrtc only as `nvidia/*/lib/libnvrtc.so.N`, which CMake's find_library does not
+match, so it is passed by path. A CPU build of torch needs nothing: prints nothing.
+Used by `make test-torch`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import site
+import sys
+
+import torch
+
+
+def main() -> int:
+    if not torch.version.cuda:
+        return 0
+    args = []
+    root = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    if os.path.isdir(root):
+        args.append(f"-Ccmake.define.CUDA_TOOLKIT_ROOT_DIR={root}")
+    for packages in site.getsitepackages():
+        found = sorted(glob.glob(os.path.join(packages, "nvidia", "*", "lib", "libnvrtc.so*")))
+        if found:
+            args.append(f"-Ccmake.define.CUDA_nvrtc_LIBRARY={found[0]}")
+            break
+    print(" ".join(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
