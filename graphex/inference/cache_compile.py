@@ -18,6 +18,8 @@ keys on] (keys.py) for what makes an entry stale.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import time
 from typing import Any, Callable
@@ -66,9 +68,14 @@ class _Loaded:
         self.out_spec = pytree.treespec_loads(entry.header["outputs"]["spec"])
         self.binders = [_binder(b, module) for b in entry.header["inputs"]]
         self.leaves = [(o["kind"], o.get("index"), o.get("value")) for o in entry.header["outputs"]["leaves"]]
+        guards = entry.header.get("guards")
+        self.guards = compile(guards, f"<guards of {path}>", "eval") if guards else None
 
     def run(self, flat: list[Any]) -> Any:
         inputs = [bind(flat) for bind in self.binders]
+        if self.guards is not None and not _guards_hold(self.guards, inputs):
+            raise SignatureError(f"graphex cache: {keys.describe_signature(flat)} fails the shape guards of "
+                                 f"{self.path} (Note [A dynamic entry carries its shape guards])")
         if self.validate_next:
             from ..custom_ops import explain_fake_mismatch
             from ..errors import FakeMismatch
@@ -83,6 +90,12 @@ class _Loaded:
         leaves = [outs[i] if kind == "graph" else flat[i] if kind == "arg" else value
                   for kind, i, value in self.leaves]
         return pytree.tree_unflatten(leaves, self.out_spec)
+
+
+def _guards_hold(code: Any, inputs: list[Any]) -> bool:
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+    return bool(eval(code, SYMPY_INTERP, {"L": {f"t{i}": v for i, v in enumerate(inputs)}}))
 
 
 def _binder(binding: dict[str, Any], module: torch.nn.Module | None) -> Callable[[list[Any]], Any]:
@@ -193,21 +206,26 @@ class CachedFunction:
         start = time.perf_counter()
         parts = self._key_parts(flat, in_spec)
         key = keys.digest(parts)
-        path = os.path.join(self.cache_dir, f"{self._name}-{key[:24]}{SUFFIX}")
-        loaded, why = self._try_load(path, key)
-        if loaded is not None:
+        prefix = os.path.join(self.cache_dir, f"{self._name}-{key[:24]}")
+        why, stale = "no entry yet", []
+        for path in _candidates(prefix):
+            loaded, why = self._try_load(path, key)
+            if loaded is None:
+                if why.startswith("stale"):
+                    stale.append(path)
+                continue
             try:
                 result = loaded.run(flat)
             except SignatureError as e:
-                loaded, why = None, f"the entry does not fit this call ({e})"
-            else:
-                self.stats["hits"] += 1
-                self._by_call.setdefault(call_key, []).append(loaded)
-                _log.info("cache hit: %s (%.1f ms to first output)", path, (time.perf_counter() - start) * 1e3)
-                return result
+                why = f"the entry does not fit this call ({e})"
+                continue
+            self.stats["hits"] += 1
+            self._by_call.setdefault(call_key, []).append(loaded)
+            _log.info("cache hit: %s (%.1f ms to first output)", path, (time.perf_counter() - start) * 1e3)
+            return result
         self.stats["misses"] += 1
         _log.info("cache miss for %s %s: %s", self._name, keys.describe_signature(flat), why)
-        return self._compile(flat, in_spec, call_key, parts, key, path)
+        return self._compile(flat, in_spec, call_key, parts, key, prefix, stale)
 
     def _try_load(self, path: str, key: str) -> tuple[_Loaded | None, str]:
         if not os.path.exists(path):
@@ -230,7 +248,7 @@ class CachedFunction:
             return None, f"unusable entry ({e})"
 
     def _compile(self, flat: list[Any], in_spec: pytree.TreeSpec, call_key: Any, parts: dict[str, Any],
-                 key: str, path: str) -> Any:
+                 key: str, prefix: str, stale: list[str]) -> Any:
         start = time.perf_counter()
         result, entry, why = compile_cold(self._func, flat, in_spec, self._options, self._dynamic, parts)
         self.stats["compiles"] += 1
@@ -240,8 +258,14 @@ class CachedFunction:
             self._uncacheable[call_key] = _remember_compiled(self._func, in_spec, self._options, self._dynamic)
             return result
         entry.header["compile_seconds"] = round(time.perf_counter() - start, 3)
+        guards = entry.header.get("guards")
+        path = prefix + (f"-{keys.digest(guards)[:8]}" if guards else "") + SUFFIX
         if self._write(path, entry):
             self.stats["writes"] += 1
+            for old in stale:  # entries of this key built from other sources: never loadable again here
+                if old != path:
+                    with contextlib.suppress(OSError):
+                        os.remove(old)
         loaded = _Loaded(entry, self._module if isinstance(self._module, torch.nn.Module) else None, path)
         loaded.validate_next = False  # the cold run already validated custom ops' fakes
         self._by_call.setdefault(call_key, []).append(loaded)
@@ -259,6 +283,13 @@ class CachedFunction:
                       f"graphex cache: cannot write to {self.cache_dir} ({e.strerror}); running without the "
                       "cache. Set cache_dir= or GRAPHEX_CACHE_DIR to a writable directory.")
             return False
+
+
+def _candidates(prefix: str) -> list[str]:
+    """The entries of one key: `prefix.gxc`, and with dynamic=True one per set of shape guards
+    (`prefix-<guards digest>.gxc`, Note [A dynamic entry carries its shape guards])."""
+    found = sorted(glob.glob(glob.escape(prefix) + "-*" + SUFFIX))
+    return [prefix + SUFFIX] + found
 
 
 def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec, options: Options,

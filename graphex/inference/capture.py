@@ -38,6 +38,8 @@ class _Recording:
     traced_code: list[Any] = dataclasses.field(default_factory=list)
     graphs: list[CompiledGraph] = dataclasses.field(default_factory=list)
     graph_outputs: list[Any] | None = None
+    placeholders: list[Any] = dataclasses.field(default_factory=list)  # fake values, symbolic with dynamic=True
+    shape_env: Any = None
 
 
 def make_flat(func: Callable[..., Any], in_spec: pytree.TreeSpec) -> Callable[..., Any]:
@@ -80,21 +82,58 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
 
         rec.example_inputs = list(example_inputs)
         rec.sources = [getattr(n, "_dynamo_source", None) for n in gm.graph.find_nodes(op="placeholder")]
+        rec.placeholders = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
         ctx = TracingContext.try_get()
+        rec.shape_env = getattr(getattr(ctx, "fake_mode", None), "shape_env", None)
         rec.traced_code = list(getattr(ctx, "traced_code", []) or [])
         return compile_dynamo_graph(gm, example_inputs, options, on_capture=on_capture)
 
     compiled_fn = torch.compile(make_flat(func, in_spec), backend=backend, fullgraph=True, dynamic=dynamic)
     result = compiled_fn(*flat_args)
     try:
-        entry = _describe(func, flat_args, result, rec, options, key_parts)
+        entry = _describe(func, flat_args, result, rec, options, key_parts, dynamic)
         return result, entry, None
     except NotCacheable as e:
         return result, None, str(e)
 
 
+def _shape_guards(rec: _Recording) -> str | None:
+    """Note [A dynamic entry carries its shape guards]
+    With dynamic=True the key holds only ranks and which dims are 0 or 1, but the trace
+    may depend on more: a branch on `x.shape[0] > 4`, a dim specialized to a constant by
+    broadcasting. Dynamo would guard on that and recompile; a cache hit skips Dynamo, so
+    the entry stores the ShapeEnv's guards over its graph inputs (sizes, strides and
+    relations, static dims included) as one Python expression, checked on every replay
+    (_Loaded.run). A call that fails them is another entry's or a new compile's.
+
+    Guards only over symbols that no graph input carries (Dynamo makes the ints of the
+    flat wrapper's TreeSpec symbolic too) are about values the key or the load check
+    already fixes (the argument structure, globals, closure and module attributes), so
+    they are left out; a guard that mixes both kinds cannot be checked from the inputs.
+    """
+    if rec.shape_env is None or any(p is None for p in rec.placeholders):
+        raise NotCacheable("the trace has no shape environment to take dynamic-shape guards from")
+    inputs_symbols: set[Any] = set()
+    for p in rec.placeholders:
+        if isinstance(p, torch.SymInt):
+            inputs_symbols |= p.node.expr.free_symbols
+        elif isinstance(p, torch.Tensor):
+            for v in (*p.shape, *p.stride(), p.storage_offset()):
+                if isinstance(v, torch.SymInt):
+                    inputs_symbols |= v.node.expr.free_symbols
+    guards = []
+    for guard in rec.shape_env.guards:
+        free = guard.expr.free_symbols
+        if free <= inputs_symbols:
+            guards.append(guard)
+        elif free & inputs_symbols:
+            raise NotCacheable(f"a dynamic-shape guard ({guard.expr}) relates an input size to a value that is "
+                               "not a graph input; pass that value as an argument or use dynamic=False")
+    return rec.shape_env.produce_guards_expression(rec.placeholders, guards=guards, ignore_static=False)
+
+
 def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: _Recording, options: Options,
-              key_parts: dict[str, Any]) -> Entry:
+              key_parts: dict[str, Any], dynamic: bool) -> Entry:
     if len(rec.graphs) != 1:
         raise NotCacheable("the call did not produce exactly one engine graph (autograd needed? run it under "
                            "torch.no_grad() or torch.inference_mode())")
@@ -128,6 +167,7 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         "custom_ops": keys.custom_op_fingerprints(custom),
         "num_ops": lowered.num_ops,
         "validate_fake": options.validate_fake and lowered.validates_fakes,
+        "guards": _shape_guards(rec) if dynamic else None,
     }
     return Entry(header, _spec.encode(spec))
 

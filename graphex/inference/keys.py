@@ -4,8 +4,9 @@ Note [What the compile cache keys on]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 The entry's file name comes from what is known before tracing:
   * graphex, torch, program-spec and cache-format versions;
-  * the function: module and qualified name, and for a bound method its module's
-    structure: every submodule's type, every parameter and buffer's name, shape,
+  * the function: module, qualified name and defining file's name (two scripts run
+    as __main__ both define `Model._forward`), plain values and callables it closes
+    over, and for a bound method its module's structure: every submodule's type, every parameter and buffer's name, shape,
     dtype and device, and plain-valued attributes (ints, floats, strings, bools,
     dataclass configs) such as `eps` or `heads`, which get baked into the graph;
   * the options, dynamic=, and grad mode;
@@ -13,8 +14,12 @@ The entry's file name comes from what is known before tracing:
     0/1), dtypes, devices, strides, and the values of non-tensor arguments.
 What is only known after tracing is stored in the entry and re-checked on load:
   * the source of every file the trace went through (the method, the submodules'
-    forwards, helpers), hashed whole, plus plain-valued globals those functions
-    read; torch's and graphex's own files are covered by their versions;
+    forwards, helpers), hashed whole, and that each such module is still loaded
+    from that file; plus the globals those functions read, followed through
+    modules and classes (`config.SCALE`, `cfg.Defaults.EPS`): plain values by
+    value, functions and classes by qualified name (an `ACT = torch.relu` in
+    a config file). Torch's and graphex's own files are covered by their versions
+    (Note [Library files are found by path], below);
   * for each custom op in the graph: its schema, how it was registered, and the
     source of its fake/Meta function (C++: the source file it was registered from
     and the libraries loaded).
@@ -54,9 +59,26 @@ def versions() -> dict[str, Any]:
 
 
 def function_identity(func: Any) -> dict[str, Any]:
-    """Module and qualified name (not the file path: a project moved elsewhere keeps its cache)."""
+    """Module, qualified name and the defining file's name (not its directory: a project moved elsewhere
+    keeps its cache), and what the function closes over."""
     target = getattr(func, "__func__", func)
-    return {"module": getattr(target, "__module__", "?"), "qualname": getattr(target, "__qualname__", repr(target))}
+    try:
+        file = os.path.basename(inspect.getsourcefile(target) or "")
+    except TypeError:
+        file = ""
+    code = getattr(target, "__code__", None)
+    cells = getattr(target, "__closure__", None) or ()
+    closure = {name: describe_value(_cell_contents(cell))
+               for name, cell in zip(getattr(code, "co_freevars", ()), cells)}
+    return {"module": getattr(target, "__module__", "?"), "qualname": getattr(target, "__qualname__", repr(target)),
+            "file": file, "closure": closure}
+
+
+def _cell_contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
 
 
 def project_root(func: Any) -> str:
@@ -91,6 +113,20 @@ def module_structure(module: torch.nn.Module) -> list[Any]:
                           if not k.startswith("_") and _plain(v) is not None}
         out.append(entry)
     return out
+
+
+def describe_value(v: Any) -> Any:
+    """What a global or closed-over value contributes to a key: plain values by value, functions and classes
+    by qualified name, anything else by its type (its effect is then seen through the traced source)."""
+    plain = _plain(v)
+    if plain is not None:
+        return plain
+    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)):
+        target = getattr(v, "__func__", v)
+        return ["callable", f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"]
+    if isinstance(v, types.ModuleType):
+        return ["module", v.__name__]
+    return ["object", f"{type(v).__module__}.{type(v).__qualname__}"]
 
 
 def _plain(v: Any) -> Any:
@@ -136,8 +172,22 @@ def describe_signature(flat_args: list[Any]) -> str:
 # -- after tracing: sources and custom ops -----------------------------------------------------
 
 def _is_user_file(path: str) -> bool:
+    """Note [Library files are found by path]
+    torch's and graphex's own files are keyed by their versions, every other traced file
+    by its content. "Inside" is decided on whole path components (os.path.commonpath), so
+    a user folder `graphex_models/` next to the package or a library `torchfoo/` next to
+    torch is the user's, not ours."""
+    if path.startswith("<"):
+        return False
     path = os.path.abspath(path)
-    return not (path.startswith(_TORCH_DIR) or path.startswith(_GRAPHEX_DIR) or path.startswith("<"))
+    return not any(_inside(path, library) for library in (_TORCH_DIR, _GRAPHEX_DIR))
+
+
+def _inside(path: str, directory: str) -> bool:
+    try:
+        return os.path.commonpath([path, directory]) == directory
+    except ValueError:  # different drives
+        return False
 
 
 def file_hash(path: str) -> str | None:
@@ -163,20 +213,55 @@ def source_fingerprints(traced_code: list[types.CodeType], root: str) -> tuple[l
             return [], f"cannot read {path}"
         module = _module_for_file(path)
         out.append({"file": _relative(path, root), "sha256": h, "module": module.__name__ if module else None,
-                    "globals": _plain_globals(module, names)})
+                    "globals": _read_globals(module, names)})
     return out, None
 
 
-def _plain_globals(module: types.ModuleType | None, names: set[str]) -> dict[str, Any]:
+_NOT_FOUND = object()
+_FOLLOW_DEPTH = 3  # config.SCALE, pkg.config.SCALE, pkg.config.Defaults.SCALE
+
+
+def _read_globals(module: types.ModuleType | None, names: set[str]) -> dict[str, Any]:
+    """The globals a file's traced code reads (`names`: its co_names), by dotted path: a module or class read
+    through (`config.SCALE`) is followed into its attributes whose names the code also uses."""
     if module is None:
         return {}
-    values = {}
-    for name in sorted(names):
-        if name in vars(module):
-            plain = _plain(vars(module)[name])
-            if plain is not None:
-                values[name] = plain
+    values: dict[str, Any] = {}
+
+    def visit(namespace: dict[str, Any], prefix: str, depth: int) -> None:
+        for name in sorted(names):
+            value = namespace.get(name, _NOT_FOUND)
+            if value is _NOT_FOUND or name.startswith("__"):
+                continue
+            path = prefix + name
+            if isinstance(value, (types.ModuleType, type)):
+                if depth < _FOLLOW_DEPTH and _is_user_object(value):
+                    visit(vars(value), path + ".", depth + 1)
+                if prefix:
+                    values[path] = describe_value(value)
+            else:
+                values[path] = describe_value(value)
+
+    visit(vars(module), "", 0)
     return values
+
+
+def _is_user_object(value: Any) -> bool:
+    """Modules and classes whose attributes can change without a new torch or graphex version."""
+    if isinstance(value, types.ModuleType):
+        f = getattr(value, "__file__", None)
+        return bool(f) and _is_user_file(f)
+    module = sys.modules.get(getattr(value, "__module__", "") or "")
+    return module is not None and _is_user_object(module)
+
+
+def _resolve(module: types.ModuleType, path: str) -> Any:
+    value: Any = module
+    for part in path.split("."):
+        value = vars(value).get(part, _NOT_FOUND) if hasattr(value, "__dict__") else _NOT_FOUND
+        if value is _NOT_FOUND:
+            return _NOT_FOUND
+    return value
 
 
 def _module_for_file(path: str) -> types.ModuleType | None:
@@ -194,12 +279,15 @@ def check_sources(fingerprints: list[dict[str, Any]], root: str) -> str | None:
         if file_hash(path) != fp["sha256"]:
             return f"{fp['file']} changed"
         module = sys.modules.get(fp.get("module") or "")
+        loaded_from = getattr(module, "__file__", None)
+        if loaded_from and os.path.abspath(loaded_from) != os.path.abspath(path):
+            return f"module {fp['module']} is loaded from {loaded_from}, the entry was built from {path}"
         if fp["globals"] and module is None:
             return f"module {fp.get('module')} (which {fp['file']} defines) is not imported"
-        current = _plain_globals(module, set(fp["globals"]))
-        if current != fp["globals"]:
-            changed = sorted(k for k in fp["globals"] if current.get(k) != fp["globals"][k])
-            return f"global {', '.join(changed)} of {fp['file']} changed"
+        changed = sorted(name for name, value in fp["globals"].items()
+                         if (current := _resolve(module, name)) is _NOT_FOUND or describe_value(current) != value)
+        if changed:
+            return f"global {', '.join(changed)} read by {fp['file']} changed"
     return None
 
 

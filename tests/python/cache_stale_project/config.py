@@ -1,0 +1,4 @@
+import torch
+
+SCALE = 2.0
+ACT = torch.relu
