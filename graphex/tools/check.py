@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         report.traceback = str(e)
         if e.failed_in is not None:
             report.failed_in = suite.explain_failure(*e.failed_in, str(e))
+        if e.recording is not None and any(e.recording.calls.values()):
+            suite.run(e.recording, report, case=args.case)  # what it called before failing is checked too
     if not report.traceback:
         if args.case is not None and not any(c.case_id == args.case for cs in recording.calls.values() for c in cs):
             known = ", ".join(c.case_id for cs in recording.calls.values() for c in cs) or "none"

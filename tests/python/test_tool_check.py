@@ -146,6 +146,9 @@ def test_crashing_script_exits_2_with_its_traceback(runs):
     assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied" in proc.stdout
     assert "record.py" not in proc.stdout  # our recorder's frames are not the user's problem
     assert "it failed inside custom op chk_crash::mm (a=f32[2, 3], b=f32[4, 5])" in proc.stdout
+    # the call that worked before the crash is still checked, and reported
+    assert "the custom ops it called before failing, checked on those calls" in proc.stdout
+    assert re.search(r"^chk_crash::mm\s+ok\s+ok\s+ok\s+ok\s+ok\s+ok$", proc.stdout, re.MULTILINE), proc.stdout
 
 
 def test_custom_op_returning_a_view_fails_in_eager_with_check_4_named(runs):

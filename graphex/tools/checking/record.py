@@ -69,11 +69,14 @@ class Recording:
 
 class ScriptFailed(Exception):
     """The user's script raised (or exited non-zero); the message is its traceback. `failed_in`: the
-    custom op whose kernel raised, and its inputs, when the failure happened inside one."""
+    custom op whose kernel raised, and its inputs, when the failure happened inside one. `recording`:
+    the calls that completed before the failure (still checked and reported)."""
 
-    def __init__(self, message: str, failed_in: tuple[torch._ops.OpOverload, str] | None = None) -> None:
+    def __init__(self, message: str, failed_in: tuple[torch._ops.OpOverload, str] | None = None,
+                 recording: Recording | None = None) -> None:
         super().__init__(message)
         self.failed_in = failed_in
+        self.recording = recording
 
 
 class _WriteWatcher(TorchDispatchMode):
@@ -207,7 +210,8 @@ def run_script(path: str, argv: list[str], entry: str | None = None, max_per_op:
     except ScriptFailed:
         raise
     except Exception as e:  # noqa: BLE001  (anything the script raises is its failure, reported as is)
-        raise ScriptFailed(_traceback_from(path, e), recorder.failed_in) from None
+        raise ScriptFailed(_traceback_from(path, e), recorder.failed_in,
+                           Recording(recorder.calls, recorder.total)) from None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         torch._dynamo.config.disable = saved_disable

@@ -70,14 +70,18 @@ class Report:
 
 def text(report: Report) -> str:
     if report.traceback:
-        text = (f"graphex check: the script failed before its ops could be checked (exit 2):\n"
+        text = (f"graphex check: the script failed (exit 2):\n"
                 f"{report.traceback.rstrip()}\n")
         f = report.failed_in
         if f:
             text += f"\ngraphex check: it failed inside custom op {f['op']} ({f['inputs']}):\n  {f['why']}\n"
             if f.get("fix"):
                 text += "  fix:\n" + "".join(f"    {line}\n" for line in f["fix"].splitlines())
-        return text
+        if not report.ops:
+            return text
+        text += "\ngraphex check: the custom ops it called before failing, checked on those calls:\n\n"
+    else:
+        text = ""
     lines = []
     for p in report.problems:
         lines.append(f"FAIL {p.op}: check {p.number} {p.check}   case {p.case}"
@@ -91,7 +95,7 @@ def text(report: Report) -> str:
         lines.extend("    " + line for line in p.fix.splitlines())
         lines.append("")
     lines.append(_summary(report))
-    return "\n".join(lines) + "\n"
+    return text + "\n".join(lines) + "\n"
 
 
 def _field(name: str, value: str) -> str:

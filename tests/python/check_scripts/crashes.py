@@ -1,4 +1,4 @@
-"""The script itself fails in eager (graphex check exits 2 and shows the traceback)."""
+"""The script itself fails in eager (graphex check exits 2, shows the traceback, checks the call made before)."""
 
 import torch
 
@@ -14,7 +14,7 @@ def _(a, b):
 
 
 def main():
-    return mm(torch.randn(2, 3), torch.randn(4, 5))  # shapes do not agree
+    return mm(torch.randn(2, 3), torch.randn(3, 5)) + mm(torch.randn(2, 3), torch.randn(4, 5))  # the 2nd: shapes do not agree
 
 
 if __name__ == "__main__":
