@@ -57,26 +57,21 @@ std::string kernelMessage(const std::exception& e);
 // what() renders it all for C++ callers.
 class ExecutionError : public std::runtime_error {
  public:
-  ExecutionError(const std::string& msg, uint32_t node_index)
-      : std::runtime_error(msg), node_index_(node_index) {}
   ExecutionError(const std::string& msg, uint32_t node_index, std::string graph, std::string node, std::string op,
                  std::string source, std::string kernel_message, KernelErrorKind kind, std::exception_ptr cause)
-      : std::runtime_error(msg), node_index_(node_index), graph(std::move(graph)), node(std::move(node)),
+      : std::runtime_error(msg), node_index(node_index), graph(std::move(graph)), node(std::move(node)),
         op(std::move(op)), source(std::move(source)), kernel_message(std::move(kernel_message)), kind(kind),
         cause(std::move(cause)) {}
-  uint32_t nodeIndex() const { return node_index_; }
+  uint32_t nodeIndex() const { return node_index; }
 
- private:
-  uint32_t node_index_;
-
- public:
+  uint32_t node_index;         // into Program::nodes
   std::string graph;           // the program's name, e.g. "graph_0"
   std::string node;            // the FX node's name
   std::string op;              // "aten::addmm.default"
   std::string source;          // the user's source line, or ""
   std::string kernel_message;  // the operator's own message, as eager shows it
-  KernelErrorKind kind = KernelErrorKind::Runtime;
-  std::exception_ptr cause;    // the operator's exception (null when thrown by graphex itself)
+  KernelErrorKind kind;
+  std::exception_ptr cause;    // the operator's exception
 };
 
 // A custom operator's real output differs from what its fake/Meta function promised
