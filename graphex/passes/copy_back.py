@@ -17,22 +17,34 @@ that storage between `f` and the `copy_`, then `f(base, ...)` becomes
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.fx
-from torch._inductor.fx_passes.reinplace import META_ONLY_OPS
-from torch.fx.passes.reinplace import _is_view_op, _maybe_get_inplace_op
+from torch.fx.passes.reinplace import _maybe_get_inplace_op
+
+from .aliasing import first_toucher_between, resolve_inplace, root
 
 aten = torch.ops.aten
 
 
-def fold_copy_backs(graph: torch.fx.Graph, *, inputs: bool = True, intermediates: bool = True) -> int:
-    """Rewrite every foldable copy-back in `graph`; returns how many were folded.
+@dataclasses.dataclass
+class Declined:
+    """A copy-back left in the graph, and the decision that left it (explained by reinplace.py)."""
+
+    copy_node: torch.fx.Node
+    cause: str  # "option" | "read-later" | "replaced" | "unproven"
+    reader: torch.fx.Node | None = None  # for "read-later": who touches the old value in between
+    option: str = ""
+
+
+def fold_copy_backs(graph: torch.fx.Graph, *, inputs: bool = True, intermediates: bool = True) -> list[Declined]:
+    """Rewrite every foldable copy-back in `graph`; returns the ones left, with why.
 
     `inputs` / `intermediates` say whether copy-backs into graph inputs (and views of
     them) / into intermediate tensors may be folded (options input_inplace_pass / inplace_pass).
     """
-    folded = 0
-    order = {n: i for i, n in enumerate(graph.nodes)}
+    declined: list[Declined] = []
     for copy_node in list(graph.find_nodes(op="call_function", target=aten.copy_.default)):
         dst, written = copy_node.args[0], copy_node.args[1]
         if not (isinstance(dst, torch.fx.Node) and isinstance(written, torch.fx.Node)):
@@ -41,25 +53,30 @@ def fold_copy_backs(graph: torch.fx.Graph, *, inputs: bool = True, intermediates
             continue
         # `written` may be the end of a chain of in-place ops on the functional result
         # (index_copy, then index_put_ on it): fold the functional op at its start.
-        src = _resolve_inplace(written)
-        inplace = _maybe_get_inplace_op(src.target)
+        src = resolve_inplace(written)
+        inplace = _maybe_get_inplace_op(src.target) if src.op == "call_function" else None
+        into_input = root(dst).op == "placeholder"
+        if (into_input and not inputs) or (not into_input and not intermediates):
+            option = "input_inplace_pass" if into_input else "inplace_pass"
+            declined.append(Declined(copy_node, "option", option=option))
+            continue
         if inplace is None or not src.args or not isinstance(src.args[0], torch.fx.Node):
+            declined.append(Declined(copy_node, "replaced"))
             continue
         base = src.args[0]
-        into_input = _root(dst).op == "placeholder"
-        if (into_input and not inputs) or (not into_input and not intermediates):
-            continue
         if not (_same_memory(base, dst) and _same_meta(src, dst) and _no_internal_overlap(base)):
+            declined.append(Declined(copy_node, "unproven"))
             continue
         # Readers of the functional result read the same values once it lives in `base`;
         # what must not exist is a reader (or writer) of base's old value in between.
-        if _storage_touched_between(graph, base, src, copy_node, order):
+        reader = first_toucher_between(root(base), src, copy_node)
+        if reader is not None:
+            declined.append(Declined(copy_node, "read-later", reader=reader))
             continue
         src.target = inplace
         copy_node.replace_all_uses_with(dst)
         graph.erase_node(copy_node)
-        folded += 1
-    return folded
+    return declined
 
 
 def _val(node: torch.fx.Node) -> torch.Tensor | None:
@@ -72,7 +89,7 @@ def _same_memory(a: torch.fx.Node, b: torch.fx.Node) -> bool:
     compared here: after reinplacing, a view's meta may still name the storage of the
     functional value it was taken from.)"""
     va, vb = _val(a), _val(b)
-    if va is None or vb is None or _root(a) is not _root(b):
+    if va is None or vb is None or root(a) is not root(b):
         return False
     return _same_layout(va, vb)
 
@@ -93,29 +110,3 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _no_internal_overlap(node: torch.fx.Node) -> bool:
     v = _val(node)
     return v is not None and all(not (st == 0 and sz > 1) for sz, st in zip(v.shape, v.stride()))
-
-
-def _storage_touched_between(graph: torch.fx.Graph, base: torch.fx.Node, src: torch.fx.Node,
-                             copy_node: torch.fx.Node, order: dict[torch.fx.Node, int]) -> bool:
-    """True if a node strictly between `src` and `copy_node` reads or writes base's root tensor."""
-    root = _root(base)
-    node = src.next
-    while node is not copy_node and node.op != "root":
-        if node.target not in META_ONLY_OPS and not _is_view_op(node.target):
-            if any(_root(arg) is root for arg in node.all_input_nodes):
-                return True
-        node = node.next
-    return False
-
-
-def _resolve_inplace(node: torch.fx.Node) -> torch.fx.Node:
-    from .reinplace import _resolve_alias
-
-    return _resolve_alias(node)
-
-
-def _root(node: torch.fx.Node) -> torch.fx.Node:
-    """The tensor whose memory `node` names: through views and in-place results (index_put_(x) is x)."""
-    from .reinplace import _root as root_through_views_and_inplace
-
-    return root_through_views_and_inplace(node)

@@ -30,14 +30,14 @@ from typing import Iterator
 
 import torch
 import torch.fx
-from torch._inductor.fx_passes import reinplace as inductor_reinplace
 from torch._inductor.fx_passes.post_grad import decompose_auto_functionalized
 from torch._inductor.fx_utils import FakeTensorUpdater, get_node_storage
 from torch._inductor.virtualized import V
 
 from .._source import display_name, source_line
 from ..compat import inplaceable_ops_table, reinplace_inplaceable_ops
-from .copy_back import fold_copy_backs
+from .aliasing import first_toucher_between, resolve_inplace, root
+from .copy_back import Declined, fold_copy_backs
 
 aten = torch.ops.aten
 _AUTO_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
@@ -92,9 +92,9 @@ def reinplace_graph(gm: torch.fx.GraphModule, fake_mode: object, *, intermediate
         kept = explain.auto_functionalized_clones()
         decompose_auto_functionalized(graph)
     _remove_self_copies(graph)
-    fold_copy_backs(graph, inputs=inputs, intermediates=intermediates)
+    declined = fold_copy_backs(graph, inputs=inputs, intermediates=intermediates)
     graph.eliminate_dead_code()
-    kept += _Explainer(graph, intermediates=intermediates, inputs=inputs).input_copies()
+    kept += _Explainer(graph, intermediates=intermediates, inputs=inputs).input_copies(declined)
     gm.recompile()
     return kept
 
@@ -147,30 +147,20 @@ class _Explainer:
         self.graph = graph
         self.intermediates = intermediates
         self.inputs = inputs
-        self.order = {n: i for i, n in enumerate(graph.nodes)}
-        self.storage_nodes: dict[object, list[torch.fx.Node]] = {}
-        for n in graph.nodes:
-            s = get_node_storage(n)
-            if s is not None:
-                self.storage_nodes.setdefault(s, []).append(n)
         self.epilogue = {n.args[0]: n for n in graph.find_nodes(op="call_function", target=aten.copy_.default)
                          if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"}
 
     def why(self, op_node: torch.fx.Node, base: torch.fx.Node) -> _Why:
-        is_input = _root(base).op == "placeholder"
+        is_input = root(base).op == "placeholder"
         if is_input and not self.inputs:
             return _Why("option input_inplace_pass=False", "option", option="input_inplace_pass")
         if not is_input and not self.intermediates:
             return _Why("option inplace_pass=False", "option", option="inplace_pass")
-        for alias in self.storage_nodes.get(get_node_storage(base), []):
-            for user in sorted(alias.users, key=self.order.__getitem__):
-                if self.order[user] <= self.order[op_node] or user is self.epilogue.get(base):
-                    continue
-                if user.target in inductor_reinplace.META_ONLY_OPS:
-                    continue
-                where = source_line(user)
-                return _Why(f"node '{user.name}' ({_target(user)}) reads its old value later"
-                            + (f" ({where})" if where else ""), "read-later", reader=user.name, where=where)
+        epilogue = self.epilogue.get(base)
+        reader = first_toucher_between(root(base), op_node, None,
+                                       ignore=frozenset([epilogue]) if epilogue is not None else frozenset())
+        if reader is not None:
+            return _read_later(reader)
         if is_input and base not in self.epilogue:
             return _Why("the graph must leave that input unchanged (the caller's tensor is not declared mutated)",
                         "not-declared")
@@ -201,62 +191,46 @@ class _Explainer:
                         kept.append(self.kept(f"argument '{name}' of {op} ({display_name(base)})", node, base))
         return kept
 
-    def input_copies(self) -> list[KeptCopy]:
+    def input_copies(self, declined: list[Declined]) -> list[KeptCopy]:
+        """Copy-backs into graph inputs left by copy_back.py, explained by the decision that left them."""
+        decisions = {d.copy_node: d for d in declined}
         kept: list[KeptCopy] = []
         for base, copy_node in self.epilogue.items():
             src = copy_node.args[1]
             if not isinstance(src, torch.fx.Node):
                 continue
-            producer = _resolve_alias(src)
-            why = (self.why(producer, base) if producer.op == "call_function"
-                   else _Why("it is replaced by another tensor", "replaced"))
+            producer = resolve_inplace(src)
+            decision = decisions.get(copy_node)
+            if decision is None or producer.op != "call_function":
+                why = (self.why(producer, base) if producer.op == "call_function"
+                       else _Why("it is replaced by another tensor", "replaced"))
+            elif decision.cause == "option":
+                why = _Why(f"option {decision.option}=False", "option", option=decision.option)
+            elif decision.cause == "read-later" and decision.reader is not None:
+                why = _read_later(decision.reader)
+            elif decision.cause == "replaced":
+                why = _Why(f"'{producer.name}' ({_target(producer)}) has no in-place form to write the input "
+                           "directly", "replaced")
+            else:
+                why = _Why("the new value does not cover the input with the same sizes, strides and offset, so it "
+                           "cannot be computed in place", "unproven")
             kept.append(self.kept(
                 f"graph input {display_name(base)} (the new value from '{producer.name}' is written back by a full "
                 "copy)", producer, base, why))
         return kept
 
 
-def _root(node: torch.fx.Node) -> torch.fx.Node:
-    """The graph value `node` is a view or in-place result of."""
-    from torch.fx.passes.reinplace import _is_view_op
-
-    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node) and (
-        _is_view_op(node.target) or _returns_input(node) is not None
-    ):
-        node = node.args[0]
-    return node
-
-
-def _returns_input(node: torch.fx.Node) -> torch.fx.Node | None:
-    """For an in-place or out= op, the argument it returns (same tensor object), else None."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return None
-    schema = target._schema
-    if len(schema.returns) != 1 or schema.returns[0].alias_info is None:
-        return None
-    ret_sets = schema.returns[0].alias_info.before_set
-    if not schema.returns[0].alias_info.is_write:
-        return None
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write and arg.alias_info.before_set == ret_sets:
-            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            return value if isinstance(value, torch.fx.Node) else None
-    return None
-
-
-def _resolve_alias(node: torch.fx.Node) -> torch.fx.Node:
-    """Follow in-place results back to the tensor they are (`index_put_(x, ...)` is x)."""
-    while (source := _returns_input(node)) is not None:
-        node = source
-    return node
+def _read_later(reader: torch.fx.Node) -> _Why:
+    where = source_line(reader)
+    return _Why(f"node '{reader.name}' ({_target(reader)}) reads its old value later" + (f" ({where})" if where else ""),
+                "read-later", reader=reader.name, where=where)
 
 
 def _remove_self_copies(graph: torch.fx.Graph) -> None:
     """Drop `copy_(x, y)` where y is x itself after reinplacing (a no-op left by the pass)."""
     for node in list(graph.find_nodes(op="call_function", target=aten.copy_.default)):
         dst, src = node.args[0], node.args[1]
-        if isinstance(src, torch.fx.Node) and _resolve_alias(src) is _resolve_alias(dst):  # type: ignore[arg-type]
+        if isinstance(src, torch.fx.Node) and resolve_inplace(src) is resolve_inplace(dst):  # type: ignore[arg-type]
             node.replace_all_uses_with(dst)  # type: ignore[arg-type]
             graph.erase_node(node)
 
