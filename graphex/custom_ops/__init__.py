@@ -6,8 +6,8 @@ checks.py        the checks: at trace time (fake/Meta present and on `meta`), on
                  Dynamo graph (schema rules), and on the first replay (fake vs real)
 """
 
-from .checks import check_dynamo_graph, explain_fake_mismatch, install_trace_checks
+from .checks import check_dynamo_graph, explain_fake_mismatch, install_trace_checks, reset_dynamo
 from .registration import Registration, describe, is_custom
 
 __all__ = ["Registration", "describe", "is_custom", "check_dynamo_graph", "explain_fake_mismatch",
-           "install_trace_checks"]
+           "install_trace_checks", "reset_dynamo"]

@@ -76,6 +76,12 @@ def install_trace_checks() -> None:
     _stand_in_missing_fakes()
 
 
+def reset_dynamo() -> None:
+    """torch._dynamo.reset(), then graphex's compile callbacks back (what graphex's tools use between runs)."""
+    torch._dynamo.reset()
+    install_trace_checks()
+
+
 def _stand_in_missing_fakes(*_: Any) -> None:
     from torch._library.custom_ops import OPDEFS
 

@@ -88,6 +88,8 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
         rec.traced_code = list(getattr(ctx, "traced_code", []) or [])
         return compile_dynamo_graph(gm, example_inputs, options, on_capture=on_capture)
 
+    backend._graphex_backend = True  # type: ignore[attr-defined]  (compat.in_graphex_trace)
+
     compiled_fn = torch.compile(make_flat(func, in_spec), backend=backend, fullgraph=True, dynamic=dynamic)
     result = compiled_fn(*flat_args)
     try:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from graphex.custom_ops import reset_dynamo
 from graphex.custom_ops.registration import Registration
 
 from . import values
@@ -33,7 +34,7 @@ def _graphex_vs_eager(call: Call, reg: Registration) -> Problem | None:
     def run_op(*args: Any, **kwargs: Any) -> Any:
         return op(*args, **kwargs)
 
-    torch._dynamo.reset()
+    reset_dynamo()
     compiled = torch.compile(run_op, backend="graphex", fullgraph=True, dynamic=False)
     args, kwargs = values.clone(call.args), values.clone(call.kwargs)
     try:
@@ -45,7 +46,7 @@ def _graphex_vs_eager(call: Call, reg: Registration) -> Problem | None:
     except Exception as e:  # noqa: BLE001  (any failure to compile or replay is the finding)
         return _problem(call, reg, "compiles with graphex and runs", f"{type(e).__name__}: {_head(e)}")
     finally:
-        torch._dynamo.reset()
+        reset_dynamo()
     diff = _first_difference(values.outputs_list(call.outputs), values.outputs_list(out), "output")
     if diff is None:
         expected_inputs = dict(call.bound(), **call.after)
