@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..runtime import live_graphs
 
-    findings += capture.kept_copy_findings(live_graphs())  # first: later steps reset Dynamo's caches
+    findings += capture.kept_copy_findings(live_graphs(), ran.user_copies)  # first: later steps reset Dynamo's caches
     findings += capture.error_findings(ran) + capture.autograd_findings(ran)
     findings += breaks.collect(ran)
     findings += recompiles.collect(ran.events)

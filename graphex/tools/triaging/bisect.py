@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from .compare import Diff, RunResult, compare
-from .findings import Finding, first_line
+from .findings import Finding, error_line, root_error
 from .runner import Compiled
+from .schemas import schema_problems
 
 STAGES = ("eager", "aot_eager", "force_eager", "replay")
 
@@ -58,6 +59,8 @@ class Bisection:
     problem: bool = False
     raised: bool = False            # the culprit stage raised a GraphexError (a finding of its own)
     max_abs: float | None = None
+    op: str = ""                    # the custom op whose schema explains the difference ('' if none found)
+    failed_in_script: str = ""      # the script's own call of it raised (its compile failed): what, one line
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -66,6 +69,8 @@ class Bisection:
 def bisect(entry: Compiled) -> Bisection:
     options = entry.graphex_options()
     result = Bisection(entry.name, entry.compiled_at, {})
+    if entry.error is not None:  # Note [A stage graphex did not run proves nothing]
+        result.failed_in_script = f"call {entry.error_call} raised {error_line(entry.error)}"
     eager = _run(entry, None)
     if eager.values is None:
         result.stages["eager"] = f"raised {eager.error}"
@@ -84,7 +89,13 @@ def bisect(entry: Compiled) -> Bisection:
         run = _run(entry, stage, options)
         diff = compare(eager, run)
         result.stages[stage] = diff.describe()
-        if run.graphex_error and not result.culprit:  # the error is reported (and counted) on its own
+        if run.graphs == 0:  # Note [A stage graphex did not run proves nothing]
+            result.stages[stage] = "graphex captured no graph: Dynamo ran the function in eager"
+            if not result.culprit:
+                result.culprit, result.raised, result.problem = stage, True, True
+                result.verdict = (f"graphex captured no graph at stage {stage} (Dynamo skipped the function, see "
+                                  "the graph breaks above): nothing of graphex was compared")
+        elif run.graphex_error and not result.culprit:  # the error is reported (and counted) on its own
             result.culprit, result.raised = stage, True
             result.verdict = f"{stage} raises {run.error.split(':', 1)[0]} (reported above); nothing to compare"
         elif not diff.same and not result.culprit:
@@ -95,6 +106,10 @@ def bisect(entry: Compiled) -> Bisection:
             result.meaning = _MEANING[stage].format(passes=passes)
             if diff.close:
                 result.meaning = "only by rounding: not a bug unless bitwise equality is required."
+            elif stage in ("aot_eager", "force_eager"):  # Note [An accuracy finding names the op]
+                for p in schema_problems(entry):
+                    result.op = result.op or p.op
+                    result.meaning = f"custom op {p.op} {p.what}. Fix its registration:\n{p.fix}\n\n" + result.meaning
     return result
 
 
@@ -104,27 +119,32 @@ def finding(b: Bisection) -> Finding | None:
     title = (f"{b.name}: eager is not deterministic" if b.culprit == "eager"
              else f"{b.name}: results first differ at stage {b.culprit}")
     return Finding("accuracy", title, where=b.compiled_at, fix=b.meaning,
-                   detail=b.verdict, problem=b.problem)
+                   detail=b.verdict, problem=b.problem, op=b.op)
 
 
 def _run(entry: Compiled, stage: str | None, options: dict[str, Any] | None = None) -> RunResult:
     """One stage: compile (unless eager), call on fresh inputs, collect outputs and what was mutated."""
+    from ...errors import GraphexError
+    from ...runtime import live_graphs
+
     torch._dynamo.reset()
     args, kwargs = entry.fresh_inputs()
+    before = {id(g) for g in live_graphs()}
+    graphs = -1
     quiet = io.StringIO()
     try:
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet), torch.no_grad():
             fn = entry.target if stage is None else _compiled(entry, stage, options or {})
             out = fn(*args, **kwargs)
+        if stage in ("force_eager", "replay"):
+            graphs = sum(1 for g in live_graphs() if id(g) not in before)
     except Exception as e:
-        from ...errors import GraphexError
-
-        return RunResult(None, f"{type(e).__name__}: {first_line(str(e), 160)}", isinstance(e, GraphexError))
+        return RunResult(None, error_line(e, 160), isinstance(root_error(e), GraphexError))
     finally:
         torch._dynamo.reset()
-    module = entry.module()
-    state = {n: t.detach().clone() for n, t in module.named_buffers()} if module is not None else {}
-    return RunResult.of(out, args, kwargs, state)
+    result = RunResult.of(out, args, kwargs, entry.state_after())
+    result.graphs = graphs
+    return result
 
 
 def _compiled(entry: Compiled, stage: str, options: dict[str, Any]) -> Any:

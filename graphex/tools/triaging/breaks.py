@@ -19,18 +19,26 @@ from torch._dynamo.exc import Unsupported
 
 from ..._source import _FRAME
 from ...errors import CustomOpError
-from .capture import custom_op_finding
+from .capture import from_error
 from .dynamo_logs import DynamoLogs, LogEvent
 from .findings import Finding, clean_fn, is_internal, location
 from .runner import Compiled, ScriptRun
 
 _LOGGED = re.compile(r"in user code at (?P<file>.+?):(?P<line>\d+)\nGraph Break Reason: (?P<reason>.*?)"
                      r"(?:\n+User code traceback:\n(?P<tb>.*))?$", re.S)
-_PREAMBLE = re.compile(r"^Encountered graph break when attempting to trace [^\n]*\n\n", re.S)
+_PREAMBLE = re.compile(r"^(Encountered graph break when attempting to trace [^\n]*|Failed to handle graph break "
+                       r"gracefully\. Skipping the function and falling back to eager\. Graph break encountered:)"
+                       r"\s*\n", re.S)
 _GENERIC_HINTS = ("report an issue", "fundamental", "Dynamo tracing rules", "TORCHDYNAMO_VERBOSE", "please visit")
 
 # (pattern on "gb_type\nreason", fix); the first that matches wins.
 _FIXES: list[tuple[str, str]] = [
+    (r"Attempted to wrap RNN|RNN, GRU, or LSTM",
+     "set torch._dynamo.config.allow_rnn = True before the first call (or at the top of the script): Dynamo "
+     "then traces RNN / GRU / LSTM into ATen ops that graphex captures and replays. Expect LSTM bitwise equal to "
+     "eager and GRU equal within rounding (the same last-bit differences as backend='aot_eager': its cell is "
+     "decomposed); the traced cells run step by step, so the model may be slower than eager's fused RNN kernel: "
+     "measure before keeping it."),
     (r"Data-dependent branching|generic_jump",
      "make the branch data-independent: compute both sides and pick with torch.where(cond, a, b), or clamp "
      "instead of testing; if the condition is about sizes, test the shape (a Python int), or assert it with "
@@ -66,6 +74,7 @@ class _Break:
     line: int
     fn: str
     code: str | None
+    error: BaseException | None = None  # the break's own exception, when known
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -123,7 +132,7 @@ def _from_log(event: LogEvent) -> _Break | None:
         last = frames[-1]
         file, line, fn, code = last["file"], int(last["line"]), last["fn"], last["code"].strip()
     gb_type, reason = _split_reason(m["reason"])
-    return _Break(gb_type, reason, file, line, clean_fn(fn), code)
+    return _Break(gb_type, reason, file, line, clean_fn(fn), code, event.exc)
 
 
 def _from_exception(error: Unsupported) -> _Break | None:
@@ -134,7 +143,7 @@ def _from_exception(error: Unsupported) -> _Break | None:
     gb_type, reason = _split_reason(getattr(error, "msg", None) or str(error))
     gb_type = getattr(error, "gb_type", None) or gb_type
     return _Break(gb_type, reason, frame.filename, frame.lineno or 0, clean_fn(frame.name),
-                  (frame.line or "").strip() or None)
+                  (frame.line or "").strip() or None, error)
 
 
 def _split_reason(reason: str) -> tuple[str, str]:
@@ -160,8 +169,9 @@ def _dynamo_hint(reason: str) -> str:
 
 def _finding(b: _Break) -> Finding:
     where = location(b.file, b.line, b.fn, b.code)
-    if b.gb_type.startswith("graphex: custom op") or b.gb_type == "graphex custom op":
-        return custom_op_finding("\n".join([b.gb_type, b.reason]), where)
+    explained = from_error(b.error, where) if b.error is not None else None
+    if explained is not None:  # graphex's own error (a custom op without a fake): its fields
+        return explained
     text = f"{b.gb_type}\n{b.reason}"
     fix = next((fix for pattern, fix in _FIXES if re.search(pattern, text)), "")
     if not fix:

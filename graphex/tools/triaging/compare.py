@@ -17,6 +17,7 @@ class RunResult:
     values: dict[str, Any] | None   # "output[0]", "input 1", "state cache" -> value; None when it raised
     error: str = ""
     graphex_error: bool = False     # it raised a GraphexError (reported on its own)
+    graphs: int = -1                # graphs graphex captured for this run (-1: not a graphex stage)
 
     @staticmethod
     def of(outputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any], state: dict[str, torch.Tensor]) -> "RunResult":

@@ -28,6 +28,7 @@ class LogEvent:
     kind: str      # "graph-break" | "recompile" | "limit"
     message: str
     tag: Any       # what the tag function returned when it was logged
+    exc: BaseException | None = None  # the exception being handled when it was logged (a break's own error)
 
 
 class _Collector(logging.Handler):
@@ -41,7 +42,9 @@ class _Collector(logging.Handler):
         except Exception:  # a record we cannot format is not one of ours
             return
         if self.only in message:
-            self.events.append(LogEvent(self.kind, message, self.tag()))
+            # Dynamo logs a graph break while handling its exception: the error object itself,
+            # with graphex's fields (error.finding) when it is ours, is read from there.
+            self.events.append(LogEvent(self.kind, message, self.tag(), sys.exc_info()[1]))
 
 
 class DynamoLogs:

@@ -36,6 +36,8 @@ class Finding:
     detail: str = ""     # why / the evidence, one or a few lines
     problem: bool = True  # False: worth knowing, not a problem (does not set exit code 1)
     count: int = 1       # how many times it happened (recompiles of one kind, repeated copies)
+    op: str = ""         # the operator concerned, 'ns::name.overload' or 'ns::name' ('' if none)
+    node: str = ""       # the FX node concerned ('' if none)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -69,6 +71,29 @@ def clean_fn(name: str) -> str:
     return _RESUME.sub(r"\1 (resumed after line \2)", name)
 
 
+def root_error(e: BaseException) -> BaseException:
+    """The error a wrapper stands for: Dynamo's BackendCompilerFailed wraps what the backend raised."""
+    seen: set[int] = set()
+    while id(e) not in seen:
+        seen.add(id(e))
+        inner = getattr(e, "inner_exception", None)
+        if not isinstance(inner, BaseException):
+            break
+        e = inner
+    return e
+
+
+def error_line(e: BaseException, limit: int = 200) -> str:
+    """'Type: first line' of the error a wrapper stands for (never a blank reason)."""
+    e = root_error(e)
+    text = first_line(_DYNAMO_TAIL.sub("", str(e)), limit)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+# What Dynamo appends to errors it re-raises ("from user code: ...", "Set TORCHDYNAMO_VERBOSE ...").
+_DYNAMO_TAIL = re.compile(r"\n\s*\n(from user code:|Set TORCHDYNAMO_VERBOSE).*$", re.S)
+
+
 def first_line(text: str, limit: int = 200) -> str:
-    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    line = next((line.strip() for line in str(text).splitlines() if line.strip()), "")
     return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -10,6 +10,9 @@ are reported once, with a count.
 from __future__ import annotations
 
 import re
+from typing import Any
+
+import torch
 
 from ..._source import _FRAME
 from .dynamo_logs import LogEvent
@@ -41,9 +44,10 @@ _CATEGORIES: list[tuple[str, str, str]] = [
     ("grad mode", r"grad_mode|is_grad_enabled|GLOBAL_STATE",
      "grad mode (or another global torch setting) differs between calls: wrap every call in torch.no_grad()."),
     ("int value", r"^(?:L\[')?(?P<name>[A-Za-z_][\w.]*)(?:'\])? == (?P<old>-?\d+)\b",
-     "'{name}' is a Python int whose value changes between calls; Dynamo bakes the value into the graph. Pass it "
-     "as a tensor (torch.tensor({name})) or keep it constant; with dynamic=True it becomes symbolic (graphex then "
-     "replays one capture per value, up to capture_limit)."),
+     "'{name}' is a Python int whose value changes between calls, and with dynamic=False Dynamo bakes each value "
+     "into a new graph. Keep it an int and let Dynamo treat it as dynamic: add the line "
+     "torch.compiler.config.dynamic_sources = \"L['{name}']\" before the first call (tensor shapes stay static; "
+     "slicing and indexing with it keep working), or compile with dynamic=True."),
     ("length", r"len\((?P<name>[^)]+)\) == (?P<old>\d+)",
      "the length of {name} changes between calls: pass a fixed number of items (pad) or one stacked tensor."),
     ("object", r"___check_obj_id|ID_MATCH|___check_type_id|TYPE_MATCH",
@@ -67,9 +71,13 @@ def collect(events: list[LogEvent]) -> list[Finding]:
         header, guard_match = _HEADER.search(event.message), _GUARD.search(event.message)
         if header is None or guard_match is None:
             continue
-        guard, used_at = _guard_and_use(event.message, guard_match)
+        guard, used_at = _guard_and_use(event.message, guard_match, header["file"])
         category, name, fix = _classify(guard)
-        key = (f"{header['file']}:{header['line']}", category, name)
+        entry = event.tag[0] if isinstance(event.tag, tuple) else None
+        problem = True
+        if category == "int value" and _int_is_dynamic(name, entry):  # Note [An int already marked dynamic]
+            problem, fix = _specialized_anyway(guard, name, used_at)
+        key = (f"{header['file']}:{header['line']}", category if problem else f"{category} (0/1)", name)
         if key in found:
             found[key].count += 1
             continue
@@ -79,16 +87,58 @@ def collect(events: list[LogEvent]) -> list[Finding]:
         if used_at:
             detail += f"\nthe guarded value is used at {used_at}"
         found[key] = Finding("recompile", f"{fn} recompiled: {category} changed", where=call_site or fn,
-                             fix=fix, detail=detail)
+                             fix=fix, detail=detail, problem=problem)
     for finding in found.values():
         if finding.count > 1:
             finding.title += f" ({finding.count} recompiles)"
     return list(found.values())
 
 
-def _guard_and_use(message: str, m: re.Match[str]) -> tuple[str, str]:
+def _int_is_dynamic(name: str, entry: Any) -> bool:
+    """Was the int argument `name` already dynamic: compiled with dynamic=True, or named in dynamic_sources?"""
+    if getattr(entry, "dynamic", None) is True:
+        return True
+    sources = [s.strip().split(":")[0] for s in str(torch.compiler.config.dynamic_sources or "").split(",")]
+    source = f"L['{name}']"
+    return any(s and (s == source or _matches(s, source)) for s in sources)
+
+
+def _matches(pattern: str, source: str) -> bool:
+    try:
+        return re.match(pattern, source) is not None
+    except re.error:
+        return False
+
+
+def _specialized_anyway(guard: str, name: str, used_at: str) -> tuple[bool, str]:
+    """Note [An int already marked dynamic]
+    With dynamic=True (or the int in torch.compiler.config.dynamic_sources) advising either
+    again would be wrong. Dynamo still specializes such an int in two cases: the values 0
+    and 1 (one extra graph each at most, then the int is symbolic: a note, not a problem),
+    and uses that need a concrete value, e.g. `t[:, pos] = v`, where the fix is to rewrite
+    the use with ops that take a symbolic int."""
+    value = guard.rsplit("==", 1)[-1].strip()
+    if value in ("0", "1"):
+        return False, (f"nothing to do: Dynamo compiles the values 0 and 1 of a dynamic int ('{name}') as their own "
+                       "graphs (0/1 specialization), then one graph serves every other value.")
+    at = f" at {used_at}" if used_at else ""
+    return True, (f"'{name}' is already dynamic (dynamic=True or dynamic_sources), but its use{at} makes Dynamo "
+                  f"specialize it: indexing with an int (t[:, {name}], t[:, {name}] = v) needs its value. Write it "
+                  f"with an op that takes a symbolic int: t.select(DIM, {name}) to read, "
+                  f"t.select(DIM, {name}).copy_(v) to write (slices t[:, :{name} + 1] are fine); a Python if/while "
+                  f"on '{name}' cannot stay dynamic: move it outside the compiled function.")
+
+
+_COMMENT = re.compile(r"^\s*#\s*(?P<code>.*?)\s+#\s*(?P<file>\S+):(?P<line>\d+) in (?P<fn>\w+)")
+
+
+def _guard_and_use(message: str, m: re.Match[str], fn_file: str) -> tuple[str, str]:
     """The guard text without its trailing '# code # file:line' comment, and where the value is used."""
-    guard = m["guard"].split("  #", 1)[0].strip()
+    guard, _, comment = m["guard"].partition("  #")
+    guard = guard.strip()
+    c = _COMMENT.match("#" + comment) if comment else None
+    if c is not None and fn_file.endswith(c["file"]):  # Dynamo shortens the file name: the function's own file
+        return guard, f"{short_path(fn_file)}:{c['line']} in {clean_fn(c['fn'])}: {c['code']}"
     rest = message[m.end():]
     nxt = _GUARD.search(rest)
     block = rest[: nxt.start()] if nxt else rest

@@ -38,10 +38,18 @@ class Report:
                 parts.append(f"{n} {one if n == 1 else many}")
         text = ", ".join(parts) if parts else "nothing found"
         if self.bisections:
-            stages = [f"{b.name} {'raises' if b.raised else 'first differs'} at {b.culprit}"
-                      for b in self.bisections if b.culprit]
+            stages = [_verdict(b) for b in self.bisections if b.culprit or b.failed_in_script]
             text += "; accuracy: " + (", ".join(stages) or "every stage matches eager bitwise")
         return f"summary: {text} (exit {self.exit_code})"
+
+
+def _verdict(b: Bisection) -> str:
+    if b.culprit:
+        verdict = f"{b.name} {'raises' if b.raised else 'first differs'} at {b.culprit}"
+        if b.verdict.startswith("graphex captured no graph"):
+            verdict = f"{b.name}: graphex captured no graph (ran in eager)"
+        return verdict
+    return f"{b.name} failed in the script ({b.failed_in_script}), not compared as the script compiled it"
 
 
 _LABELS = {"script": ("script error", "script errors"), "graph-break": ("graph break", "graph breaks"),
@@ -75,6 +83,9 @@ def text(report: Report) -> str:
         out += ["", "accuracy bisection (" + " -> ".join(STAGES) + "; first call's inputs, torch.no_grad())"]
         for b in report.bisections:
             out.append(f"  {b.name} (compiled at {b.compiled_at}):")
+            if b.failed_in_script:
+                out.append(f"      {'script':<11} failed: {b.failed_in_script}; the stages below are traced with "
+                           "fullgraph=False")
             out += [f"      {stage:<11} {result}" for stage, result in b.stages.items()]
             if b.verdict and (not b.culprit or b.raised):
                 out.append(f"      {b.verdict}")

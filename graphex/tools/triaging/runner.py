@@ -5,10 +5,10 @@ Note [How triage sees the script's model]
 The script runs in this process (runpy), as `__main__` or, with --entry, imported and its
 function called. While it runs, `torch.compile` is replaced by a wrapper that calls the real
 one and records what was compiled, with which backend and options, and wraps the result so
-its first call saves clones of the inputs (and of the module's parameters and buffers: the
-model may update them in place, like a KV cache) before the real call runs. Every later
-analysis (re-tracing for all graph breaks, the accuracy bisection) replays that first call
-on fresh clones. Errors are recorded with the compiled function they came out of, and each
+its first call saves clones of the inputs, and of every other tensor the call can change
+(Note [Triage restores all state a step can mutate], state.py), before the real call runs.
+Every later analysis (re-tracing for all graph breaks, the accuracy bisection) replays that
+first call on fresh clones with that state put back. Errors are recorded with the compiled function they came out of, and each
 call sets the "current call" that Dynamo's log records are tagged with.
 
 A script that fails outside any compiled call is run once more in a fresh interpreter with
@@ -34,6 +34,7 @@ import torch.utils._pytree as pytree
 
 from .dynamo_logs import DynamoLogs, LogEvent
 from .findings import is_internal, location, short_path
+from .state import Snapshot, snapshot
 
 _GRAPHEX_BACKENDS = ("graphex", "npugraph_ex", "graphex_backend", "npugraph_ex_backend")
 
@@ -53,7 +54,7 @@ class Compiled:
     calls: int = 0
     first_args: tuple[Any, ...] | None = None
     first_kwargs: dict[str, Any] | None = None
-    first_state: dict[str, torch.Tensor] | None = None
+    first_state: Snapshot | None = None
     first_call_at: str = ""
     first_needs_grad: bool = False  # grad mode on and an input or parameter requires grad at the first call
     error: BaseException | None = None
@@ -75,11 +76,14 @@ class Compiled:
         owner = getattr(target, "__self__", None)  # Module.compile() compiles the bound _call_impl
         return owner if isinstance(owner, torch.nn.Module) else None
 
+    def state_after(self) -> dict[str, torch.Tensor]:
+        """The state the first call can change, as it is now (after a rerun): name -> clone."""
+        return self.first_state.current() if self.first_state is not None else {}
+
     def fresh_inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Clones of the first call's inputs, with the module's state put back as it was then."""
-        module = self.module()
-        if module is not None and self.first_state is not None:
-            restore_state(module, self.first_state)
+        """Clones of the first call's inputs, with every other tensor it can change put back as it was then."""
+        if self.first_state is not None:
+            self.first_state.restore()
         return clone_tree(self.first_args or ()), clone_tree(self.first_kwargs or {})
 
 
@@ -92,6 +96,8 @@ class ScriptRun:
     events: list[LogEvent] = dataclasses.field(default_factory=list)
     error: BaseException | None = None  # what the script raised (SystemExit with a non-zero code included)
     failed_in: Compiled | None = None  # the compiled function the script's error came out of
+    # graph name -> the user's own copies in its Dynamo graph (Note [A copy the user wrote is not a problem])
+    user_copies: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
 
 class EntryError(Exception):
@@ -103,22 +109,6 @@ def clone_tree(tree: Any) -> Any:
         return t.detach().clone() if isinstance(t, torch.Tensor) else t
 
     return pytree.tree_map(clone, tree)
-
-
-def state_of(module: torch.nn.Module | None) -> dict[str, torch.Tensor] | None:
-    if module is None:
-        return None
-    named = list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
-    return {name: t.detach().clone() for name, t in named}
-
-
-def restore_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    live = dict(module.named_parameters(remove_duplicate=False))
-    live.update(module.named_buffers(remove_duplicate=False))
-    with torch.no_grad():
-        for name, value in state.items():
-            if name in live and live[name].shape == value.shape:
-                live[name].copy_(value)
 
 
 def user_call_site(with_code: bool = True) -> str:
@@ -145,7 +135,7 @@ def _recording(entry: Compiled, fn: Callable[..., Any]) -> Callable[..., Any]:
         entry.calls += 1
         if entry.first_args is None:
             entry.first_args, entry.first_kwargs = clone_tree(args), clone_tree(kwargs)
-            entry.first_state = state_of(entry.module())
+            entry.first_state = snapshot(entry.target, entry.module(), args, kwargs)
             entry.first_call_at = site
             entry.first_needs_grad = torch.is_grad_enabled() and _requires_grad(entry.module(), args, kwargs)
         _calls.append((entry, site))
@@ -188,6 +178,32 @@ def _intercepting(run: ScriptRun, real_compile: Callable[..., Any]) -> Callable[
     return compile
 
 
+def _counting_user_copies(run: ScriptRun) -> Callable[[], None]:
+    """Have graphex's backend record, per graph it captures, the copies the user's Dynamo graph makes."""
+    from ... import backend
+    from .capture import user_copies
+
+    real = backend.compile_dynamo_graph
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: Any, options: Any,
+                  on_capture: Callable[[Any], None] | None = None) -> Any:
+        counted = user_copies(gm)
+
+        def note(compiled: Any) -> None:
+            run.user_copies[compiled.name] = counted
+            if on_capture is not None:
+                on_capture(compiled)
+
+        return real(gm, example_inputs, options, on_capture=note)
+
+    backend.compile_dynamo_graph = recording  # type: ignore[assignment]
+
+    def undo() -> None:
+        backend.compile_dynamo_graph = real  # type: ignore[assignment]
+
+    return undo
+
+
 def _execute(script: str, argv: list[str], entry: str | None) -> Any:
     """Run `script` as __main__, or import it and call `entry()`; returns what the entry returned."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
@@ -224,6 +240,7 @@ def run_script(script: str, argv: list[str], entry: str | None = None) -> Script
     output = io.StringIO()  # the script's own printing stays out of the report
     real_compile = torch.compile
     torch.compile = _intercepting(run, real_compile)
+    undo_counting = _counting_user_copies(run)
     try:
         with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output), \
                 DynamoLogs(tag=current_call) as logs:
@@ -238,6 +255,7 @@ def run_script(script: str, argv: list[str], entry: str | None = None) -> Script
                 run.error = e
     finally:
         torch.compile = real_compile
+        undo_counting()
         _calls.clear()
     run.events = logs.events
     if run.error is not None:
