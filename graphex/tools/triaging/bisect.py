@@ -12,7 +12,7 @@ clones; the module's parameters and buffers put back), under torch.no_grad(), at
 The first stage whose outputs, inputs after the call or module state differ from eager names
 the culprit. When force_eager is first, the passes are switched off one at a time to name
 the pass. Every stage compiles with fullgraph=False so a graph break does not stop the
-bisection; torch._dynamo.reset() runs between stages.
+bisection; torch._dynamo.reset() (with graphex's custom-op checks put back) runs between stages.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ...custom_ops import reset_dynamo
 from .compare import Diff, RunResult, compare
 from .findings import Finding, error_line, root_error
 from .runner import Compiled
@@ -127,7 +128,7 @@ def _run(entry: Compiled, stage: str | None, options: dict[str, Any] | None = No
     from ...errors import GraphexError
     from ...runtime import live_graphs
 
-    torch._dynamo.reset()
+    reset_dynamo()
     args, kwargs = entry.fresh_inputs()
     before = {id(g) for g in live_graphs()}
     graphs = -1
@@ -141,7 +142,7 @@ def _run(entry: Compiled, stage: str | None, options: dict[str, Any] | None = No
     except Exception as e:
         return RunResult(None, error_line(e, 160), isinstance(root_error(e), GraphexError))
     finally:
-        torch._dynamo.reset()
+        reset_dynamo()
     result = RunResult.of(out, args, kwargs, entry.state_after())
     result.graphs = graphs
     return result

@@ -18,6 +18,7 @@ import torch
 from torch._dynamo.exc import Unsupported
 
 from ..._source import _FRAME
+from ...custom_ops import reset_dynamo
 from ...errors import CustomOpError
 from .capture import from_error
 from .dynamo_logs import DynamoLogs, LogEvent
@@ -107,7 +108,7 @@ def is_graph_break(error: BaseException | None) -> bool:
 
 def _retrace(entry: Compiled) -> list[LogEvent]:
     """Trace the function again with fullgraph=False (backend "eager") and return its graph-break log."""
-    torch._dynamo.reset()
+    reset_dynamo()
     args, kwargs = entry.fresh_inputs()
     quiet = io.StringIO()
     with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet), DynamoLogs() as logs:
@@ -116,7 +117,7 @@ def _retrace(entry: Compiled) -> list[LogEvent]:
                 torch.compile(entry.target, backend="eager", fullgraph=False, dynamic=entry.dynamic)(*args, **kwargs)
         except Exception:  # breaks logged before a failure still count
             pass
-    torch._dynamo.reset()
+    reset_dynamo()
     return [e for e in logs.events if e.kind == "graph-break"]
 
 

@@ -29,7 +29,7 @@ _CATEGORIES: list[tuple[str, str, str]] = [
      r"tensor '(?P<name>[^']+)' size mismatch at index (?P<dim>\d+)\. expected (?P<old>\d+), actual (?P<new>\d+)",
      "input '{name}' changes size in dim {dim} ({old} -> {new}) and dynamic=False makes every size a new graph: "
      "pad it to one fixed size (or a few bucket sizes), or call torch._dynamo.mark_dynamic({name}, {dim}) before "
-     "the first call (graphex then replays one capture per size, up to capture_limit)."),
+     "the first call, so that one graph serves every size."),
     ("rank", r"tensor '(?P<name>[^']+)' rank mismatch",
      "input '{name}' changes its number of dimensions between calls: reshape it to one rank before calling."),
     ("stride", r"tensor '(?P<name>[^']+)' stride mismatch",
