@@ -76,12 +76,20 @@ class Snapshot:
             slot.restore()
 
     def current(self) -> dict[str, torch.Tensor]:
-        """Each saved place's tensor as it is bound now (after a rerun), by name."""
+        """Each saved place whose tensor a rerun changed (or rebound), as it is now, by name.
+
+        Unchanged state (the parameters, usually) is left out: a stage that changes what eager
+        did not shows up as an extra value, and nothing large is cloned per stage.
+        """
         out = {}
         for slot in self.slots:
             value = slot.bound()
-            if isinstance(value, torch.Tensor):
-                out[slot.name] = value.detach().clone()
+            if not isinstance(value, torch.Tensor):
+                continue
+            if value is slot.original and value.shape == slot.saved.shape and value.dtype == slot.saved.dtype \
+                    and torch.equal(value, slot.saved):
+                continue
+            out[slot.name] = value.detach().clone()
         return out
 
 
