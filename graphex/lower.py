@@ -139,7 +139,9 @@ class _Lowering:
         slot = self.new_slot()
         self.value_of[node] = slot
         entry: dict[str, Any] = {"name": display_name(node), "slot": slot.index}
-        if isinstance(val, torch.Tensor):
+        if _is_effect_token(node):
+            entry["kind"] = "other"  # AOTAutograd passes None for a token at run time
+        elif isinstance(val, torch.Tensor):
             sizes = [_static_int(s) for s in val.shape]
             strides = [_static_int(s) for s in val.stride()]
             self.dynamic |= None in sizes
@@ -174,18 +176,36 @@ class _Lowering:
             self.getitem(node)
         elif target in _SYM_FNS:
             self.sym(node, _SYM_FNS[target])
+        elif target is torch.ops.higher_order.with_effects:
+            self.with_effects(node)
         elif isinstance(target, torch._ops.HigherOrderOperator):
             raise self.error(node, f"higher-order op {target.__name__} cannot be replayed by the engine",
-                             "control flow and other higher-order ops are not supported by graphex yet; "
-                             "move them out of the compiled region or use options={'force_eager': True}.")
+                             "control flow (torch.cond, while_loop) and other higher-order ops are not replayed by "
+                             "the engine yet. Use options={'force_eager': True} (this graph then runs with torch.fx, "
+                             "after graphex's passes), or move that part out of the compiled region.")
         else:
             raise self.error(node, f"Python function {_qualname(target)} cannot be replayed by the engine",
                              "the graph calls a Python function that is not an operator. Wrap it as a custom "
                              "operator (torch.library.custom_op) so it has a schema, or keep it outside the "
                              "compiled region.")
 
-    def op(self, node: torch.fx.Node, target: torch._ops.OpOverload) -> None:
+    def with_effects(self, node: torch.fx.Node) -> None:
+        """`with_effects(token, op, *args)`: AOTAutograd threads an effect token through ops with side effects
+        (e.g. linalg's error checks). The engine runs ops in program order, which is the order the token
+        enforces, so the op is called as is and the token passes through: result = (token, *op's outputs)."""
+        token, target = node.args[0], node.args[1]
+        if not isinstance(target, torch._ops.OpOverload):
+            raise self.error(node, f"with_effects around {target!r}, which is not an operator",
+                             "use options={'force_eager': True}, or move that call out of the compiled region.")
+        self.op(node, target, args=node.args[2:], kwargs=node.kwargs)
+        produced = self.value_of[node]
+        outputs = produced if isinstance(produced, tuple) else (() if produced is None else (produced,))
+        self.value_of[node] = (self.arg(token, node), *outputs)
+
+    def op(self, node: torch.fx.Node, target: torch._ops.OpOverload, args: Any = None, kwargs: Any = None) -> None:
         self.check_kernel(node, target)
+        node_args = node.args if args is None else args
+        node_kwargs = node.kwargs if kwargs is None else kwargs
         schema = target._schema
         returns = schema.returns
         outs: list[int] = []
@@ -201,9 +221,9 @@ class _Lowering:
         else:
             self.value_of[node] = None
         args = [self.tensor_arg(a, node) if _wants_tensor(schema, i) else self.arg(a, node)
-                for i, a in enumerate(node.args)]
+                for i, a in enumerate(node_args)]
         kwargs = {k: self.tensor_arg(v, node) if _wants_tensor(schema, k) else self.arg(v, node)
-                  for k, v in node.kwargs.items()}
+                  for k, v in node_kwargs.items()}
         entry = {
             "kind": "op", "name": node.name, "target": _op_text(target), "source": source_line(node),
             "op": schema.name, "overload": target._overloadname, "args": args, "kwargs": kwargs, "outs": outs,
@@ -298,6 +318,13 @@ class _Lowering:
 
 
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+
+
+def _is_effect_token(node: torch.fx.Node) -> bool:
+    """A graph input that only ever flows into with_effects as its token."""
+    users = list(node.users)
+    return bool(users) and all(u.target is torch.ops.higher_order.with_effects and u.args[0] is node
+                               for u in users)
 
 
 def _tensor_vals(node: torch.fx.Node) -> list[torch.Tensor]:

@@ -59,11 +59,21 @@ class CompiledGraph:
         self.aot_metadata: Any = None  # AOTAutograd's ViewAndMutationMeta for this graph (set by capture)
 
         frozen = options.frozen_parameter and bool(self.static_inputs)
-        self.lowered = lower(gm, name=name)
-        if not frozen:  # frozen: parameters become constants of the program, built on the first call
-            self.executor = build_executor(self.lowered)
-        self.num_ops = self.lowered.num_ops
-        self.dynamic = self.lowered.dynamic
+        if options.force_eager:
+            # Note [force_eager never lowers]: torch.fx runs the optimized graph as it is, so what the
+            # engine cannot replay (control flow, effect tokens) still runs, and the advice to use
+            # force_eager in graphex's errors always works.
+            self.num_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+            self.dynamic = any(isinstance(n.meta.get("val"), torch.SymInt) or (
+                isinstance(n.meta.get("val"), torch.Tensor)
+                and any(isinstance(d, torch.SymInt) for d in n.meta["val"].shape))
+                for n in gm.graph.find_nodes(op="placeholder"))
+        else:
+            self.lowered = lower(gm, name=name)
+            if not frozen:  # frozen: parameters become constants of the program, built on the first call
+                self.executor = build_executor(self.lowered)
+            self.num_ops = self.lowered.num_ops
+            self.dynamic = self.lowered.dynamic
         # Note [capture_limit counts device graphs]: the CPU engine captures no per-shape device graphs.
         self.captures_per_shape = False
         self._clone_outputs = _outputs_to_clone(gm) if options.clone_output else []
@@ -146,6 +156,8 @@ class CompiledGraph:
         return self.gm.print_readable(print_output=False, include_stride=True, include_device=True)
 
     def plan(self) -> str:
+        if self.options.force_eager:
+            return "(force_eager: the graph runs with torch.fx; no program is built)\n"
         if self.executor is None:
             return "(program not built yet: frozen parameters are bound on the first call)\n"
         return self.executor.describe()

@@ -140,6 +140,8 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         raise NotCacheable("the call did not produce exactly one engine graph (autograd needed? run it under "
                            "torch.no_grad() or torch.inference_mode())")
     graph = rec.graphs[0]
+    if options.force_eager:
+        raise NotCacheable("option force_eager runs the graph with torch.fx: there is no engine program to store")
     _check_aot_wrappers_are_trivial(graph, len(rec.example_inputs))
     inputs = [_bind_input(i, value, source, func, flat_args)
               for i, (value, source) in enumerate(zip(rec.example_inputs, rec.sources))]

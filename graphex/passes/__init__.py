@@ -18,6 +18,7 @@ from torch._inductor.virtualized import V
 
 from ..compat import insertion_successor, on_node_created
 from ..options import Options
+from .overloads import resolve_packets
 from .reinplace import KeptCopy, reinplace_graph
 
 __all__ = ["run_passes", "KeptCopy"]
@@ -33,6 +34,7 @@ def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object) ->
             with V.set_fake_mode(fake_mode):
                 remove_noop_ops(gm.graph)
         kept = reinplace_graph(gm, fake_mode, intermediates=options.inplace_pass, inputs=options.input_inplace_pass)
+    resolve_packets(gm.graph)
     gm.graph.eliminate_dead_code()
     if options.post_grad_custom_post_pass is not None:
         options.post_grad_custom_post_pass(gm.graph)
