@@ -63,20 +63,49 @@ def fold_copy_backs(graph: torch.fx.Graph, *, inputs: bool = True, intermediates
         if inplace is None or not src.args or not isinstance(src.args[0], torch.fx.Node):
             declined.append(Declined(copy_node, "replaced"))
             continue
-        base = src.args[0]
-        if not (_same_memory(base, dst) and _same_meta(src, dst) and _no_internal_overlap(base)):
+        chain = _functional_chain(src, dst)  # [src, ..., the op that reads base first]
+        base = chain[-1].args[0]
+        if not (isinstance(base, torch.fx.Node) and _same_memory(base, dst)
+                and all(_same_meta(n, dst) for n in chain) and _no_internal_overlap(base)
+                and not any(_reads_root(n, root(base)) for n in chain[:-1])):
             declined.append(Declined(copy_node, "unproven"))
             continue
         # Readers of the functional result read the same values once it lives in `base`;
         # what must not exist is a reader (or writer) of base's old value in between.
-        reader = first_toucher_between(root(base), src, copy_node)
+        reader = first_toucher_between(root(base), chain[-1], copy_node, ignore=frozenset(chain))
         if reader is not None:
             declined.append(Declined(copy_node, "read-later", reader=reader))
             continue
-        src.target = inplace
+        for node in chain:
+            node.target = _maybe_get_inplace_op(node.target)
         copy_node.replace_all_uses_with(dst)
         graph.erase_node(copy_node)
     return declined
+
+
+def _functional_chain(src: torch.fx.Node, dst: torch.fx.Node) -> list[torch.fx.Node]:
+    """`src` and the functional ops feeding its first argument, each used only by the next:
+    `cache.mul_(a).add_(x)` becomes add(mul(cache, a), x) then copy_(cache, ...): chain [add, mul].
+    Each has an in-place twin and dst's shape and dtype, so the whole chain can write dst's memory."""
+    chain = [src]
+    node = src
+    while node.args and isinstance(node.args[0], torch.fx.Node):
+        prev = node.args[0]
+        if (prev.op != "call_function" or len(prev.users) != 1 or _maybe_get_inplace_op(prev.target) is None
+                or not prev.args or not isinstance(prev.args[0], torch.fx.Node) or not _same_meta(prev, dst)
+                or _same_memory(prev, dst)):
+            break
+        chain.append(prev)
+        node = prev
+    return chain
+
+
+def _reads_root(node: torch.fx.Node, base_root: torch.fx.Node) -> bool:
+    """A later op of the chain must not read the memory it writes through another argument
+    (`cache * 0.5 + cache`: once the first op writes in place, the second would read the new value)."""
+    others: list[torch.fx.Node] = []
+    torch.fx.node.map_arg((node.args[1:], node.kwargs), others.append)
+    return any(root(a) is base_root for a in others)
 
 
 def _val(node: torch.fx.Node) -> torch.Tensor | None:
