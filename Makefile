@@ -2,6 +2,8 @@
 #   make demo    build, then run the shipped decoder with graphex vs eager
 #   make test    build, then the C++ (ctest) and Python (pytest) tests
 #   make bench   build, then eager / inductor / aot_eager / graphex side by side
+#   make opinfo  build, then every OpInfo through graphex vs eager, classified (sweeps/results/opinfo.md)
+#   make fuzz    build, then 10,000 random programs through graphex vs eager, failures shrunk to reproducers
 #   make test-torch TORCH=2.14.1   the same build and tests against another torch, in its own
 #                                 venv (.venv-torch2.14.1) and build folder (build/torch2.14.1)
 # Variables: PYTHON (interpreter that creates .venv), PYTEST_ARGS, BENCH_ARGS, TORCH.
@@ -35,7 +37,7 @@ $(STAMP_VENV): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest numpy matplotlib
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest numpy matplotlib expecttest
 	@touch $@
 
 # The C++ core, the Python extension and the C++ tests, built against the torch in .venv.
@@ -61,11 +63,25 @@ test-torch: $(STAMP_SYS)
 	@test -x $(ALT_PY) || $(PYTHON) -m venv $(ALT_VENV)
 	@$(ALT_PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH)')" 2>/dev/null || \
 	  $(ALT_PY) -m pip install -q torch==$(TORCH)
-	$(ALT_PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest numpy matplotlib
+	$(ALT_PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest numpy matplotlib expecttest
 	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} $(ALT_PY) -m pip install -q --no-build-isolation --no-deps \
 	  -C build-dir=$(ALT_BUILD) $$($(ALT_PY) scripts/cmake_args_for_torch.py) -e .
 	cd $(ALT_BUILD) && ctest --output-on-failure --timeout 120
 	$(ALT_PY) -m pytest tests/python -q $(PYTEST_ARGS)
+
+# Every OpInfo (float32/float16/bfloat16/int64, static and dynamic) through graphex, classified against eager and
+# aot_eager: sweeps/results/opinfo.{md,json}. OPINFO_ARGS e.g. --ops add,mul or --shard 0/10 (python -m sweeps.opinfo -h).
+opinfo: build
+	$(PY) -m sweeps.opinfo $(OPINFO_ARGS)
+
+# FUZZ_COUNT random programs from FUZZ_SEED through graphex vs eager, bit for bit; each failure shrunk to
+# sweeps/results/fuzz/repro_SEED.py. FUZZ_ARGS: python -m sweeps.fuzz -h.
+FUZZ_SEED ?= 0
+FUZZ_COUNT ?= 10000
+fuzz: build
+	$(PY) -m sweeps.fuzz --seed $(FUZZ_SEED) --count $(FUZZ_COUNT) $(FUZZ_ARGS)
+
+.PHONY: opinfo fuzz
 
 demo: build
 	$(PY) examples/demo.py

@@ -21,7 +21,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    return t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)
 
 
 def difference(actual: Any, expected: Any, path: str = "output") -> str | None:

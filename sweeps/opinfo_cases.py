@@ -18,7 +18,10 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def op_db() -> list[Any]:
-    from torch.testing._internal.common_methods_invocations import op_db as db
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db as db
+    except ModuleNotFoundError as e:  # torch's test helpers import expecttest, not a torch dependency
+        raise SystemExit(f"the OpInfo sweep needs {e.name}: pip install {e.name} (make build installs it)") from e
 
     return list(db)
 
