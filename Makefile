@@ -4,6 +4,7 @@
 #   make bench   build, then eager / inductor / aot_eager / graphex side by side
 #   make opinfo  build, then every OpInfo through graphex vs eager, classified (sweeps/results/opinfo.md)
 #   make fuzz    build, then 10,000 random programs through graphex vs eager, failures shrunk to reproducers
+#   make soak    build, then 100,000 replays with memory flat and 4 threads on one model
 #   make test-torch TORCH=2.14.1   the same build and tests against another torch, in its own
 #                                 venv (.venv-torch2.14.1) and build folder (build/torch2.14.1)
 # Variables: PYTHON (interpreter that creates .venv), PYTEST_ARGS, BENCH_ARGS, TORCH.
@@ -17,13 +18,21 @@ STAMP_VENV := $(VENV)/.graphex-venv
 STAMP_SYS := build/.graphex-system-deps
 TORCH_VERSION := 2.13.0
 
-.PHONY: all build demo test test-cpp test-python test-torch bench clean distclean
+.PHONY: all build schema demo test test-cpp test-python test-torch bench soak clean distclean
 
 all: build
 
-# System packages: gtest for the C++ tests, ccache for fast rebuilds (Debian).
+# System packages (Debian): flatc and the FlatBuffers headers for the program format (required),
+# gtest for the C++ tests, ccache for fast rebuilds.
 $(STAMP_SYS):
 	@mkdir -p build
+	@if ! command -v flatc >/dev/null || [ ! -f /usr/include/flatbuffers/flatbuffers.h ]; then \
+	  echo "graphex: installing flatbuffers-compiler and libflatbuffers-dev (Debian)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    flatbuffers-compiler libflatbuffers-dev >/dev/null) \
+	    || { echo "graphex: could not install flatbuffers-compiler libflatbuffers-dev"; exit 1; }; \
+	fi
 	@if [ ! -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/aarch64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/libgtest.a ]; then \
 	  echo "graphex: installing libgtest-dev and ccache (Debian)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -31,6 +40,11 @@ $(STAMP_SYS):
 	    || echo "graphex: WARNING: could not install libgtest-dev; C++ unit tests will not be built"; \
 	fi
 	@touch $@
+
+# graphex/fb/: flatc's Python code for the program schema (committed; C++'s is generated at build time).
+schema:
+	rm -rf build/fbgen && flatc --python -o build/fbgen csrc/schema/program.fbs
+	rm -rf graphex/fb && cp -r build/fbgen/graphex/fb graphex/fb
 
 # The virtual environment: torch pinned exactly (pip takes the CPU build on this disk).
 $(STAMP_VENV): pyproject.toml
@@ -79,7 +93,7 @@ opinfo: build
 FUZZ_SEED ?= 0
 FUZZ_COUNT ?= 10000
 fuzz: build
-	$(PY) -m sweeps.fuzz --seed $(FUZZ_SEED) --count $(FUZZ_COUNT) $(FUZZ_ARGS)
+	$(PY) -m sweeps.fuzz --seed $(FUZZ_SEED) --count $(FUZZ_COUNT) --batch 4 $(FUZZ_ARGS)
 
 .PHONY: opinfo fuzz
 
@@ -88,6 +102,10 @@ demo: build
 
 bench: build
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# 100,000 decode steps with resident memory flat, then 4 threads on one compiled model (SOAK_ARGS).
+soak: build
+	$(PY) -m bench.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf build

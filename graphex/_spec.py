@@ -1,22 +1,31 @@
-"""Python twin of csrc/program/spec.h: encodes a program description to bytes.
+"""The one encoder of graphex programs: a lowered graph becomes a FlatBuffers `Program`.
 
-See Note [One format for building, caching and deploying] in spec.h. Values:
-None, bool, int, float, str, list/tuple, dict (str keys), Slot(i), Const(k),
-and torch.Tensor (only for constant tables written to disk).
+The schema is csrc/schema/program.fbs; graphex/fb/ is flatc's Python code for it
+(`make schema` regenerates it) and C++ reads the same bytes through flatc's header
+(csrc/program/format.h, Note [One typed format]). Nothing here lays out bytes by hand:
+every table is written with the generated builders.
+
+A program's argument values are: None, bool, int, float, str, list/tuple, Slot(i),
+Const(k), torch.dtype, torch.layout, torch.memory_format and torch.device. Dtypes,
+devices, layouts and memory formats are written as graphex's own enums, never as
+c10 integers (Note [graphex owns its enums on disk] in format.h).
 """
 
 from __future__ import annotations
 
-import struct
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
+import flatbuffers
 import torch
 
-MAGIC = b"GRAPHEX\x00"
-FORMAT_VERSION = 1
+from .fb import (Arg, ArgKind, Binding, BindingKind, Device, DeviceType, DType, Expect, Input, InputKind, Kwarg,
+                 Layout, Leaf, LeafKind, MemoryFormat, Node, NodeKind, Program, SymFn, Tensor, TensorMeta)
 
-_NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _LIST, _DICT, _SLOT, _CONST, _TENSOR = range(11)
+FILE_IDENTIFIER = b"GXPG"
+# Bump with kFormatVersion in csrc/program/format.h when the meaning of any field changes.
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -39,64 +48,268 @@ class Const:
         return f"const{self.index}"
 
 
-def encode(root: Any) -> bytes:
-    out = bytearray(MAGIC)
-    out += struct.pack("<I", FORMAT_VERSION)
-    _encode_value(root, out)
-    return bytes(out)
+class EncodeError(ValueError):
+    """A value the format has no place for (the message names it)."""
 
 
-def _encode_value(v: Any, out: bytearray) -> None:
-    if v is None:
-        out.append(_NONE)
-    elif v is True:
-        out.append(_TRUE)
-    elif v is False:
-        out.append(_FALSE)
-    elif isinstance(v, Slot):
-        out.append(_SLOT)
-        out += struct.pack("<I", v.index)
-    elif isinstance(v, Const):
-        out.append(_CONST)
-        out += struct.pack("<I", v.index)
-    elif isinstance(v, int):
-        out.append(_INT)
-        out += struct.pack("<q", v)
-    elif isinstance(v, float):
-        out.append(_FLOAT)
-        out += struct.pack("<d", v)
-    elif isinstance(v, str):
-        b = v.encode("utf-8")
-        out.append(_STR)
-        out += struct.pack("<I", len(b))
-        out += b
-    elif isinstance(v, (list, tuple)):
-        out.append(_LIST)
-        out += struct.pack("<I", len(v))
-        for item in v:
-            _encode_value(item, out)
-    elif isinstance(v, dict):
-        out.append(_DICT)
-        out += struct.pack("<I", len(v))
-        for key in sorted(v):  # deterministic bytes: same program, same file
-            b = key.encode("utf-8")
-            out += struct.pack("<I", len(b))
-            out += b
-            _encode_value(v[key], out)
-    elif isinstance(v, torch.Tensor):
-        _encode_tensor(v, out)
-    else:
-        raise TypeError(f"graphex spec: cannot encode a {type(v).__name__}: {v!r}")
+_DTYPES: dict[torch.dtype, int] = {}
+for _name, _code in vars(DType.DType).items():
+    if not _name.startswith("_") and isinstance(_code, int):
+        _torch_name = {"Bool": "bool", "BFloat16": "bfloat16", "Complex32": "complex32"}.get(_name, _name.lower())
+        if isinstance(getattr(torch, _torch_name, None), torch.dtype):
+            _DTYPES[getattr(torch, _torch_name)] = _code
+DTYPE_NAMES = {code: str(dt).removeprefix("torch.") for dt, code in _DTYPES.items()}
+
+_LAYOUTS = {torch.strided: Layout.Layout.Strided, torch.sparse_coo: Layout.Layout.Sparse,
+            torch.sparse_csr: Layout.Layout.SparseCsr, torch._mkldnn: Layout.Layout.Mkldnn,  # type: ignore[attr-defined]
+            torch.sparse_csc: Layout.Layout.SparseCsc, torch.sparse_bsr: Layout.Layout.SparseBsr,
+            torch.sparse_bsc: Layout.Layout.SparseBsc, torch.jagged: Layout.Layout.Jagged}
+_MEMORY_FORMATS = {torch.contiguous_format: MemoryFormat.MemoryFormat.Contiguous,
+                   torch.preserve_format: MemoryFormat.MemoryFormat.Preserve,
+                   torch.channels_last: MemoryFormat.MemoryFormat.ChannelsLast,
+                   torch.channels_last_3d: MemoryFormat.MemoryFormat.ChannelsLast3d}
+_DEVICE_TYPES = {"cpu": DeviceType.DeviceType.CPU, "cuda": DeviceType.DeviceType.CUDA,
+                 "meta": DeviceType.DeviceType.Meta, "xpu": DeviceType.DeviceType.XPU,
+                 "mps": DeviceType.DeviceType.MPS, "hpu": DeviceType.DeviceType.HPU}
+_SYM_FNS = {"add": "Add", "sub": "Sub", "mul": "Mul", "floordiv": "FloorDiv", "truediv": "TrueDiv", "mod": "Mod",
+            "pow": "Pow", "neg": "Neg", "abs": "Abs", "eq": "Eq", "ne": "Ne", "lt": "Lt", "le": "Le", "gt": "Gt",
+            "ge": "Ge", "and": "And", "or": "Or", "not": "Not", "max": "Max", "min": "Min", "float": "ToFloat",
+            "int": "ToInt", "ceil": "Ceil", "floor": "Floor", "scalar_tensor": "ScalarTensor"}
+_INPUT_KINDS = {"tensor": InputKind.InputKind.Tensor, "int": InputKind.InputKind.Int,
+                "float": InputKind.InputKind.Float, "bool": InputKind.InputKind.Bool,
+                "other": InputKind.InputKind.Other}
+_NODE_KINDS = {"op": NodeKind.NodeKind.Op, "getitem": NodeKind.NodeKind.GetItem, "sym": NodeKind.NodeKind.Sym}
+_BINDINGS = {"arg": BindingKind.BindingKind.Argument, "param": BindingKind.BindingKind.Parameter,
+             "buffer": BindingKind.BindingKind.Buffer, "size": BindingKind.BindingKind.Size,
+             "stride": BindingKind.BindingKind.Stride, "storage_offset": BindingKind.BindingKind.StorageOffset,
+             "token": BindingKind.BindingKind.Token}
+_LEAVES = {"graph": LeafKind.LeafKind.Output, "arg": LeafKind.LeafKind.Argument,
+           "const": LeafKind.LeafKind.Constant}
 
 
-def _encode_tensor(t: torch.Tensor, out: bytearray) -> None:
-    from . import _C
+def dtype_code(dtype: torch.dtype) -> int:
+    if dtype not in _DTYPES:
+        raise EncodeError(f"graphex programs cannot hold dtype {dtype}")
+    return _DTYPES[dtype]
 
-    t = t.detach().to("cpu").contiguous()
-    out.append(_TENSOR)
-    out += struct.pack("<iI", _C.dtype_code(t.dtype), t.dim())
-    for s in t.shape:
-        out += struct.pack("<q", s)
-    data = bytes(t.reshape(-1).view(torch.uint8).tolist()) if t.numel() else b""
-    out += struct.pack("<Q", len(data))
-    out += data
+
+def _device_type(device: torch.device) -> int:
+    if device.type in _DEVICE_TYPES:
+        return _DEVICE_TYPES[device.type]
+    if device.type == torch._C._get_privateuse1_backend_name():
+        return DeviceType.DeviceType.PrivateUse1
+    raise EncodeError(f"graphex programs cannot hold device type {device.type!r}")
+
+
+def encode(spec: dict[str, Any], constants: Sequence[torch.Tensor] = (), *,
+           bindings: Sequence[dict[str, Any]] | None = None, leaves: Sequence[dict[str, Any]] | None = None,
+           tree: str | None = None, weights_file: str | None = None, info: dict[str, Any] | None = None) -> bytes:
+    """Bytes of one Program: `spec` is LoweredGraph.spec; `constants` are stored inline when given
+    (else the caller passes them to the executor). The keyword parts make a deployable artifact."""
+    return _Encoder().program(spec, constants, bindings, leaves, tree, weights_file, info)
+
+
+class _Encoder:
+    def __init__(self) -> None:
+        self.b = flatbuffers.Builder(4096)
+
+    def string(self, s: str | None) -> int | None:
+        return None if s is None else self.b.CreateString(s)
+
+    def vector(self, start: Any, offsets: Sequence[int]) -> int:
+        start(self.b, len(offsets))
+        for off in reversed(offsets):
+            self.b.PrependUOffsetTRelative(off)
+        return self.b.EndVector()
+
+    def scalars(self, start: Any, prepend: str, values: Sequence[Any]) -> int:
+        start(self.b, len(values))
+        for v in reversed(values):
+            getattr(self.b, prepend)(v)
+        return self.b.EndVector()
+
+    def device(self, device: Any) -> tuple[int, int]:
+        d = torch.device(device)
+        return _device_type(d), -1 if d.index is None else d.index
+
+    # -- values -----------------------------------------------------------------------------
+    def arg(self, v: Any) -> int:
+        b, K = self.b, ArgKind.ArgKind
+        s = items = None
+        if isinstance(v, str):
+            s = b.CreateString(v)
+        elif isinstance(v, (list, tuple)):
+            items = self.vector(Arg.StartItemsVector, [self.arg(x) for x in v])
+        Arg.Start(b)
+        if v is None:
+            Arg.AddKind(b, K.None_)
+        elif isinstance(v, bool):
+            Arg.AddKind(b, K.Bool)
+            Arg.AddI(b, int(v))
+        elif isinstance(v, Slot):
+            Arg.AddKind(b, K.Slot)
+            Arg.AddI(b, v.index)
+        elif isinstance(v, Const):
+            Arg.AddKind(b, K.Const)
+            Arg.AddI(b, v.index)
+        elif isinstance(v, int):
+            if not -(1 << 63) <= v < (1 << 63):
+                raise EncodeError(f"integer {v} does not fit in int64")
+            Arg.AddKind(b, K.Int)
+            Arg.AddI(b, v)
+        elif isinstance(v, float):
+            Arg.AddKind(b, K.Float)
+            Arg.AddF(b, v)
+        elif s is not None:
+            Arg.AddKind(b, K.Str)
+            Arg.AddS(b, s)
+        elif items is not None:
+            Arg.AddKind(b, K.List)
+            Arg.AddItems(b, items)
+        elif isinstance(v, torch.dtype):
+            Arg.AddKind(b, K.DType)
+            Arg.AddDtype(b, dtype_code(v))
+        elif isinstance(v, torch.layout):
+            Arg.AddKind(b, K.Layout)
+            Arg.AddLayout(b, _LAYOUTS[v])
+        elif isinstance(v, torch.memory_format):
+            Arg.AddKind(b, K.MemoryFormat)
+            Arg.AddMemoryFormat(b, _MEMORY_FORMATS[v])
+        elif isinstance(v, torch.device):
+            Arg.AddKind(b, K.Device)
+            Arg.AddDevice(b, Device.CreateDevice(b, *self.device(v)))
+        else:
+            raise EncodeError(f"graphex program: cannot encode a {type(v).__name__}: {v!r}")
+        return Arg.End(b)
+
+    def tensor_meta(self, m: dict[str, Any]) -> int:
+        sizes = self.scalars(TensorMeta.StartSizesVector, "PrependInt64", [-1 if s is None else s for s in m["sizes"]])
+        strides = None
+        if m.get("strides") is not None:
+            strides = self.scalars(TensorMeta.StartStridesVector, "PrependInt64",
+                                   [-1 if s is None else s for s in m["strides"]])
+        TensorMeta.Start(self.b)
+        TensorMeta.AddDtype(self.b, dtype_code(m["dtype"]))
+        TensorMeta.AddDevice(self.b, Device.CreateDevice(self.b, *self.device(m["device"])))
+        TensorMeta.AddSizes(self.b, sizes)
+        if strides is not None:
+            TensorMeta.AddStrides(self.b, strides)
+        return TensorMeta.End(self.b)
+
+    def input(self, e: dict[str, Any]) -> int:
+        name = self.b.CreateString(e["name"])
+        meta = self.tensor_meta(e) if e["kind"] == "tensor" else None
+        Input.Start(self.b)
+        Input.AddName(self.b, name)
+        Input.AddKind(self.b, _INPUT_KINDS[e["kind"]])
+        Input.AddSlot(self.b, e["slot"])
+        if meta is not None:
+            Input.AddTensor(self.b, meta)
+        return Input.End(self.b)
+
+    def node(self, n: dict[str, Any]) -> int:
+        b = self.b
+        strings = {k: self.string(n.get(k)) for k in ("name", "target", "source", "op", "overload")}
+        args = self.vector(Node.StartArgsVector, [self.arg(a) for a in n["args"]])
+        kwargs = None
+        if n.get("kwargs"):
+            entries = []
+            for key in sorted(n["kwargs"]):  # deterministic bytes: same program, same file
+                key_off, value = b.CreateString(key), self.arg(n["kwargs"][key])
+                Kwarg.Start(b)
+                Kwarg.AddName(b, key_off)
+                Kwarg.AddValue(b, value)
+                entries.append(Kwarg.End(b))
+            kwargs = self.vector(Node.StartKwargsVector, entries)
+        outs = self.scalars(Node.StartOutsVector, "PrependInt32", n["outs"])
+        expect = None
+        if n.get("expect") is not None:
+            entries = []
+            for e in n["expect"]:
+                meta = None if e is None else self.tensor_meta(e)
+                Expect.Start(b)
+                if meta is not None:
+                    Expect.AddTensor(b, meta)
+                entries.append(Expect.End(b))
+            expect = self.vector(Node.StartExpectVector, entries)
+        Node.Start(b)
+        Node.AddKind(b, _NODE_KINDS[n["kind"]])
+        for key, off in strings.items():
+            if off is not None:
+                getattr(Node, "Add" + key.capitalize())(b, off)
+        if n["kind"] == "sym":
+            Node.AddSym(b, getattr(SymFn.SymFn, _SYM_FNS[n["fn"]]))
+        Node.AddArgs(b, args)
+        if kwargs is not None:
+            Node.AddKwargs(b, kwargs)
+        Node.AddOuts(b, outs)
+        if expect is not None:
+            Node.AddExpect(b, expect)
+        return Node.End(b)
+
+    def constant(self, t: torch.Tensor) -> int:
+        b = self.b
+        t = t.detach().to("cpu").contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        b.StartVector(1, len(data), 16)  # force_align: 16 (flatc's Python code leaves it out)
+        b.head = b.head - len(data)
+        b.Bytes[b.head:b.head + len(data)] = data
+        data_off = b.EndVector()
+        sizes = self.scalars(Tensor.StartSizesVector, "PrependInt64", list(t.shape))
+        Tensor.Start(b)
+        Tensor.AddDtype(b, dtype_code(t.dtype))
+        Tensor.AddSizes(b, sizes)
+        Tensor.AddData(b, data_off)
+        return Tensor.End(b)
+
+    def binding(self, e: dict[str, Any]) -> int:
+        name = e.get("name")
+        if e["kind"] in ("param", "buffer"):
+            name = f"{e['owner']}.{e['name']}" if e.get("owner") else e["name"]
+        name_off = self.string(name)
+        Binding.Start(self.b)
+        Binding.AddKind(self.b, _BINDINGS[e["kind"]])
+        Binding.AddIndex(self.b, e.get("index", e.get("arg", 0)))
+        Binding.AddDim(self.b, e.get("dim") or 0)
+        if name_off is not None:
+            Binding.AddName(self.b, name_off)
+        return Binding.End(self.b)
+
+    def leaf(self, e: dict[str, Any]) -> int:
+        value = self.arg(e.get("value")) if e["kind"] == "const" else None
+        Leaf.Start(self.b)
+        Leaf.AddKind(self.b, _LEAVES[e["kind"]])
+        Leaf.AddIndex(self.b, e.get("index") or 0)
+        if value is not None:
+            Leaf.AddValue(self.b, value)
+        return Leaf.End(self.b)
+
+    def program(self, spec: dict[str, Any], constants: Sequence[torch.Tensor], bindings: Any, leaves: Any,
+                tree: str | None, weights_file: str | None, info: dict[str, Any] | None) -> bytes:
+        b = self.b
+        consts = self.vector(Program.StartConstantsVector, [self.constant(t) for t in constants]) if constants else None
+        name = b.CreateString(spec["name"])
+        inputs = self.vector(Program.StartInputsVector, [self.input(e) for e in spec["inputs"]])
+        nodes = self.vector(Program.StartNodesVector, [self.node(n) for n in spec["nodes"]])
+        outputs = self.vector(Program.StartOutputsVector, [self.arg(a) for a in spec["outputs"]])
+        binds = self.vector(Program.StartBindingsVector, [self.binding(e) for e in bindings]) if bindings else None
+        leafs = self.vector(Program.StartLeavesVector, [self.leaf(e) for e in leaves]) if leaves is not None else None
+        tree_off, weights_off = self.string(tree), self.string(weights_file)
+        info_off = self.string(json.dumps(info, sort_keys=True)) if info is not None else None
+        Program.Start(b)
+        Program.AddFormatVersion(b, FORMAT_VERSION)
+        Program.AddName(b, name)
+        Program.AddNumSlots(b, spec["num_slots"])
+        Program.AddInputs(b, inputs)
+        Program.AddNodes(b, nodes)
+        Program.AddOutputs(b, outputs)
+        Program.AddNumConstants(b, spec["num_constants"])
+        if consts is not None:
+            Program.AddConstants(b, consts)
+        Program.AddCheckSignature(b, bool(spec.get("check_signature", True)))
+        for add, off in ((Program.AddBindings, binds), (Program.AddLeaves, leafs), (Program.AddTree, tree_off),
+                         (Program.AddWeightsFile, weights_off), (Program.AddInfo, info_off)):
+            if off is not None:
+                add(b, off)
+        b.FinishSizePrefixed(Program.End(b), file_identifier=FILE_IDENTIFIER)  # the size tells truncation
+        return bytes(b.Output())

@@ -17,7 +17,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from . import _C, _log
+from . import _log
 from ._source import display_name, source_line
 from ._spec import Const, Slot
 from .custom_ops.registration import is_custom
@@ -145,7 +145,7 @@ class _Lowering:
             sizes = [_static_int(s) for s in val.shape]
             strides = [_static_int(s) for s in val.stride()]
             self.dynamic |= None in sizes
-            entry.update(kind="tensor", dtype=_C.dtype_code(val.dtype), device=str(val.device),
+            entry.update(kind="tensor", dtype=val.dtype, device=str(val.device),
                          sizes=sizes, strides=strides)
         elif isinstance(val, (torch.SymBool, bool)):
             entry["kind"] = "bool"
@@ -297,14 +297,8 @@ class _Lowering:
             if isinstance(a, float) and not math.isfinite(a):
                 return a  # inf / nan are valid float constants
             return a
-        if isinstance(a, torch.dtype):
-            return _C.dtype_code(a)
-        if isinstance(a, torch.device):
-            return str(a)
-        if isinstance(a, torch.layout):
-            return _C.layout_code(a)
-        if isinstance(a, torch.memory_format):
-            return _C.memory_format_code(a)
+        if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return a  # written as graphex's own enums by _spec.encode
         if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor):
             return self.const(a)
         raise self.error(user, f"has an argument of type {type(a).__name__} ({a!r}) that cannot be captured",
@@ -354,7 +348,7 @@ def _expected_outputs(node: torch.fx.Node, count: int) -> list[Any]:
     out: list[Any] = []
     for v in vals:
         if isinstance(v, torch.Tensor):
-            out.append({"dtype": _C.dtype_code(v.dtype), "device": str(v.device),
+            out.append({"dtype": v.dtype, "device": str(v.device),
                         "sizes": [_static_int(d) for d in v.shape]})
         else:
             out.append(None)

@@ -194,7 +194,7 @@ ArgSource makeArgSource(const Value& v, const c10::TypePtr& type, const std::vec
       if (v.isNone()) return constant(c10::IValue());
       badArg(what, type, v, "only the default generator (None) can be captured");
     default:
-      if (v.isList() || v.isConst() || v.isDict() || v.isTensor()) badArg(what, type, v);
+      if (v.isList() || v.isConst() || v.isDict()) badArg(what, type, v);
       if (v.isNone()) badArg(what, type, v);
       return constant(scalarConstant(v, type, what));
   }

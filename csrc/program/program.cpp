@@ -2,6 +2,7 @@
 
 #include "plan/liveness.h"
 #include "program/arguments.h"
+#include "program/format.h"
 
 #include <c10/core/Device.h>
 
@@ -26,41 +27,40 @@ constexpr std::array<std::pair<std::string_view, SymFn>, 25> kSymFns = {{
     {"scalar_tensor", SymFn::ScalarTensor},
 }};
 
-InputKind inputKindFromName(const std::string& s, const std::string& what) {
-  if (s == "tensor") return InputKind::Tensor;
-  if (s == "int") return InputKind::Int;
-  if (s == "float") return InputKind::Float;
-  if (s == "bool") return InputKind::Bool;
-  if (s == "other") return InputKind::Other;
-  throw ProgramError(what + ": unknown input kind '" + s + "'");
-}
+std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
 
-std::vector<std::optional<int64_t>> dims(const Value& v) {
+std::vector<std::optional<int64_t>> dims(const flatbuffers::Vector<int64_t>* v) {
   std::vector<std::optional<int64_t>> out;
-  for (const Value& d : v.toList()) out.push_back(d.isNone() ? std::nullopt : std::optional<int64_t>(d.toInt()));
+  if (v)
+    for (int64_t d : *v) out.push_back(d < 0 ? std::nullopt : std::optional<int64_t>(d));  // -1: symbolic
   return out;
 }
 
-TensorSignature parseSignature(const Value& v, const std::string& what) {
+TensorSignature parseSignature(const fb::TensorMeta* m, const std::string& what) {
+  if (m == nullptr) throw ProgramError(what + ": tensor description missing");
   TensorSignature sig;
-  int64_t code = v.at("dtype").toInt();
-  if (code < 0 || code >= static_cast<int64_t>(c10::ScalarType::NumOptions))
-    throw ProgramError(what + ": dtype code " + std::to_string(code) + " out of range");
-  sig.dtype = static_cast<c10::ScalarType>(code);
-  sig.device = c10::Device(v.at("device").toStr());
-  sig.sizes = dims(v.at("sizes"));
-  if (const Value* st = v.find("strides")) sig.strides = dims(*st);
+  sig.dtype = format::toScalarType(m->dtype());
+  sig.device = format::toDevice(m->device());
+  sig.sizes = dims(m->sizes());
+  if (m->strides()) sig.strides = dims(m->strides());
   else sig.strides.assign(sig.sizes.size(), std::nullopt);
   if (sig.sizes.size() != sig.strides.size()) throw ProgramError(what + ": sizes and strides differ in rank");
   return sig;
 }
 
-InputSpec parseInput(const Value& v, size_t index) {
+InputSpec parseInput(const fb::Input& v, size_t index) {
   InputSpec in;
-  in.name = v.at("name").toStr();
+  in.name = str(v.name());
   std::string what = "input " + std::to_string(index) + " ('" + in.name + "')";
-  in.kind = inputKindFromName(v.at("kind").toStr(), what);
-  if (in.kind == InputKind::Tensor) in.signature = parseSignature(v, what);
+  switch (v.kind()) {
+    case fb::InputKind::Tensor: in.kind = InputKind::Tensor; break;
+    case fb::InputKind::Int: in.kind = InputKind::Int; break;
+    case fb::InputKind::Float: in.kind = InputKind::Float; break;
+    case fb::InputKind::Bool: in.kind = InputKind::Bool; break;
+    case fb::InputKind::Other: in.kind = InputKind::Other; break;
+    default: throw ProgramError(what + ": unknown input kind " + std::to_string(static_cast<int>(v.kind())));
+  }
+  if (in.kind == InputKind::Tensor) in.signature = parseSignature(v.tensor(), what);
   return in;
 }
 
@@ -70,15 +70,22 @@ std::string nodeWhat(const NodeInfo& info) {
   return s;
 }
 
-std::vector<int32_t> parseOuts(const Value& v, uint32_t num_slots, const std::string& what) {
+std::vector<int32_t> parseOuts(const flatbuffers::Vector<int32_t>* v, uint32_t num_slots, const std::string& what) {
   std::vector<int32_t> outs;
-  for (const Value& o : v.toList()) {
-    int64_t s = o.toInt();
-    if (s >= static_cast<int64_t>(num_slots) || s < -1)
-      throw ProgramError(what + ": output slot " + std::to_string(s) + " out of range");
-    outs.push_back(static_cast<int32_t>(s));
-  }
+  if (v)
+    for (int32_t s : *v) {
+      if (s >= static_cast<int64_t>(num_slots) || s < -1)
+        throw ProgramError(what + ": output slot " + std::to_string(s) + " out of range");
+      outs.push_back(s);
+    }
   return outs;
+}
+
+spec::List argList(const flatbuffers::Vector<flatbuffers::Offset<fb::Arg>>* v) {
+  spec::List out;
+  if (v)
+    for (const fb::Arg* a : *v) out.push_back(format::toValue(a));
+  return out;
 }
 
 c10::OperatorHandle resolveOperator(const std::string& name, const std::string& overload, const std::string& what) {
@@ -94,18 +101,18 @@ c10::OperatorHandle resolveOperator(const std::string& name, const std::string& 
   return *handle;
 }
 
-Instruction buildOp(const Value& node, const NodeInfo& info, const std::vector<at::Tensor>& constants,
+Instruction buildOp(const fb::Node& node, const NodeInfo& info, const std::vector<at::Tensor>& constants,
                     uint32_t num_slots) {
   std::string what = nodeWhat(info);
   Instruction instr;
   instr.kind = InstrKind::Op;
-  instr.op = resolveOperator(node.at("op").toStr(), node.at("overload").toStr(), what);
+  instr.op = resolveOperator(str(node.op()), str(node.overload()), what);
   const c10::FunctionSchema& schema = instr.op->schema();
 
-  const spec::List& args = node.at("args").toList();
-  const Value* kwargs_v = node.find("kwargs");
-  const spec::Dict empty;
-  const spec::Dict& kwargs = kwargs_v ? kwargs_v->toDict() : empty;
+  const spec::List args = argList(node.args());
+  spec::Dict kwargs;
+  if (node.kwargs())
+    for (const fb::Kwarg* kw : *node.kwargs()) kwargs.emplace(str(kw->name()), format::toValue(kw->value()));
   const auto& formals = schema.arguments();
   if (args.size() > formals.size())
     throw ProgramError(what + ": " + std::to_string(args.size()) + " positional arguments for schema " +
@@ -141,10 +148,11 @@ Instruction buildOp(const Value& node, const NodeInfo& info, const std::vector<a
       if (li.slot >= static_cast<int32_t>(num_slots))
         throw ProgramError(what + ": reads slot " + std::to_string(li.slot) + " out of range");
   }
-  instr.outs = parseOuts(node.at("outs"), num_slots, what);
-  if (const Value* expect = node.find("expect")) {
-    for (const Value& e : expect->toList())
-      instr.expect.push_back(e.isNone() ? std::nullopt : std::optional<TensorSignature>(parseSignature(e, what)));
+  instr.outs = parseOuts(node.outs(), num_slots, what);
+  if (const auto* expect = node.expect()) {
+    for (const fb::Expect* e : *expect)
+      instr.expect.push_back(e->tensor() == nullptr ? std::nullopt
+                                                    : std::optional<TensorSignature>(parseSignature(e->tensor(), what)));
     if (instr.expect.size() != instr.outs.size())
       throw ProgramError(what + ": 'expect' describes " + std::to_string(instr.expect.size()) + " outputs, the op has " +
                          std::to_string(instr.outs.size()));
@@ -155,17 +163,18 @@ Instruction buildOp(const Value& node, const NodeInfo& info, const std::vector<a
   return instr;
 }
 
-Instruction buildBuiltin(const Value& node, InstrKind kind, const NodeInfo& info,
+Instruction buildBuiltin(const fb::Node& node, InstrKind kind, const NodeInfo& info,
                          const std::vector<at::Tensor>& constants, uint32_t num_slots) {
   std::string what = nodeWhat(info);
   Instruction instr;
   instr.kind = kind;
   if (kind == InstrKind::Sym) {
-    auto fn = symFnFromName(node.at("fn").toStr());
-    if (!fn) throw ProgramError(what + ": unknown arithmetic function '" + node.at("fn").toStr() + "'");
-    instr.sym = *fn;
+    auto code = static_cast<int>(node.sym());
+    if (code < 0 || code > static_cast<int>(fb::SymFn::MAX))
+      throw ProgramError(what + ": unknown arithmetic function " + std::to_string(code));
+    instr.sym = static_cast<SymFn>(code);  // Note [graphex owns its enums on disk]: same order as fb::SymFn
   }
-  const spec::List& args = node.at("args").toList();
+  const spec::List args = argList(node.args());
   for (size_t i = 0; i < args.size(); ++i) {
     ArgSource a = makeUntypedArgSource(args[i], constants, "argument " + std::to_string(i) + " of " + what);
     if (a.slot >= static_cast<int32_t>(num_slots))
@@ -175,10 +184,14 @@ Instruction buildBuiltin(const Value& node, InstrKind kind, const NodeInfo& info
   if (kind == InstrKind::GetItem &&
       (instr.args.size() != 2 || instr.args[0].kind != ArgSource::Kind::Slot || !instr.args[1].constant.isInt()))
     throw ProgramError(what + ": getitem takes a slot and a constant index");
-  instr.outs = parseOuts(node.at("outs"), num_slots, what);
+  instr.outs = parseOuts(node.outs(), num_slots, what);
   if (instr.outs.size() != 1) throw ProgramError(what + ": a builtin produces exactly one value");
   return instr;
 }
+
+static_assert(static_cast<int>(SymFn::ScalarTensor) == static_cast<int>(fb::SymFn::ScalarTensor) &&
+                  static_cast<int>(SymFn::Floor) == static_cast<int>(fb::SymFn::Floor),
+              "SymFn and the schema's fb::SymFn list the functions in the same order");
 
 }  // namespace
 
@@ -200,53 +213,64 @@ size_t Program::numOps() const {
   return n;
 }
 
-Program Program::fromSpec(const Value& root, std::vector<at::Tensor> constants) {
+Program Program::load(std::string_view bytes, std::vector<at::Tensor> constants) {
+  return fromTable(format::verify(bytes), std::move(constants));
+}
+
+Program Program::fromTable(const fb::Program& root, std::vector<at::Tensor> constants) {
   Program p;
   try {
-    p.name = root.at("name").toStr();
-    int64_t num_slots = root.at("num_slots").toInt();
-    if (num_slots < 0 || num_slots > (1 << 24)) throw ProgramError("num_slots out of range");
-    p.num_slots = static_cast<uint32_t>(num_slots);
+    p.name = str(root.name());
+    if (root.num_slots() > (1u << 24)) throw ProgramError("num_slots out of range");
+    p.num_slots = root.num_slots();
 
-    if (constants.empty()) {
-      if (const Value* c = root.find("constants"))
-        for (const Value& t : c->toList()) constants.push_back(t.toTensor());
+    if (constants.empty() && root.constants()) {
+      for (uint32_t k = 0; k < root.constants()->size(); ++k)
+        constants.push_back(format::toTensor(*root.constants()->Get(k), "constant " + std::to_string(k)));
     }
-    if (const Value* n = root.find("num_constants"); n && n->toInt() != static_cast<int64_t>(constants.size()))
-      throw ProgramError("the program refers to " + std::to_string(n->toInt()) + " constant tensors but " +
+    if (root.num_constants() != constants.size())
+      throw ProgramError("the program refers to " + std::to_string(root.num_constants()) + " constant tensors but " +
                          std::to_string(constants.size()) + " were given");
     p.constants = std::move(constants);
-    if (const Value* c = root.find("check_signature")) p.check_signature = c->toBool();
+    p.check_signature = root.check_signature();
 
-    const spec::List& inputs = root.at("inputs").toList();
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      p.inputs.push_back(parseInput(inputs[i], i));
-      int64_t slot = inputs[i].at("slot").toInt();
-      if (slot < 0 || slot >= num_slots) throw ProgramError("input slot out of range");
-      p.input_slots.push_back(static_cast<int32_t>(slot));
+    if (root.inputs()) {
+      for (uint32_t i = 0; i < root.inputs()->size(); ++i) {
+        const fb::Input& in = *root.inputs()->Get(i);
+        p.inputs.push_back(parseInput(in, i));
+        if (in.slot() < 0 || in.slot() >= static_cast<int32_t>(p.num_slots)) throw ProgramError("input slot out of range");
+        p.input_slots.push_back(in.slot());
+      }
     }
 
-    for (const Value& node : root.at("nodes").toList()) {
-      NodeInfo info{node.at("name").toStr(), node.at("target").toStr(), {}};
-      if (const Value* s = node.find("source")) info.source = s->toStr();
-      const std::string& kind = node.at("kind").toStr();
-      Instruction instr;
-      if (kind == "op") instr = buildOp(node, info, p.constants, p.num_slots);
-      else if (kind == "getitem") instr = buildBuiltin(node, InstrKind::GetItem, info, p.constants, p.num_slots);
-      else if (kind == "sym") instr = buildBuiltin(node, InstrKind::Sym, info, p.constants, p.num_slots);
-      else throw ProgramError(nodeWhat(info) + ": unknown node kind '" + kind + "'");
-      instr.debug = static_cast<uint32_t>(p.nodes.size());
-      p.nodes.push_back(std::move(info));
-      p.instructions.push_back(std::move(instr));
+    if (root.nodes()) {
+      for (const fb::Node* node : *root.nodes()) {
+        NodeInfo info{str(node->name()), str(node->target()), str(node->source())};
+        Instruction instr;
+        switch (node->kind()) {
+          case fb::NodeKind::Op: instr = buildOp(*node, info, p.constants, p.num_slots); break;
+          case fb::NodeKind::GetItem:
+            instr = buildBuiltin(*node, InstrKind::GetItem, info, p.constants, p.num_slots);
+            break;
+          case fb::NodeKind::Sym: instr = buildBuiltin(*node, InstrKind::Sym, info, p.constants, p.num_slots); break;
+          default:
+            throw ProgramError(nodeWhat(info) + ": unknown node kind " + std::to_string(static_cast<int>(node->kind())));
+        }
+        instr.debug = static_cast<uint32_t>(p.nodes.size());
+        p.nodes.push_back(std::move(info));
+        p.instructions.push_back(std::move(instr));
+      }
     }
 
-    for (const Value& out : root.at("outputs").toList()) {
+    for (const Value& out : argList(root.outputs())) {
       ArgSource a = makeUntypedArgSource(out, p.constants, "program output");
       if (a.slot >= static_cast<int32_t>(p.num_slots)) throw ProgramError("output slot out of range");
       p.outputs.push_back(std::move(a));
     }
   } catch (const spec::SpecError& e) {
-    throw ProgramError(std::string("malformed program spec: ") + e.what());
+    throw ProgramError(std::string("malformed program: ") + e.what());
+  } catch (const format::FormatError& e) {
+    throw ProgramError(e.what());
   }
   planLiveness(p);
   return p;

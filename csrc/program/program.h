@@ -11,6 +11,10 @@
 #include "program/signature.h"
 #include "program/spec.h"
 
+namespace graphex::fb {
+struct Program;
+}
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
@@ -105,11 +109,13 @@ struct Program {
   std::vector<at::Tensor> constants;
   bool check_signature = true;
 
-  // Build from a decoded spec (Note [One format for building, caching and deploying]).
-  // `constants` are the tensors the spec refers to as CONST(k); when empty, a
-  // "constants" list of TENSOR values inside the spec is used instead.
+  // Build from program bytes (Note [One typed format], format.h): verified first, so a
+  // malformed file is a FormatError before anything else is read. `constants` are the
+  // tensors the program refers to as Const(k); when empty, the ones stored inline are used.
   // Throws ProgramError naming the node at fault.
-  static Program fromSpec(const spec::Value& root, std::vector<at::Tensor> constants = {});
+  static Program load(std::string_view bytes, std::vector<at::Tensor> constants = {});
+  // The same from an already verified table.
+  static Program fromTable(const fb::Program& root, std::vector<at::Tensor> constants = {});
 
   // Number of dispatcher calls per run (Op instructions).
   size_t numOps() const;

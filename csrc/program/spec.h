@@ -1,27 +1,8 @@
-// The program spec: the one data format that crosses the C++/Python boundary.
+// spec::Value: the in-memory value tree of one argument while a Program is built.
 //
-// Note [One format for building, caching and deploying]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Python lowers an FX graph into a tree of spec::Value (see graphex/_spec.py, the
-// twin of this file) and encodes it to bytes. C++ decodes the bytes and builds a
-// Program from the tree (program.cpp). The same bytes are what cache_compile
-// writes to disk and what a C++ application loads, so there is exactly one path
-// from "description" to "runnable program" and it is exercised on every compile.
-//
-// Encoding (little endian):
-//   header  : 8 bytes magic "GRAPHEX\0", u32 format version
-//   value   : u8 tag, then
-//     NONE/FALSE/TRUE : nothing
-//     INT     : i64            FLOAT : f64
-//     STR     : u32 n, n bytes
-//     LIST    : u32 n, n values
-//     DICT    : u32 n, n x (u32 len, key bytes, value)
-//     SLOT    : u32 slot index           (a runtime value produced by the graph)
-//     CONST   : u32 constant index       (a tensor in the program's constant table)
-//     TENSOR  : i32 scalar type, u32 ndim, ndim x i64 size, u64 nbytes, bytes
-//               (contiguous data; only used for constant tables on disk)
-// Decoding never trusts lengths: every read is bounds-checked and nesting depth is
-// limited, so a truncated or corrupt file is a SpecError, never a crash.
+// Programs are stored as FlatBuffers (csrc/program/format.h, Note [One typed format]);
+// an argument's typed table becomes a Value (format::toValue) that program building
+// converts by the operator's schema (arguments.cpp). Values are never written to disk.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,11 +17,7 @@
 
 namespace graphex::spec {
 
-constexpr char kMagic[8] = {'G', 'R', 'A', 'P', 'H', 'E', 'X', '\0'};
-// Bump when the encoding or the meaning of any field changes.
-constexpr uint32_t kFormatVersion = 1;
-
-// A malformed, truncated or foreign spec.
+// A value of the wrong kind for where it is used.
 class SpecError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -57,7 +34,6 @@ enum class Tag : uint8_t {
   Dict = 7,
   Slot = 8,
   Const = 9,
-  Tensor = 10,
 };
 
 class Value;
@@ -77,7 +53,6 @@ class Value {
   static Value dict(Dict items);
   static Value slot(uint32_t index);
   static Value constant(uint32_t index);
-  static Value tensor(at::Tensor t);
 
   Tag tag() const { return tag_; }
   bool isNone() const { return tag_ == Tag::None; }
@@ -89,7 +64,6 @@ class Value {
   bool isDict() const { return tag_ == Tag::Dict; }
   bool isSlot() const { return tag_ == Tag::Slot; }
   bool isConst() const { return tag_ == Tag::Const; }
-  bool isTensor() const { return tag_ == Tag::Tensor; }
 
   // Accessors throw SpecError naming the expected and actual kind.
   bool toBool() const;
@@ -100,7 +74,6 @@ class Value {
   const Dict& toDict() const;
   uint32_t toSlot() const;
   uint32_t toConst() const;
-  const at::Tensor& toTensor() const;
 
   // Dict field access: `at` throws SpecError naming the missing key.
   const Value& at(std::string_view key) const;
@@ -119,12 +92,7 @@ class Value {
   std::shared_ptr<const std::string> str_;
   std::shared_ptr<const List> list_;
   std::shared_ptr<const Dict> dict_;
-  std::shared_ptr<const at::Tensor> tensor_;
 };
-
-// Bytes <-> Value. decode() checks the header (magic and version) first.
-std::string encode(const Value& root);
-Value decode(std::string_view bytes);
 
 // Render a value as compact, readable text (used by dumps and error messages).
 std::string toText(const Value& v, size_t max_chars = 200);

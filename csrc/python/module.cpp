@@ -1,12 +1,12 @@
 // graphex._C: the only place where C++ meets Python.
 //
-// Exposes one class, Executor, built from program-spec bytes (see
-// csrc/program/spec.h) and called with the boxed calling convention that
+// Exposes one class, Executor, built from program bytes (see
+// csrc/program/format.h) and called with the boxed calling convention that
 // AOTAutograd uses: a single list of inputs in, a list of outputs out. C++
 // exceptions become the Python classes in graphex/errors.py.
 #include "plan/describe.h"
 #include "program/program.h"
-#include "program/spec.h"
+#include "program/format.h"
 #include "runtime/executor.h"
 
 #include <torch/csrc/Exceptions.h>
@@ -72,8 +72,7 @@ std::vector<at::Tensor> tensorList(const py::list& items) {
 
 std::shared_ptr<Executor> makeExecutor(const py::bytes& spec_bytes, const py::list& constants) {
   std::string_view bytes = spec_bytes;
-  spec::Value root = spec::decode(bytes);
-  return std::make_shared<Executor>(Program::fromSpec(root, tensorList(constants)));
+  return std::make_shared<Executor>(Program::load(bytes, tensorList(constants)));
 }
 
 std::vector<c10::IValue> toIValues(const py::list& args) {
@@ -139,12 +138,29 @@ py::object pythonCause(const std::exception_ptr& cause) {
   }
 }
 
+// The graphex.errors classes C++ raises. Imported once, under pybind11's GIL-safe one-time
+// initialization, and never destroyed (a function-local `static py::object` would be released
+// after the interpreter is gone, and its initialization can deadlock with the GIL).
+struct ErrorClasses {
+  py::object program_error, signature_error, replay_error, fake_mismatch, make_replay_error;
+};
+
+const ErrorClasses& errorClasses() {
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<ErrorClasses> storage;
+  return storage
+      .call_once_and_store_result([] {
+        py::module_ errors = py::module_::import("graphex.errors");
+        return ErrorClasses{errors.attr("ProgramError"), errors.attr("SignatureError"), errors.attr("ReplayError"),
+                            errors.attr("FakeMismatch"), errors.attr("make_replay_error")};
+      })
+      .get_stored();
+}
+
 // Note [A replay error keeps its cause] (runtime/executor.h): raise the ReplayError that is
 // also what eager raises, built by graphex.errors.make_replay_error from the error's fields.
 [[noreturn]] void raiseReplayError(const ExecutionError& e) {
   py::object cause = e.kind == KernelErrorKind::Foreign ? pythonCause(e.cause) : py::none();  // first: see above
-  static py::object make = py::module_::import("graphex.errors").attr("make_replay_error");
-  py::object err = make(kindName(e.kind), e.kernel_message, e.graph, e.node, e.op, e.source, cause);
+  py::object err = errorClasses().make_replay_error(kindName(e.kind), e.kernel_message, e.graph, e.node, e.op, e.source, cause);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
   throw py::error_already_set();
 }
@@ -185,25 +201,24 @@ py::list runValidatedBoxed(const Executor& ex, const py::list& args) {
 std::string programSummary(const Program& p) { return describeProgram(p); }
 
 void registerErrors(py::module_& m) {
-  py::module_ errors = py::module_::import("graphex.errors");
-  static py::object program_error = errors.attr("ProgramError");
-  static py::object signature_error = errors.attr("SignatureError");
-  static py::object replay_error = errors.attr("ReplayError");
-  static py::object fake_mismatch = errors.attr("FakeMismatch");
+  (void)errorClasses();  // imported now, with the GIL held by module init
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const ProgramError& e) {
-      PyErr_SetString(program_error.ptr(), e.what());
+      PyErr_SetString(errorClasses().program_error.ptr(), e.what());
     } catch (const spec::SpecError& e) {
-      PyErr_SetString(program_error.ptr(), e.what());
+      PyErr_SetString(errorClasses().program_error.ptr(), e.what());
+    } catch (const format::FormatError& e) {
+      PyErr_SetString(errorClasses().program_error.ptr(), e.what());
     } catch (const SignatureError& e) {
-      PyErr_SetString(signature_error.ptr(), e.what());
+      PyErr_SetString(errorClasses().signature_error.ptr(), e.what());
     } catch (const ExecutionError& e) {  // runs translate it themselves (withoutGil); this is a fallback
-      PyErr_SetString(replay_error.ptr(), e.what());
+      PyErr_SetString(errorClasses().replay_error.ptr(), e.what());
     } catch (const FakeMismatchError& e) {
-      py::object err = fake_mismatch(e.what(), e.node_index, e.output, e.expected, e.actual);
-      PyErr_SetObject(fake_mismatch.ptr(), err.ptr());
+      const py::object& cls = errorClasses().fake_mismatch;
+      py::object err = cls(e.what(), e.node_index, e.output, e.expected, e.actual);
+      PyErr_SetObject(cls.ptr(), err.ptr());
     }
   });
 }
@@ -216,11 +231,12 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "graphex C++ core: programs built from specs, run through the c10 dispatcher";
   registerErrors(m);
 
-  m.attr("SPEC_FORMAT_VERSION") = spec::kFormatVersion;
+  m.attr("SPEC_FORMAT_VERSION") = format::kFormatVersion;
 
   py::class_<Executor, std::shared_ptr<Executor>>(m, "Executor")
-      .def(py::init(&makeExecutor), py::arg("spec"), py::arg("constants"),
-           "Build a program from spec bytes and the constant tensors it refers to.")
+      .def(py::init(&makeExecutor), py::arg("program"), py::arg("constants"),
+           "Build a program from program bytes (verified first) and the constant tensors it refers to "
+           "(empty: the ones stored in the program).")
       .def("__call__", &runBoxed, py::arg("args"),
            "Run on a list of inputs (boxed calling convention); returns a list of outputs.")
       .def("run_validated", &runValidatedBoxed, py::arg("args"),
@@ -242,14 +258,6 @@ PYBIND11_MODULE(_C, m) {
            "A readable listing of the program: instructions, slots, moves and frees.")
       .def_property_readonly_static("_boxed_call", [](py::object) { return true; });
 
-  m.def("dtype_code", [](at::ScalarType t) { return static_cast<int>(t); },
-        "The c10::ScalarType code of a torch.dtype, as stored in program specs.");
   m.def("total_run_count", &Executor::totalRunCount,
         "Runs of every program in this process so far (tests use it to prove the engine ran).");
-  m.def("layout_code", [](c10::Layout l) { return static_cast<int>(l); });
-  m.def("memory_format_code", [](at::MemoryFormat f) { return static_cast<int>(f); });
-  m.def(
-      "decode_spec_text",
-      [](const py::bytes& b) { return spec::toText(spec::decode(std::string_view(b)), 1u << 20); },
-      "Decode spec bytes and render them as text (for debugging and tests).");
 }

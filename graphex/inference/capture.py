@@ -158,7 +158,6 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
 
         lowered = lower(graph.gm, name=graph.name)
     custom = [op for op in lowered.node_ops if op is not None and is_custom(op)]
-    spec = dict(lowered.spec, constants=list(lowered.constants))
     header = {
         **keys.versions(),
         "key_parts": key_parts,
@@ -173,7 +172,7 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         "validate_fake": options.validate_fake and lowered.validates_fakes,
         "guards": _shape_guards(rec) if dynamic else None,
     }
-    return Entry(header, _spec.encode(spec))
+    return Entry(header, _spec.encode(lowered.spec, lowered.constants))  # constants stored inline
 
 
 def _check_aot_wrappers_are_trivial(graph: CompiledGraph, num_dynamo_inputs: int) -> None:

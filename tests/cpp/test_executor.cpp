@@ -27,12 +27,12 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 TEST(Executor, ChainMatchesDirectAtenCallsBitwise) {
   // y = sin(x * w + b)
-  Value spec = program(6, L({tensorInput("x", 0, {8}), tensorInput("w", 1, {8}), tensorInput("b", 2, {8})}),
+  std::string spec = program(6, L({tensorInput("x", 0, {8}), tensorInput("w", 1, {8}), tensorInput("b", 2, {8})}),
                        L({op("mul", "aten::mul", "Tensor", L({Slot(0), Slot(1)}), {3}),
                           op("add", "aten::add", "Tensor", L({Slot(3), Slot(2)}), {4}),
                           op("sin", "aten::sin", "default", L({Slot(4)}), {5})}),
                        L({Slot(5)}));
-  Executor ex(Program::fromSpec(spec));
+  Executor ex(Program::load(spec));
   at::Tensor x = at::randn({8}), w = at::randn({8}), b = at::randn({8});
   for (int run = 0; run < 3; ++run) {
     auto out = ex.run({x, w, b});
@@ -43,11 +43,11 @@ TEST(Executor, ChainMatchesDirectAtenCallsBitwise) {
 
 TEST(Executor, InPlaceUpdateWritesTheCallersTensor) {
   // cache.index_copy_(0, pos, val): same storage before and after, no copy.
-  Value spec = program(4, L({tensorInput("cache", 0, {4, 2}), tensorInput("pos", 1, {1}, c10::kLong),
+  std::string spec = program(4, L({tensorInput("cache", 0, {4, 2}), tensorInput("pos", 1, {1}, c10::kLong),
                              tensorInput("val", 2, {1, 2})}),
                        L({op("upd", "aten::index_copy_", "default", L({Slot(0), I(0), Slot(1), Slot(2)}), {3})}),
                        L({}));
-  Executor ex(Program::fromSpec(spec));
+  Executor ex(Program::load(spec));
   at::Tensor cache = at::zeros({4, 2});
   const void* ptr = cache.const_data_ptr();
   at::Tensor val = at::randn({1, 2});
@@ -59,13 +59,13 @@ TEST(Executor, InPlaceUpdateWritesTheCallersTensor) {
 
 TEST(Executor, TensorListsAndGetItem) {
   // parts = split(x, 2); y = cat([parts[1], parts[0]])
-  Value spec = program(5, L({tensorInput("x", 0, {4})}),
+  std::string spec = program(5, L({tensorInput("x", 0, {4})}),
                        L({op("split", "aten::split", "Tensor", L({Slot(0), I(2)}), {1}),
                           builtin("getitem", "p0", L({Slot(1), I(0)}), 2),
                           builtin("getitem", "p1", L({Slot(1), I(1)}), 3),
                           op("cat", "aten::cat", "default", L({L({Slot(3), Slot(2)})}), {4})}),
                        L({Slot(4)}));
-  Executor ex(Program::fromSpec(spec));
+  Executor ex(Program::load(spec));
   at::Tensor x = at::randn({4});
   auto out = ex.run({x});
   EXPECT_TRUE(at::equal(out[0].toTensor(), at::cat({x.slice(0, 2, 4), x.slice(0, 0, 2)})));
@@ -73,20 +73,20 @@ TEST(Executor, TensorListsAndGetItem) {
 
 TEST(Executor, SymbolicSizesAreComputedPerCall) {
   // n = sym_size(x, 0); m = n * 2; y = x.view([m // 2, -1])... here: new_zeros([m])
-  Value spec = program(4, L({scalarInput("s0", 0, "int"), tensorInput("x", 1, {3})}),
+  std::string spec = program(4, L({scalarInput("s0", 0, "int"), tensorInput("x", 1, {3})}),
                        L({builtin("sym", "m", L({Slot(0), I(2)}), 2, "mul"),
                           op("zeros", "aten::new_zeros", "default", L({Slot(1), L({Slot(2)})}), {3})}),
                        L({Slot(3), Slot(2)}));
-  Executor ex(Program::fromSpec(spec));
+  Executor ex(Program::load(spec));
   auto out = ex.run({int64_t{5}, at::randn({3})});
   EXPECT_EQ(out[0].toTensor().size(0), 10);
   EXPECT_EQ(out[1].toInt(), 10);
 }
 
 TEST(Executor, OutputsAreFreshEachCall) {
-  Value spec = program(2, L({tensorInput("x", 0, {4})}),
+  std::string spec = program(2, L({tensorInput("x", 0, {4})}),
                        L({op("neg", "aten::neg", "default", L({Slot(0)}), {1})}), L({Slot(1)}));
-  Executor ex(Program::fromSpec(spec));
+  Executor ex(Program::load(spec));
   at::Tensor a = at::randn({4});
   at::Tensor first = ex.run({a})[0].toTensor();
   at::Tensor keep = first.clone();
@@ -96,9 +96,9 @@ TEST(Executor, OutputsAreFreshEachCall) {
 }
 
 TEST(Executor, SignatureMismatchNamesTheInputAndBothSides) {
-  Value spec = program(2, L({tensorInput("x", 0, {4})}),
+  std::string spec = program(2, L({tensorInput("x", 0, {4})}),
                        L({op("neg", "aten::neg", "default", L({Slot(0)}), {1})}), L({Slot(1)}));
-  Executor ex(Program::fromSpec(spec));
+  Executor ex(Program::load(spec));
   try {
     (void)ex.run({at::randn({5})});
     FAIL();
@@ -114,11 +114,11 @@ TEST(Executor, SignatureMismatchNamesTheInputAndBothSides) {
 }
 
 TEST(Executor, FailingOperatorNamesNodeAndSourceLine) {
-  Value spec = program(3, L({tensorInput("a", 0, {2, 3}), tensorInput("b", 1, {2, 3})}),
+  std::string spec = program(3, L({tensorInput("a", 0, {2, 3}), tensorInput("b", 1, {2, 3})}),
                        L({op("mm_1", "aten::mm", "default", L({Slot(0), Slot(1)}), {2}, D({}),
                              "model.py:7 in forward: a @ b")}),
                        L({Slot(2)}));
-  Executor ex(Program::fromSpec(spec));
+  Executor ex(Program::load(spec));
   try {
     (void)ex.run({at::randn({2, 3}), at::randn({2, 3})});
     FAIL();
@@ -139,10 +139,10 @@ TEST(Executor, FailingOperatorNamesNodeAndSourceLine) {
 // Note [A replay error keeps its cause]: the kernel's message exactly as eager shows it, its
 // c10 class as a kind, and the exception itself.
 TEST(Executor, FailingOperatorKeepsTheKernelsMessageKindAndException) {
-  Value spec = program(3, L({tensorInput("x", 0, {4}), tensorInput("idx", 1, {2}, c10::kLong)}),
+  std::string spec = program(3, L({tensorInput("x", 0, {4}), tensorInput("idx", 1, {2}, c10::kLong)}),
                        L({op("sel", "aten::index_select", "default", L({Slot(0), I(0), Slot(1)}), {2})}),
                        L({Slot(2)}));
-  Executor ex(Program::fromSpec(spec));
+  Executor ex(Program::load(spec));
   at::Tensor x = at::randn({4}), idx = at::tensor({int64_t{0}, int64_t{9}});
   std::string eager;
   try {
@@ -172,9 +172,9 @@ TORCH_LIBRARY_FRAGMENT(graphex_cpp_test, m) { m.def("fail(Tensor x) -> Tensor");
 TORCH_LIBRARY_IMPL(graphex_cpp_test, CPU, m) { m.impl("fail", &failingKernel); }
 
 TEST(Executor, ForeignKernelErrorIsKeptAsTheCause) {
-  Value spec = program(2, L({tensorInput("x", 0, {4})}),
+  std::string spec = program(2, L({tensorInput("x", 0, {4})}),
                        L({op("f", "graphex_cpp_test::fail", "default", L({Slot(0)}), {1})}), L({Slot(1)}));
-  Executor ex(Program::fromSpec(spec));
+  Executor ex(Program::load(spec));
   try {
     (void)ex.run({at::randn({4})});
     FAIL();
@@ -187,11 +187,10 @@ TEST(Executor, ForeignKernelErrorIsKeptAsTheCause) {
 
 TEST(Executor, ValidatingRunComparesOutputsWithTheFakesPromise) {
   // A node whose recorded promise (expect) says float32[4]; the real op returns float32[3].
-  Value node = op("sum", "aten::sum", "dim_IntList", L({Slot(0), L({I(1)})}), {1});
-  spec::Dict d = node.toDict();
-  d["expect"] = L({D({{"dtype", I(static_cast<int>(c10::kFloat))}, {"device", S("cpu")}, {"sizes", L({I(4)})}})});
-  Value spec = program(2, L({tensorInput("x", 0, {3, 4})}), L({Value::dict(d)}), L({Slot(1)}));
-  Executor ex(Program::fromSpec(spec));
+  Value node = withExpect(op("sum", "aten::sum", "dim_IntList", L({Slot(0), L({I(1)})}), {1}),
+                          L({tensorMeta({4}, c10::kFloat, /*with_strides=*/false)}));
+  std::string spec = program(2, L({tensorInput("x", 0, {3, 4})}), L({node}), L({Slot(1)}));
+  Executor ex(Program::load(spec));
   at::Tensor x = at::randn({3, 4});
   EXPECT_NO_THROW((void)ex.run({x}));  // the plain run does not check
   try {
@@ -205,11 +204,11 @@ TEST(Executor, ValidatingRunComparesOutputsWithTheFakesPromise) {
 }
 
 TEST(Executor, TimedRunReportsEveryInstruction) {
-  Value spec = program(3, L({tensorInput("x", 0, {4})}),
+  std::string spec = program(3, L({tensorInput("x", 0, {4})}),
                        L({op("a", "aten::neg", "default", L({Slot(0)}), {1}),
                           op("b", "aten::sin", "default", L({Slot(1)}), {2})}),
                        L({Slot(2)}));
-  Executor ex(Program::fromSpec(spec));
+  Executor ex(Program::load(spec));
   std::vector<int64_t> ns;
   at::Tensor x = at::randn({4});
   auto out = ex.runTimed({x}, ns);
