@@ -6,6 +6,7 @@ import re
 
 import torch.fx
 
+_TORCH_DISTRIBUTED = "/torch/distributed/"
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
 
 
@@ -17,7 +18,9 @@ def user_frame(node: torch.fx.Node) -> tuple[str, int, str, str] | None:
     frames = list(_FRAME.finditer(trace))
     if not frames:
         return None
-    m = frames[-1]
+    # A collective is traced through torch.distributed's Python wrappers (dist.all_reduce -> functional
+    # collective -> wait_tensor); the user's line is the call into them, not torch's own lines.
+    m = next((f for f in reversed(frames) if _TORCH_DISTRIBUTED not in f["file"].replace("\\", "/")), frames[-1])
     return m["file"], int(m["line"]), m["fn"], m["code"].strip()
 
 

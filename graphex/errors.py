@@ -167,7 +167,12 @@ def make_replay_error(kind: str, message: str, graph: str, node: str, op: str, s
         base = _c10_error_class(kind)
     what = message.strip().rstrip(".") or f"{base.__name__} without a message"
     raised_at = _kernel_line(cause)
-    finding = Finding(what=what, where=source, op=op, node=node,
+    why = fix = ""
+    if op.startswith(("_c10d_functional::", "c10d::")):  # Note [A collective that fails names its peers]
+        from .distributed import collective_failure
+
+        why, fix = collective_failure(graph, node)
+    finding = Finding(what=what, where=source, op=op, node=node, why=why, fix=fix,
                       detail=f"raised in the kernel at {raised_at}" if raised_at else "")
     text = finding.render(prefix=f"graphex: {graph}: node '{node}' ({op}) failed: ")
     try:

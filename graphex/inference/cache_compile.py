@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 
 from .. import _C, _log
 from .._warn import warn_once
+from ..distributed import describe_world, world_key, world_mismatch
 from ..errors import OptionsError, SignatureError
 from ..options import Options
 from . import keys
@@ -198,7 +199,8 @@ class CachedFunction:
                 "dynamic": self._dynamic,
             }
         return {**self._static_parts, "in_spec": pytree.treespec_dumps(in_spec),
-                "signature": keys.input_signature(flat, self._dynamic), "grad": torch.is_grad_enabled()}
+                "signature": keys.input_signature(flat, self._dynamic), "grad": torch.is_grad_enabled(),
+                "world": world_key()}  # Note [A program belongs to its world] (graphex/distributed.py)
 
     def _load_or_compile(self, flat: list[Any], in_spec: pytree.TreeSpec, call_key: Any) -> Any:
         if call_key in self._uncacheable:
@@ -224,8 +226,31 @@ class CachedFunction:
             _log.info("cache hit: %s (%.1f ms to first output)", path, (time.perf_counter() - start) * 1e3)
             return result
         self.stats["misses"] += 1
+        if why == "no entry yet":
+            why = self._other_worlds(parts) or why
         _log.info("cache miss for %s %s: %s", self._name, keys.describe_signature(flat), why)
         return self._compile(flat, in_spec, call_key, parts, key, prefix, stale)
+
+    def _other_worlds(self, parts: dict[str, Any]) -> str | None:
+        """On a miss: entries of this very call built in other worlds (ranks, world sizes, group layouts) are
+        not loaded; say so once (Note [A program belongs to its world])."""
+        mine = keys.digest({k: v for k, v in parts.items() if k != "world"})
+        worlds = []
+        for path in sorted(glob.glob(os.path.join(glob.escape(self.cache_dir), f"{glob.escape(self._name)}-*{SUFFIX}")))[:32]:
+            try:
+                built = read_entry(path).header.get("key_parts") or {}
+            except EntryError:
+                continue
+            if keys.digest({k: v for k, v in built.items() if k != "world"}) == mine and \
+                    not _same_world_or_sibling(built.get("world"), parts["world"]):
+                worlds.append(describe_world(built.get("world")))
+        if not worlds:
+            return None
+        why = (f"this process is {describe_world(parts['world'])}; the entries of {self._name} in {self.cache_dir} "
+               f"for this call were built for {'; '.join(sorted(set(worlds)))}, and a program never runs in "
+               "another world (its collectives name that world's process groups): compiling one for this world")
+        warn_once(f"cache-world:{self.cache_dir}:{self._name}", f"graphex cache: {why}.")
+        return why
 
     def _try_load(self, path: str, key: str) -> tuple[_Loaded | None, str]:
         if not os.path.exists(path):
@@ -234,7 +259,8 @@ class CachedFunction:
             entry = read_entry(path)
             header = entry.header
             if header.get("key_parts") is None or keys.digest(header["key_parts"]) != key:
-                raise EntryError("built for another key")
+                other_world = world_mismatch(header.get("key_parts", {}).get("world"), world_key())
+                raise EntryError(other_world or "built for another key")
             for name, value in keys.versions().items():
                 if header.get(name) != value:
                     raise EntryError(f"built with {name} {header.get(name)}, this is {value}")
@@ -283,6 +309,14 @@ class CachedFunction:
                       f"graphex cache: cannot write to {self.cache_dir} ({e.strerror}); running without the "
                       "cache. Set cache_dir= or GRAPHEX_CACHE_DIR to a writable directory.")
             return False
+
+
+def _same_world_or_sibling(built: Any, here: Any) -> bool:
+    """The entry of this world, or of another rank of it (expected in a cache directory the ranks share)."""
+    if built is None or here is None:
+        return built is here
+    return built == here or (built["rank"] != here["rank"] and built["world_size"] == here["world_size"]
+                             and built["backend"] == here["backend"])
 
 
 def _candidates(prefix: str) -> list[str]:

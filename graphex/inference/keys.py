@@ -10,6 +10,9 @@ The entry's file name comes from what is known before tracing:
     dtype and device, and plain-valued attributes (ints, floats, strings, bools,
     dataclass configs) such as `eps` or `heads`, which get baked into the graph;
   * the options, dynamic=, and grad mode;
+  * the world: with torch.distributed initialized, this rank, the world size, the backend
+    and every process group's name and ranks (Note [A program belongs to its world] in
+    graphex/distributed.py), so each rank has its own entry and none runs in another world;
   * the input signature: shapes (or, with dynamic=True, ranks and which dims are
     0/1), dtypes, devices, strides, and the values of non-tensor arguments.
 What is only known after tracing is stored in the entry and re-checked on load:
