@@ -90,20 +90,24 @@ def close(actual: Any, expected: Any) -> bool:
         return False
 
 
-def clone_tree(x: Any) -> Any:
+def clone_tree(x: Any, _storages: dict[int, Any] | None = None) -> Any:
     """A deep copy of the tensors in `x` with the same storage offset, sizes and strides (a copy of the
-    whole storage, re-viewed), so every run starts from the same inputs, expanded ones included."""
+    whole storage, re-viewed), so every run starts from the same inputs, expanded ones included; tensors
+    that share memory in `x` share the copied memory (a cache and a view of it stay aliased)."""
+    storages = {} if _storages is None else _storages
     if isinstance(x, torch.Tensor):
         if x.layout != torch.strided or x.is_quantized:
             return x.clone()
-        storage = x.detach().untyped_storage().clone()
-        out = torch.empty(0, dtype=x.dtype, device=x.device).set_(storage, x.storage_offset(), x.size(), x.stride())
+        key = x.untyped_storage().data_ptr()
+        if key not in storages or key == 0:
+            storages[key] = x.detach().untyped_storage().clone()
+        out = torch.empty(0, dtype=x.dtype, device=x.device).set_(storages[key], x.storage_offset(), x.size(), x.stride())
         out.requires_grad_(x.requires_grad)
         return out
     if isinstance(x, list):
-        return [clone_tree(v) for v in x]
+        return [clone_tree(v, storages) for v in x]
     if isinstance(x, tuple):
-        return tuple(clone_tree(v) for v in x)
+        return tuple(clone_tree(v, storages) for v in x)
     if isinstance(x, dict):
-        return {k: clone_tree(v) for k, v in x.items()}
+        return {k: clone_tree(v, storages) for k, v in x.items()}
     return x

@@ -9,6 +9,7 @@ so that almost every program is valid in eager; one that is not is skipped by th
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -76,6 +77,16 @@ def generate(seed: int, max_statements: int = 8) -> Program:
     state = _State(rng)
     inputs = []
     for i in range(rng.randint(1, 3)):
+        first = state.values[0] if state.values else None
+        if first is not None and first.shape and rng.random() < 0.2:
+            # an input that is a view of input 0: the caller passes aliasing tensors (a cache and a page of it)
+            layout = rng.choice(("alias_slice", "alias_select"))
+            shape = (first.shape[0] - 1, *first.shape[1:]) if layout == "alias_slice" else first.shape[1:]
+            if layout == "alias_select" and first.shape[0] == 0:
+                layout, shape = "alias_slice", (0, *first.shape[1:])
+            inputs.append(Input(shape, first.dtype, layout))
+            state.values.append(Value(f"a{i}", shape, first.dtype, first.writable, "a0"))
+            continue
         shape = _shape(rng) if i == 0 or rng.random() < 0.4 else state.values[0].shape
         inp = Input(shape, rng.choice(DTYPES), rng.choice(LAYOUTS) if shape else "contiguous")
         inputs.append(inp)
@@ -272,3 +283,20 @@ def custom(state: _State) -> bool:
 
 GENERATORS = (unary, unary, binary, binary, reduction, view, view, inplace, inplace, indexing, indexing,
               cat_split, matmul, custom)
+
+
+def merge(programs: list[Program]) -> Program:
+    """Several programs as one (names prefixed p0_, p1_, ...; inputs, statements and outputs side by side):
+    one Dynamo compile checks them all. An alias input stays a view of its own program's first input."""
+    inputs: list[Input] = []
+    statements: list[str] = []
+    outputs: list[str] = []
+    for k, program in enumerate(programs):
+        offset = len(inputs)
+        rename = lambda text, k=k, offset=offset: re.sub(  # noqa: E731
+            r"\b([av])(\d+)\b", lambda m: f"a{int(m.group(2)) + offset}" if m.group(1) == "a" else f"p{k}_v{m.group(2)}", text)
+        inputs += [Input(i.shape, i.dtype, i.layout if not i.layout.startswith("alias") else f"{i.layout}@{offset}")
+                   for i in program.inputs]
+        statements += [rename(line) for line in program.statements]
+        outputs += [rename(name) for name in program.outputs]
+    return Program(inputs, statements, outputs, dynamic=programs[0].dynamic if programs else False)

@@ -42,6 +42,11 @@ def make_inputs(inputs: Sequence[Input], seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for spec in inputs:
+        if spec.layout.startswith("alias"):  # a view of input 0 (of input N for "alias_...@N"), sharing its memory
+            kind, _, at = spec.layout.partition("@")
+            of = out[int(at or 0)]
+            out.append(of[1:] if kind == "alias_slice" else of.select(0, 0))
+            continue
         shape, dtype = list(spec.shape), _DTYPES[spec.dtype]
         base_shape = list(shape)
         if spec.layout == "transposed" and len(shape) >= 2:
