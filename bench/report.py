@@ -175,6 +175,9 @@ def markdown(results: dict[str, Any]) -> str:
                 r = warm[name]
                 lines.append(f"| {name} process | {_seconds(r['first_call_s'])} | {_seconds(r['process_s'])} "
                              f"| {r['dynamo_compiles']} | {'yes' if r['equal'] else 'NO'} |")
+    from .tp_decode import markdown_lines as tp_decode_lines
+
+    lines += tp_decode_lines(results.get("tp_decode"))
     lines += ["", "Workloads:"]
     for case in results["cases"]:
         ops = case["results"].get("graphex", {}).get("graphex_ops")

@@ -1,13 +1,15 @@
 """`make bench`: eager, inductor, aot_eager and graphex side by side on every workload.
 
-    python -m bench.run [--quick] [--only NAME] [--out DIR] [--backends a,b] [--bin-dir DIR]
+    python -m bench.run [--quick] [--only NAME] [--out DIR] [--backends a,b] [--bin-dir DIR] [--no-tp-decode]
 
 For each case (bench/cases.py):
   1. first call (compile + first run) and the peak memory of one steady-state step,
      in a fresh process per backend, inductor with a new cache directory;
   2. steady-state latency in this process, the backends taking turns in short rounds,
      plus the hand-written C++ limit where the case has one (built by CMake into
-     build/py/bench/; the row is skipped, with a note, when the binary is missing).
+     build/py/bench/; the row is skipped, with a note, when the binary is missing);
+  3. the 2-rank tensor-parallel decode step, eager vs graphex (bench/tp_decode.py, torchrun on
+     127.0.0.1; --no-tp-decode skips it).
 Writes results.json, results.md and latency.png under --out and prints the Markdown.
 """
 
@@ -195,7 +197,7 @@ def machine_info(settings: Settings, backends: list[str]) -> dict[str, Any]:
 
 def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, isolate: bool = True,
               bin_dir: str = DEFAULT_BIN_DIR, log: Callable[[str], None] = _log,
-              warm_start: bool = False) -> dict[str, Any]:
+              warm_start: bool = False, tp_decode: bool = False) -> dict[str, Any]:
     """Measure every case on every backend; the results dict of bench/report.py, targets included.
 
     isolate=False measures the first call in this process (for tests: cases need not be importable).
@@ -220,6 +222,14 @@ def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, iso
             results["warm_start"] = warm_start_mod.measure(log)
         except Exception as e:  # noqa: BLE001
             results["warm_start"] = {"error": str(e)}
+    if tp_decode:  # the 2-rank tensor-parallel decode step (bench/tp_decode.py), eager vs graphex
+        from . import tp_decode as tp_decode_mod
+
+        try:
+            results["tp_decode"] = tp_decode_mod.measure(log, rounds=settings.rounds, round_s=settings.round_s,
+                                                         warmup=settings.warmup)
+        except Exception as e:  # noqa: BLE001
+            results["tp_decode"] = {"error": str(e)}
     results["targets"] = report.derive(results)
     return results
 
@@ -235,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                         + ", ".join(measure.BACKENDS))
     parser.add_argument("--no-warm-start", action="store_true",
                         help="skip cache_compile's cold-vs-warm fresh-process measurement")
+    parser.add_argument("--no-tp-decode", action="store_true",
+                        help="skip the 2-rank tensor-parallel decode step (eager vs graphex, torchrun on 127.0.0.1)")
     parser.add_argument("--bin-dir", default=DEFAULT_BIN_DIR, help="where the hand-written C++ binaries are "
                         "(default build/py/bench)")
     ns = parser.parse_args(argv)
@@ -249,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown backends {unknown}; known: {', '.join(measure.BACKENDS)}")
 
     results = run_suite(selected, backends, QUICK if ns.quick else FULL, bin_dir=ns.bin_dir,
-                        warm_start=not ns.no_warm_start and "graphex" in backends)
+                        warm_start=not ns.no_warm_start and "graphex" in backends,
+                        tp_decode=not ns.no_tp_decode and {"eager", "graphex"} <= set(backends))
     paths = report.write(results, ns.out)
     _log("wrote " + ", ".join(paths.values()))
     print(report.markdown(results), end="")

@@ -138,3 +138,18 @@ def test_a_rank_that_never_arrives_fails_the_other_after_the_group_timeout():
     assert failed["step"] == 2 and failed["is_replay_error"], failed
     assert 2.5 <= failed["seconds"] < 11, failed  # bounded by the 3 s timeout the script set, not by the peer
     assert "within the group's timeout (3 s)" in failed["why"], failed
+
+
+def test_bench_report_shows_the_tp_decode_step():
+    from bench import report, tp_decode
+
+    figures = {"eager": {"median_us": 30000.0, "p10_us": 20000.0, "p90_us": 40000.0},
+               "graphex": {"median_us": 21000.0, "p10_us": 14000.0, "p90_us": 35000.0},
+               "equal": True, "engine_ran": True, "rounds": 12, "calls_per_round": 12, "world": 2}
+    meta = {"cpu": "cpu", "cores": 2, "torch_threads": 2, "torch": torch.__version__, "python": "3", "date": "d",
+            "settings": "s"}
+    text = report.markdown({"meta": meta, "cases": [], "targets": [], "tp_decode": figures})
+    assert "| tp_decode_step, 2 ranks (gloo, 127.0.0.1), rank 0 | median step |" in text, text
+    assert "| graphex | 21,000 us | 14,000 - 35,000 us | 0.70x | yes | yes |" in text, text
+    failed = "\n".join(tp_decode.markdown_lines({"error": "the 2-rank TP decode run failed (exit 1)"}))
+    assert "tp_decode_step (2 ranks): not measured (the 2-rank TP decode run failed (exit 1))" in failed
