@@ -4,6 +4,8 @@
 // csrc/program/format.h) and called with the boxed calling convention that
 // AOTAutograd uses: a single list of inputs in, a list of outputs out. C++
 // exceptions become the Python classes in graphex/errors.py.
+#include "deploy/module.h"
+#include "deploy/safetensors.h"
 #include "plan/describe.h"
 #include "program/program.h"
 #include "program/format.h"
@@ -211,6 +213,8 @@ void registerErrors(py::module_& m) {
       PyErr_SetString(errorClasses().program_error.ptr(), e.what());
     } catch (const format::FormatError& e) {
       PyErr_SetString(errorClasses().program_error.ptr(), e.what());
+    } catch (const deploy::WeightsError& e) {
+      PyErr_SetString(errorClasses().program_error.ptr(), e.what());
     } catch (const SignatureError& e) {
       PyErr_SetString(errorClasses().signature_error.ptr(), e.what());
     } catch (const ExecutionError& e) {  // runs translate it themselves (withoutGil); this is a fallback
@@ -257,6 +261,14 @@ PYBIND11_MODULE(_C, m) {
       .def("describe", [](const Executor& e) { return programSummary(e.program()); },
            "A readable listing of the program: instructions, slots, moves and frees.")
       .def_property_readonly_static("_boxed_call", [](py::object) { return true; });
+
+  py::class_<Module, std::shared_ptr<Module>>(m, "Module")
+      .def(py::init([](const std::string& path) { return std::make_shared<Module>(Module::load(path)); }),
+           py::arg("path"), "graphex::Module::load: an exported artifact, loaded by the C++ runtime alone.")
+      .def("__call__", [](const Module& mod, const py::list& args) {
+             return toPyList(withoutGil(args, [&](std::vector<c10::IValue> in) { return mod.run(in); }));
+           }, py::arg("args"), "Run on the flattened arguments; returns the flattened result.")
+      .def_property_readonly("tree", &Module::tree);
 
   m.def("total_run_count", &Executor::totalRunCount,
         "Runs of every program in this process so far (tests use it to prove the engine ran).");

@@ -172,7 +172,10 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         "validate_fake": options.validate_fake and lowered.validates_fakes,
         "guards": _shape_guards(rec) if dynamic else None,
     }
-    return Entry(header, _spec.encode(lowered.spec, lowered.constants))  # constants stored inline
+    # The program carries its bindings and result leaves too: the same bytes load in C++ (graphex/export.py).
+    program = _spec.encode(lowered.spec, lowered.constants, bindings=inputs, leaves=outputs,
+                           tree=pytree.treespec_dumps(out_spec))
+    return Entry(header, program)
 
 
 def _check_aot_wrappers_are_trivial(graph: CompiledGraph, num_dynamo_inputs: int) -> None:

@@ -1,0 +1,118 @@
+#include "deploy/module.h"
+
+#include "deploy/safetensors.h"
+#include "program/arguments.h"
+#include "program/format.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace graphex {
+
+namespace {
+
+std::string readFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw format::FormatError("cannot open program " + path);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+Module Module::load(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  fs::path program_path = fs::is_directory(path) ? dir / "program.gxp" : fs::path(path);
+  std::string bytes = readFile(program_path.string());
+  const fb::Program& root = format::verify(bytes);
+
+  Module m;
+  m.tree_ = root.tree() ? root.tree()->str() : "";
+  if (!root.bindings() || root.bindings()->size() != (root.inputs() ? root.inputs()->size() : 0))
+    throw format::FormatError(program_path.string() + " has no input bindings: it is a program for one compile, "
+                              "not an exported artifact (write one with graphex.export)");
+  bool needs_weights = false;
+  for (const fb::Binding* b : *root.bindings())
+    needs_weights |= b->kind() == fb::BindingKind::Parameter || b->kind() == fb::BindingKind::Buffer;
+  if (needs_weights) {
+    std::string weights = root.weights_file() ? root.weights_file()->str() : "weights.safetensors";
+    m.weights_ = deploy::loadSafetensors((dir / weights).string());
+  }
+
+  Program program = Program::fromTable(root);
+  for (uint32_t i = 0; i < root.bindings()->size(); ++i) {
+    const fb::Binding& b = *root.bindings()->Get(i);
+    Bind bind{static_cast<int>(b.kind()), b.index(), b.dim(), {}};
+    if (b.kind() == fb::BindingKind::Parameter || b.kind() == fb::BindingKind::Buffer) {
+      std::string name = b.name() ? b.name()->str() : "";
+      auto it = m.weights_.find(name);
+      if (it == m.weights_.end())
+        throw deploy::WeightsError("the weights file has no tensor '" + name + "', which program input " +
+                                   std::to_string(i) + " (" + program.inputs[i].name + ") is bound to");
+      const InputSpec& spec = program.inputs[i];
+      // Checked once here (Note [An artifact binds its inputs by kind]); the run-time check then passes.
+      std::string mismatch = describeMismatch(spec, it->second);
+      if (!mismatch.empty())
+        throw deploy::WeightsError("weight '" + name + "' does not match the program: " + mismatch);
+      bind.weight = it->second;
+    } else if (b.kind() != fb::BindingKind::Token) {
+      if (b.index() < 0) throw format::FormatError("binding " + std::to_string(i) + ": negative argument index");
+      m.num_args_ = std::max(m.num_args_, static_cast<size_t>(b.index()) + 1);
+    }
+    m.binds_.push_back(std::move(bind));
+  }
+  if (root.leaves()) {
+    for (const fb::Leaf* l : *root.leaves()) {
+      Leaf leaf{static_cast<int>(l->kind()), l->index(), {}};
+      if (l->kind() == fb::LeafKind::Constant)
+        leaf.value = makeUntypedArgSource(format::toValue(l->value()), {}, "result constant").constant;
+      else if (l->kind() == fb::LeafKind::Argument)
+        m.num_args_ = std::max(m.num_args_, static_cast<size_t>(std::max(l->index(), 0)) + 1);
+      else if (l->index() < 0 || static_cast<size_t>(l->index()) >= program.outputs.size())
+        throw format::FormatError("result leaf refers to program output " + std::to_string(l->index()));
+      m.leaves_.push_back(std::move(leaf));
+    }
+  }
+  m.executor_ = std::make_shared<const Executor>(std::move(program));
+  return m;
+}
+
+std::vector<c10::IValue> Module::run(const std::vector<c10::IValue>& args) const {
+  if (args.size() != num_args_)
+    throw SignatureError("graphex::Module: " + std::to_string(args.size()) + " arguments given, the program takes " +
+                         std::to_string(num_args_));
+  std::vector<c10::IValue> inputs;
+  inputs.reserve(binds_.size());
+  auto tensorArg = [&](int32_t i) -> const at::Tensor& {
+    if (!args[i].isTensor()) throw SignatureError("graphex::Module: argument " + std::to_string(i) + " must be a tensor");
+    return args[i].toTensor();
+  };
+  for (const Bind& b : binds_) {
+    switch (static_cast<fb::BindingKind>(b.kind)) {
+      case fb::BindingKind::Argument: inputs.push_back(args[b.index]); break;
+      case fb::BindingKind::Parameter:
+      case fb::BindingKind::Buffer: inputs.push_back(b.weight); break;
+      case fb::BindingKind::Size: inputs.push_back(tensorArg(b.index).size(b.dim)); break;
+      case fb::BindingKind::Stride: inputs.push_back(tensorArg(b.index).stride(b.dim)); break;
+      case fb::BindingKind::StorageOffset: inputs.push_back(tensorArg(b.index).storage_offset()); break;
+      default: inputs.push_back(c10::IValue()); break;
+    }
+  }
+  std::vector<c10::IValue> outs = executor_->run(std::move(inputs));
+  if (leaves_.empty()) return outs;
+  std::vector<c10::IValue> result;
+  result.reserve(leaves_.size());
+  for (const Leaf& l : leaves_) {
+    switch (static_cast<fb::LeafKind>(l.kind)) {
+      case fb::LeafKind::Output: result.push_back(outs[l.index]); break;
+      case fb::LeafKind::Argument: result.push_back(args[l.index]); break;
+      default: result.push_back(l.value); break;
+    }
+  }
+  return result;
+}
+
+}  // namespace graphex

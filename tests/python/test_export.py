@@ -1,0 +1,65 @@
+"""graphex.export writes program + safetensors weights; graphex::Module (C++, no Python) loads and runs them."""
+
+import os
+
+import pytest
+import torch
+
+import graphex.export as gx_export
+from graphex import _C
+from graphex.errors import ProgramError
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+        self.register_buffer("scale", torch.tensor([0.5, 2.0, 1.0, 3.0]))
+
+    def forward(self, x):
+        return {"y": torch.relu(self.fc(x)) * self.scale, "n": 3}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = torch.randn(2, 8)
+    path = gx_export.export(model, (x,), tmp_path_factory.mktemp("art") / "net.graphex")
+    return model, x, path
+
+
+def test_export_runs_in_the_cpp_runtime_bitwise_equal_to_eager(exported):
+    model, x, path = exported
+    assert sorted(os.listdir(path)) == ["program.gxp", "weights.safetensors"]
+    module = _C.Module(path)
+    with torch.no_grad():
+        expected = model(x)
+    out = module([x])
+    assert torch.equal(out[0], expected["y"]) and out[1] == 3  # result leaves: graph output, constant
+    x2 = torch.randn(2, 8)
+    with torch.no_grad():
+        assert torch.equal(module([x2])[0], model(x2)["y"])
+
+
+def test_weights_are_bound_by_name_and_checked(exported, tmp_path):
+    model, x, path = exported
+    program = open(os.path.join(path, "program.gxp"), "rb").read()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "program.gxp").write_bytes(program)
+    weights = {"fc.weight": model.fc.weight, "fc.bias": model.fc.bias, "scale": torch.zeros(5)}
+    (bad / "weights.safetensors").write_bytes(gx_export.safetensors_bytes(weights))
+    with pytest.raises(ProgramError, match="weight 'scale' does not match the program"):
+        _C.Module(str(bad))
+    del weights["scale"]
+    (bad / "weights.safetensors").write_bytes(gx_export.safetensors_bytes(weights))
+    with pytest.raises(ProgramError, match="no tensor 'scale'"):
+        _C.Module(str(bad))
+    good = open(os.path.join(path, "weights.safetensors"), "rb").read()
+    (bad / "weights.safetensors").write_bytes(good[:-7])
+    with pytest.raises(ProgramError, match="outside the file|truncated"):
+        _C.Module(str(bad))
+    (bad / "program.gxp").write_bytes(program[:-5])
+    with pytest.raises(ProgramError, match="truncated"):
+        _C.Module(str(bad))
