@@ -4,6 +4,7 @@
   graphex new mre [--cache]   write a minimal reproducer (plain torch.compile, or cache_compile)
   graphex check SCRIPT        my op works in eager, not in graph mode: check every custom op SCRIPT calls
   graphex triage SCRIPT       it compiles but something is wrong: graph breaks, recompiles, accuracy
+  graphex export TARGET PATH  write a model's program and weights for C++ (graphex-run, graphex::Module)
   graphex cache ls|clear      list or clear the cache_compile directory
   graphex options             the backend's options and what they do
 
@@ -28,6 +29,7 @@ _COMMANDS = {
     "new": "graphex.tools.new",
     "check": "graphex.tools.check",
     "triage": "graphex.tools.triage",
+    "export": "graphex.tools.export_cli",
     "cache": "graphex.tools.cache_cli",
     "options": "graphex.tools.options_cli",
 }

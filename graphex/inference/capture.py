@@ -172,7 +172,7 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         "validate_fake": options.validate_fake and lowered.validates_fakes,
         "guards": _shape_guards(rec) if dynamic else None,
     }
-    # The program carries its bindings and result leaves too: the same bytes load in C++ (graphex/export.py).
+    # The program carries its bindings and result leaves too: the same bytes load in C++ (graphex/exporting.py).
     program = _spec.encode(lowered.spec, lowered.constants, bindings=inputs, leaves=outputs,
                            tree=pytree.treespec_dumps(out_spec))
     return Entry(header, program)

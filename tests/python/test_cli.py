@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 
 
-@pytest.mark.parametrize("args", [["--help"], [], ["check", "--help"], ["new", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], [], ["check", "--help"], ["new", "--help"], ["export", "--help"]])
 def test_help_does_not_import_torch(args):
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "graphex", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)

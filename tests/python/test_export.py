@@ -1,11 +1,14 @@
 """graphex.export writes program + safetensors weights; graphex::Module (C++, no Python) loads and runs them."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-import graphex.export as gx_export
+import graphex
+from graphex.exporting import safetensors_bytes
 from graphex import _C
 from graphex.errors import ProgramError
 
@@ -25,7 +28,7 @@ def exported(tmp_path_factory):
     torch.manual_seed(0)
     model = Net().eval()
     x = torch.randn(2, 8)
-    path = gx_export.export(model, (x,), tmp_path_factory.mktemp("art") / "net.graphex")
+    path = graphex.export(model, (x,), tmp_path_factory.mktemp("art") / "net.graphex")
     return model, x, path
 
 
@@ -49,11 +52,11 @@ def test_weights_are_bound_by_name_and_checked(exported, tmp_path):
     bad.mkdir()
     (bad / "program.gxp").write_bytes(program)
     weights = {"fc.weight": model.fc.weight, "fc.bias": model.fc.bias, "scale": torch.zeros(5)}
-    (bad / "weights.safetensors").write_bytes(gx_export.safetensors_bytes(weights))
+    (bad / "weights.safetensors").write_bytes(safetensors_bytes(weights))
     with pytest.raises(ProgramError, match="weight 'scale' does not match the program"):
         _C.Module(str(bad))
     del weights["scale"]
-    (bad / "weights.safetensors").write_bytes(gx_export.safetensors_bytes(weights))
+    (bad / "weights.safetensors").write_bytes(safetensors_bytes(weights))
     with pytest.raises(ProgramError, match="no tensor 'scale'"):
         _C.Module(str(bad))
     good = open(os.path.join(path, "weights.safetensors"), "rb").read()
@@ -63,3 +66,21 @@ def test_weights_are_bound_by_name_and_checked(exported, tmp_path):
     (bad / "program.gxp").write_bytes(program[:-5])
     with pytest.raises(ProgramError, match="truncated"):
         _C.Module(str(bad))
+
+
+def test_graphex_export_is_the_function_and_the_command(tmp_path):
+    assert callable(graphex.export) and graphex.export is graphex.exporting.export
+    script = tmp_path / "make_net.py"
+    script.write_text("import torch\n\n"
+                      "def make():\n"
+                      "    torch.manual_seed(1)\n"
+                      "    return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval(), (torch.randn(3, 8),)\n")
+    out = tmp_path / "cli.graphex"
+    proc = subprocess.run([sys.executable, "-m", "graphex", "export", f"{script}:make", str(out)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["program.gxp", "weights.safetensors"]
+    torch.manual_seed(1)
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval(), torch.randn(3, 8)
+    with torch.no_grad():
+        assert torch.equal(_C.Module(str(out))([x])[0], model(x))

@@ -1,4 +1,4 @@
-"""graphex.export: write what a C++ program loads (graphex::Module::load): program + weights.
+"""graphex.export (this module is graphex.exporting): write what a C++ program loads (graphex::Module::load).
 
     graphex.export(model, (x,), "model.graphex")
     # model.graphex/program.gxp        the program (csrc/schema/program.fbs), bindings and result leaves
