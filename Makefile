@@ -41,10 +41,12 @@ $(STAMP_SYS):
 	fi
 	@touch $@
 
-# graphex/fb/: flatc's Python code for the program schema (committed; C++'s is generated at build time).
+# graphex/fb/: flatc's Python code for the program schema (committed; C++'s is generated at build time),
+# importing the FlatBuffers runtime vendored in graphex/_vendor (graphex's runtime dependency stays torch alone).
 schema:
 	rm -rf build/fbgen && flatc --python -o build/fbgen csrc/schema/program.fbs
 	rm -rf graphex/fb && cp -r build/fbgen/graphex/fb graphex/fb
+	sed -i 's/^import flatbuffers$$/from graphex._vendor import flatbuffers/; s/^from flatbuffers\.compat import/from graphex._vendor.flatbuffers.compat import/' graphex/fb/*.py
 
 # The virtual environment: torch pinned exactly (pip takes the CPU build on this disk).
 $(STAMP_VENV): pyproject.toml

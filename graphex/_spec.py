@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import flatbuffers
+from graphex._vendor import flatbuffers
 import torch
 
 from .fb import (Arg, ArgKind, Binding, BindingKind, Device, DeviceType, DType, Expect, Input, InputKind, Kwarg,

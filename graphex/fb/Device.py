@@ -2,8 +2,8 @@
 
 # namespace: fb
 
-import flatbuffers
-from flatbuffers.compat import import_numpy
+from graphex._vendor import flatbuffers
+from graphex._vendor.flatbuffers.compat import import_numpy
 np = import_numpy()
 
 class Device(object):
