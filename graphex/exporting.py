@@ -79,3 +79,21 @@ def safetensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * ((-len(text)) % 8)
     return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+
+
+def load_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a safetensors file (e.g. graphex-run --output) into name -> tensor (copies)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    dtypes = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = (8 + n + o for o in entry["data_offsets"])
+        raw = bytearray(data[begin:end])
+        flat = torch.frombuffer(raw, dtype=dtypes[entry["dtype"]]) if raw else torch.empty(0, dtype=dtypes[entry["dtype"]])
+        out[name] = flat.reshape(entry["shape"]).clone()
+    return out

@@ -230,7 +230,7 @@ void saveSafetensors(const std::string& path, const std::map<std::string, at::Te
     header += "\"" + name + "\":{\"dtype\":\"" + dname + "\",\"shape\":[";
     for (int64_t i = 0; i < t.dim(); ++i) header += (i ? "," : "") + std::to_string(t.size(i));
     header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + nbytes) + "]}";
-    offset += nbytes;
+    offset += nbytes + (-nbytes) % 8;  // each tensor starts 8-byte aligned, as the reader checks
     blobs.push_back(t);
   }
   header += "}";
@@ -239,7 +239,12 @@ void saveSafetensors(const std::string& path, const std::map<std::string, at::Te
   uint64_t n = header.size();
   f.write(reinterpret_cast<const char*>(&n), 8);
   f << header;
-  for (const at::Tensor& t : blobs) f.write(static_cast<const char*>(t.const_data_ptr()), t.numel() * t.element_size());
+  const char zeros[8] = {};
+  for (const at::Tensor& t : blobs) {
+    uint64_t nbytes = t.numel() * t.element_size();
+    f.write(static_cast<const char*>(t.const_data_ptr()), nbytes);
+    f.write(zeros, (-nbytes) % 8);
+  }
   if (!f) throw WeightsError("cannot write " + path);
 }
 
