@@ -32,6 +32,7 @@ from .errors import (
     SignatureError,
 )
 from .options import Options
+from .save_tensor import save_tensor  # noqa: E402  (print-like dump that survives replay)
 from .exporting import ExportError, export  # graphex.export is the function; the module is graphex.exporting
 from . import inference  # noqa: E402  (graphex.inference.cache_compile)
 
@@ -43,4 +44,5 @@ _install_trace_checks()
 __all__ = [
     "graphex_backend", "npugraph_ex_backend", "get_backend", "compile_fx", "Options", "GraphexError", "OptionsError", "CaptureError",
     "ProgramError", "SignatureError", "ReplayError", "CustomOpError", "CacheError", "export", "ExportError", "__version__",
+    "save_tensor",
 ]

@@ -165,3 +165,15 @@ def process_group_timeout(pg: Any) -> Any:
         return pg._get_backend(torch.device("cpu")).options._timeout
     except (AttributeError, RuntimeError):
         return None
+
+
+# -- effectful custom ops (graphex.save_tensor) ----------------------------------------------------
+
+def register_ordered_effect(op: Any) -> None:
+    """Mark `op` as having an ordered side effect: AOTAutograd wraps it in `with_effects` (threading a
+    token), so it is neither dead-code eliminated nor reordered. torch 2.11-2.13 name the enum
+    `_EffectType`; later versions also export `EffectType` (torch._library.effects)."""
+    from torch._higher_order_ops import effects
+
+    kinds = getattr(effects, "EffectType", None) or effects._EffectType
+    effects._register_effectful_op(op, kinds.ORDERED)

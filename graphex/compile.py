@@ -26,6 +26,7 @@ from torch._guards import TracingContext, detect_fake_mode
 from . import _log
 from ._source import pretty_source
 from .custom_ops import check_dynamo_graph, install_trace_checks
+from .debug_dump import keep_original
 from .dump import dump_graph
 from .lower import lower
 from .options import Options
@@ -97,6 +98,7 @@ def capture(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], options: Op
     graph_id = next(_graph_ids)
     name = f"graph_{graph_id}"
     fake_mode = detect_fake_mode(flat_inputs)
+    original = keep_original(fx_gm, options)  # None unless data_dump_stage='original'
     kept = run_passes(fx_gm, options, fake_mode)
     for copy in kept:
         _log.info("%s: %s", name, copy)
@@ -104,6 +106,7 @@ def capture(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], options: Op
     static_inputs = _static_input_indices(len(flat_inputs))
     compiled = CompiledGraph(name, fx_gm, options, static_inputs=static_inputs, kept_copies=kept)
     ctx = TracingContext.try_get()
+    compiled.original_gm = original
     compiled.aot_metadata = getattr(ctx, "fw_metadata", None) if ctx is not None else None
     elapsed = (time.perf_counter() - start) * 1000
     _log.info("%s: captured %d ops, %d inputs, %d outputs in %.1f ms%s", name, compiled.num_ops,

@@ -71,6 +71,26 @@ _SPECS: dict[str, _Spec] = {
         "On the first replay, check each custom op's real outputs against what its "
         "fake/Meta function promised (shape, dtype, device) and raise a CustomOpError naming "
         "the op, both results and the fix. Done by the engine during that run: no extra run."),
+    "dump_tensor_data": _Spec(
+        False, (bool,),
+        "Dump the graph inputs and every op's output of each replay (npugraph_ex's option of the same "
+        "name), as data_dump_dir/graph_N/call_K/NNN_<node>.pt plus index.json. For per-op accuracy "
+        "(`graphex triage` uses it). Off: no cost; on: every replay is slower and writes every "
+        "intermediate tensor (see data_dump_calls)."),
+    "data_dump_stage": _Spec(
+        "optimized", (str,),
+        "With dump_tensor_data: 'optimized' dumps the C++ engine's own values (after graphex's passes, "
+        "as replayed); 'original' runs the functional ATen graph from before graphex's passes with "
+        "torch.fx on clones of the inputs (eager kernels) and dumps its values; the replay itself "
+        "still runs on the engine."),
+    "data_dump_dir": _Spec(
+        None, (type(None), str, os.PathLike),
+        "With dump_tensor_data: where the dumps go (default: ./graphex_data_dump)."),
+    "data_dump_calls": _Spec(
+        8, (int,),
+        "With dump_tensor_data: how many replays of each graph are dumped (the first N); later "
+        "replays run the plain engine. A dumped call writes the inputs plus every op's outputs, "
+        "about the sum of all intermediate tensor sizes of the graph."),
 }
 
 
@@ -87,6 +107,10 @@ class Options:
     post_grad_custom_post_pass: Callable[..., Any] | None = None
     dump_dir: str | None = None
     validate_fake: bool = True
+    dump_tensor_data: bool = False
+    data_dump_stage: str = "optimized"
+    data_dump_dir: str | None = None
+    data_dump_calls: int = 8
 
     @staticmethod
     def from_user(options: dict[str, Any] | Options | None) -> Options:
@@ -111,6 +135,13 @@ class Options:
                 raise OptionsError(f"graphex: option {key!r} must be {wanted}, got {value!r}.")
         if options.get("capture_limit", 1) < 1:
             raise OptionsError(f"graphex: option 'capture_limit' must be at least 1, got {options['capture_limit']}.")
+        if options.get("data_dump_stage", "optimized") not in ("original", "optimized"):
+            raise OptionsError(f"graphex: option 'data_dump_stage' must be 'original' or 'optimized', "
+                               f"got {options['data_dump_stage']!r}.")
+        if options.get("data_dump_calls", 1) < 1:
+            raise OptionsError(f"graphex: option 'data_dump_calls' must be at least 1, got {options['data_dump_calls']}.")
+        if options.get("data_dump_dir") is not None:
+            options["data_dump_dir"] = os.fspath(options["data_dump_dir"])
         if options.get("dump_dir") is None and os.environ.get("GRAPHEX_DUMP"):
             options["dump_dir"] = os.environ["GRAPHEX_DUMP"]
         if options.get("dump_dir") is not None:
@@ -122,7 +153,7 @@ class Options:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "dump_dir":
+            if f.name in ("dump_dir", "data_dump_dir"):
                 continue  # where dumps go does not change the program
             if callable(value):
                 value = _callable_identity(value)

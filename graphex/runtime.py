@@ -57,6 +57,8 @@ class CompiledGraph:
         self.executor: _C.Executor | None = None
         self.lowered: LoweredGraph | None = None
         self.aot_metadata: Any = None  # AOTAutograd's ViewAndMutationMeta for this graph (set by capture)
+        self.original_gm: torch.fx.GraphModule | None = None  # before the passes; only for data_dump_stage='original'
+        self._dumping = options.dump_tensor_data
 
         frozen = options.frozen_parameter and bool(self.static_inputs)
         if options.force_eager:
@@ -85,10 +87,13 @@ class CompiledGraph:
         return self._run(args)
 
     def _select_run(self, frozen: bool) -> Callable[[list[Any]], list[Any]]:
+        if frozen and not self.options.force_eager:
+            return self._first_frozen_call
+        if self._dumping:  # Note [Dumps are written whole and bounded] (graphex/debug_dump.py); off: never here
+            from .debug_dump import DumpingRun
+            return DumpingRun(self)
         if self.options.force_eager:
             return self.run_fx
-        if frozen:
-            return self._first_frozen_call
         if self.options.validate_fake and self.lowered is not None and self.lowered.validates_fakes:
             return self._first_validated_call
         return self._steady_run()
@@ -131,6 +136,11 @@ class CompiledGraph:
         self._run = self._select_run(frozen=False)
         _log.info("%s: froze %d parameters and buffers into the program", self.name, len(frozen))
         return self._run(args)
+
+    def dumps_finished(self) -> None:
+        """The last dumped call (data_dump_calls) is done: from now on the plain run."""
+        self._dumping = False
+        self._run = self._select_run(frozen=False)
 
     def _admit_signature(self, args: list[Any]) -> bool:
         key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a for a in args)

@@ -200,6 +200,20 @@ py::list runValidatedBoxed(const Executor& ex, const py::list& args) {
   return toPyList(withoutGil(args, [&](std::vector<c10::IValue> in) { return ex.runValidated(std::move(in)); }));
 }
 
+// Note [A dumped run hands out clones] (runtime/executor.h): (outputs, [(node, target, [values])]).
+py::tuple runDumpedBoxed(const Executor& ex, const py::list& args) {
+  std::vector<DumpedOp> dumped;
+  py::list result =
+      toPyList(withoutGil(args, [&](std::vector<c10::IValue> in) { return ex.runDumped(std::move(in), dumped); }));
+  py::list ops;
+  const Program& p = ex.program();
+  for (DumpedOp& d : dumped) {
+    const NodeInfo& info = p.nodes[d.node_index];
+    ops.append(py::make_tuple(info.name, info.target, toPyList(std::move(d.values))));
+  }
+  return py::make_tuple(result, ops);
+}
+
 std::string programSummary(const Program& p) { return describeProgram(p); }
 
 void registerErrors(py::module_& m) {
@@ -247,6 +261,8 @@ PYBIND11_MODULE(_C, m) {
            "Run once, checking custom ops' outputs against their fake/Meta promises (raises FakeMismatch).")
       .def("run_timed", &runTimedBoxed, py::arg("args"),
            "Run once, also timing every instruction: returns (outputs, [nanoseconds per instruction]).")
+      .def("run_dumped", &runDumpedBoxed, py::arg("args"),
+           "Run once, also handing out every op's outputs, cloned: returns (outputs, [(node, target, [values])]).")
       .def("node_names", [](const Executor& e) {
              std::vector<std::pair<std::string, std::string>> out;
              for (const auto& i : e.program().instructions)

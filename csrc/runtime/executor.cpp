@@ -103,6 +103,20 @@ ExecutionError replayFailure(const Program& p, const Instruction& instr, const s
 
 std::atomic<uint64_t> g_total_runs{0};
 
+// Note [A dumped run hands out clones] (executor.h).
+c10::IValue dumpedCopy(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() ? c10::IValue(t.detach().clone()) : v;
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorVector()) out.push_back(t.defined() ? t.detach().clone() : t);
+    return out;
+  }
+  return v;
+}
+
 }  // namespace
 
 KernelErrorKind classifyKernelError(const std::exception& e) {
@@ -166,8 +180,13 @@ std::vector<c10::IValue> Executor::runTimed(std::vector<c10::IValue> inputs, std
   return runImpl<true, false>(std::move(inputs), ns.data());
 }
 
-template <bool kTimed, bool kValidate>
-std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int64_t* ns) const {
+std::vector<c10::IValue> Executor::runDumped(std::vector<c10::IValue> inputs, std::vector<DumpedOp>& dumped) const {
+  return runImpl<false, false, true>(std::move(inputs), nullptr, &dumped);
+}
+
+template <bool kTimed, bool kValidate, bool kDump>
+std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int64_t* ns,
+                                           std::vector<DumpedOp>* dumped) const {
   const Program& p = program_;
   runs_.fetch_add(1, std::memory_order_relaxed);
   g_total_runs.fetch_add(1, std::memory_order_relaxed);
@@ -201,6 +220,12 @@ std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int6
           TORCH_INTERNAL_ASSERT(stack.size() == instr.outs.size(), "operator returned ", stack.size(),
                                 " values, schema promises ", instr.outs.size());
           if constexpr (kValidate) validateOutputs(p, instr, stack);
+          if constexpr (kDump) {
+            DumpedOp op{instr.debug, {}};
+            op.values.reserve(stack.size());
+            for (const c10::IValue& v : stack) op.values.push_back(dumpedCopy(v));
+            dumped->push_back(std::move(op));
+          }
           for (size_t r = 0; r < instr.outs.size(); ++r)
             if (instr.outs[r] >= 0) slots[instr.outs[r]] = std::move(stack[r]);
           break;

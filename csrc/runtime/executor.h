@@ -87,6 +87,17 @@ class FakeMismatchError : public std::runtime_error {
   std::string actual;
 };
 
+// Note [A dumped run hands out clones]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// runDumped records, per operator instruction, the values it returned, exactly as the
+// engine computed them (the `optimized` stage of data dumps and `graphex triage`'s per-op
+// step). Tensors are detached clones taken right after the op: a later in-place op would
+// otherwise overwrite them, and a freed slot could be reused. Only this run mode pays for it.
+struct DumpedOp {
+  uint32_t node_index;              // into Program::nodes
+  std::vector<c10::IValue> values;  // one per returned value; tensors (and tensor lists) cloned
+};
+
 class Executor {
  public:
   explicit Executor(Program program);
@@ -104,6 +115,10 @@ class Executor {
   // recorded in the program (Instruction::expect). Throws FakeMismatchError.
   [[nodiscard]] std::vector<c10::IValue> runValidated(std::vector<c10::IValue> inputs) const;
 
+  // run(), also handing out every operator instruction's outputs, cloned
+  // (Note [A dumped run hands out clones]). Appends one DumpedOp per Op instruction run.
+  [[nodiscard]] std::vector<c10::IValue> runDumped(std::vector<c10::IValue> inputs, std::vector<DumpedOp>& dumped) const;
+
   const Program& program() const { return program_; }
 
   // How many times run() has been entered (tests use it to prove the engine ran).
@@ -113,8 +128,9 @@ class Executor {
 
  private:
   void checkInputs(const std::vector<c10::IValue>& inputs) const;
-  template <bool kTimed, bool kValidate>
-  std::vector<c10::IValue> runImpl(std::vector<c10::IValue> inputs, int64_t* ns) const;
+  template <bool kTimed, bool kValidate, bool kDump = false>
+  std::vector<c10::IValue> runImpl(std::vector<c10::IValue> inputs, int64_t* ns,
+                                   std::vector<DumpedOp>* dumped = nullptr) const;
   Program program_;
   mutable std::atomic<uint64_t> runs_{0};
 };
