@@ -24,8 +24,9 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)
 
 
-def difference(actual: Any, expected: Any, path: str = "output") -> str | None:
-    """None when `actual` is bitwise `expected` (Note [Bitwise means the bytes]); else where and how they differ."""
+def difference(actual: Any, expected: Any, path: str = "output", *, values: bool = True) -> str | None:
+    """None when `actual` is bitwise `expected` (Note [Bitwise means the bytes]); else where and how they differ.
+    With values=False, tensors compare by dtype, shape and strides only (outputs no kernel writes)."""
     if isinstance(expected, torch.Tensor):
         if not isinstance(actual, torch.Tensor):
             return f"{path}: expected a tensor, got {type(actual).__name__}"
@@ -33,6 +34,9 @@ def difference(actual: Any, expected: Any, path: str = "output") -> str | None:
             return f"{path}: dtype {actual.dtype} != {expected.dtype}"
         if actual.shape != expected.shape:
             return f"{path}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+        if not values:
+            same = actual.layout != torch.strided or actual.stride() == expected.stride()
+            return None if same else f"{path}: strides {actual.stride()} != {expected.stride()}"
         if actual.layout != torch.strided or expected.layout != torch.strided:
             if actual.layout != expected.layout:
                 return f"{path}: layout {actual.layout} != {expected.layout}"
@@ -46,7 +50,7 @@ def difference(actual: Any, expected: Any, path: str = "output") -> str | None:
         if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
             return f"{path}: {type(actual).__name__} of {_len(actual)} vs {type(expected).__name__} of {len(expected)}"
         for i, (a, e) in enumerate(zip(actual, expected)):
-            found = difference(a, e, f"{path}[{i}]")
+            found = difference(a, e, f"{path}[{i}]", values=values)
             if found:
                 return found
         return None
@@ -54,7 +58,7 @@ def difference(actual: Any, expected: Any, path: str = "output") -> str | None:
         if not isinstance(actual, dict) or actual.keys() != expected.keys():
             return f"{path}: keys differ"
         for k in expected:
-            found = difference(actual[k], expected[k], f"{path}[{k!r}]")
+            found = difference(actual[k], expected[k], f"{path}[{k!r}]", values=values)
             if found:
                 return found
         return None

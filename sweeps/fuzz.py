@@ -49,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     counts: Counter[str] = Counter()
     failures = []
+    examples: dict[str, list[dict[str, object]]] = {}  # a few programs per other outcome (invalid, not_graphex, ...)
     start = time.perf_counter()
     done = 0
     for first in range(args.seed, args.seed + args.count, args.batch):
@@ -57,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         program = programs[0] if len(programs) == 1 else merge(programs)
         outcome = check(program, first, args.time_limit)
         counts[outcome.kind] += len(programs)
+        if outcome.kind not in ("ok", *FAILURES) and len(examples.setdefault(outcome.kind, [])) < 5:
+            examples[outcome.kind].append({"seed": first, "detail": outcome.detail})
         if outcome.kind in FAILURES:
             small = shrink(program, first, outcome, args.time_limit)
             path = write_reproducer(args.out, small, first, outcome)
@@ -71,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[{done:6d}/{args.count} {time.perf_counter() - start:7.1f}s] {dict(counts)}", flush=True)
     elapsed = time.perf_counter() - start
     summary = {"seed": args.seed, "count": args.count, "batch": args.batch, "seconds": round(elapsed, 1), "counts": dict(counts),
-               "failures": failures}
+               "failures": failures, "examples": examples}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)

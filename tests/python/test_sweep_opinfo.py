@@ -25,6 +25,9 @@ def test_bitwise_means_the_bytes():
     x = torch.randn(3, 1).expand(3, 4)
     y = clone_tree(x)
     assert y.stride() == x.stride() and difference(y, x) is None and y.data_ptr() != x.data_ptr()
+    # Note [Uninitialized outputs]: metadata only
+    assert difference(torch.full((2, 3), 7.0), torch.zeros(2, 3), values=False) is None
+    assert difference(torch.zeros(3, 2).t(), torch.zeros(2, 3), values=False) is not None
 
 
 class _Case:
