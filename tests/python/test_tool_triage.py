@@ -36,6 +36,7 @@ RUNS = {
     "lying_fake": ["custom_op_lying_fake.py"],
     "kept": ["kept_copy.py"],
     "accuracy": ["accuracy_lying_schema.py"],
+    "engine_kernel": ["engine_only_wrong_kernel.py"],
     "cond": ["capture_cond.py", "--no-bisect"],
     "eager_fails": ["fails_in_eager.py"],
     "args": ["fails_in_eager.py", "--no-bisect", "--", "--fixed"],
@@ -272,6 +273,17 @@ def test_accuracy_bisection_names_the_stage_and_the_pass(results):
     assert f["op"] == b["op"] == "triage_lyingschema::bump"
     assert "custom op triage_lyingschema::bump breaks its schema: the kernel wrote x" in f["fix"]
     assert '@torch.library.custom_op("triage_lyingschema::bump", mutates_args=("x",))' in f["fix"]
+
+
+def test_wrong_kernel_only_the_engine_calls_is_named_by_the_per_op_step(results):
+    doc = report(results, "engine_kernel", 1)
+    (b,) = doc["bisections"]
+    assert b["culprit"] == "replay" and b["problem"] and b["stages"]["force_eager"] == "bitwise equal"
+    # deep in the model (block 2 of 4): the per-op dumps name the planted op, not the output
+    assert b["op"] == "triage_plant::scale"
+    assert b["first_op"].startswith("the first op whose output differs from eager is node 'scale' (triage_plant::scale")
+    (f,) = of_kind(doc, "accuracy")
+    assert f["op"] == "triage_plant::scale" and f["fix"].startswith(b["first_op"])
 
 
 def test_schema_fix_applied_makes_every_stage_match(fixed):

@@ -62,6 +62,7 @@ class Bisection:
     max_abs: float | None = None
     op: str = ""                    # the custom op whose schema explains the difference ('' if none found)
     failed_in_script: str = ""      # the script's own call of it raised (its compile failed): what, one line
+    first_op: str = ""              # culprit replay: the first op whose output differs from eager (per_op.py)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,6 +108,8 @@ def bisect(entry: Compiled) -> Bisection:
             result.meaning = _MEANING[stage].format(passes=passes)
             if diff.close:
                 result.meaning = "only by rounding: not a bug unless bitwise equality is required."
+            elif stage == "replay":  # Note [An accuracy finding names the op]: per-op data dumps name it
+                _name_first_op(result, entry, options)
             elif stage in ("aot_eager", "force_eager"):  # Note [An accuracy finding names the op]
                 for p in schema_problems(entry):
                     result.op = result.op or p.op
@@ -146,6 +149,24 @@ def _run(entry: Compiled, stage: str | None, options: dict[str, Any] | None = No
     result = RunResult.of(out, args, kwargs, entry.state_after())
     result.graphs = graphs
     return result
+
+
+def _name_first_op(result: Bisection, entry: Compiled, options: dict[str, Any]) -> None:
+    from .per_op import first_differing_op
+
+    found = first_differing_op(entry, options, _run)
+    if found is None:
+        return
+    result.first_op = found.describe()
+    result.op = result.op or found.target
+    result.verdict += f"; {result.first_op}"
+    result.meaning = (
+        f"{result.first_op}: every op before it matches eager, so that op's kernel computes something else "
+        f"when the engine calls it. The engine calls the kernel of the tensors' backend directly (under no_grad "
+        f"it skips the Autograd key, as inference tensors do); eager goes through every key: a custom op whose "
+        f"Autograd (or CompositeImplicit) kernel and backend kernel disagree shows up here. Fix that op's "
+        f"kernels so they agree. To look yourself: options={{'dump_tensor_data': True, 'data_dump_stage': "
+        f"'optimized'}} and then 'original' dump every op's output (README, Debugging).")
 
 
 def _compiled(entry: Compiled, stage: str, options: dict[str, Any]) -> Any:
