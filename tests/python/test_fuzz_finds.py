@@ -37,3 +37,38 @@ def test_aliasing_inputs_without_a_common_base():
         assert engine_runs() == before + 1
         assert_same(ga, ea)
         assert_same(gb, eb)
+
+
+def test_an_update_of_an_expanded_intermediate_is_not_reinplaced():
+    """Fuzz seeds 1328 and 1560: `y = x.expand(2, ...)`; `y.index_put(...)` writes one row of a fresh copy in
+    eager; reinplaced, it wrote the shared memory, so both rows changed (Note [Never reinplace into
+    overlapping memory])."""
+    def f(a):
+        y = torch.cat([a, a], 0).expand(2, 4, 3)
+        return y.index_put((torch.tensor([0]),), y[:1] * 2)
+
+    a = torch.randn(2, 3)
+    compiled = compile_graphex(f)
+    before = engine_runs()
+    assert_same(compiled(a), f(a))
+    assert_same(compiled(a + 1), f(a + 1))
+    assert engine_runs() == before + 2
+
+
+def test_a_slice_of_an_intermediate_is_still_updated_in_place():
+    """The check refuses only memory that overlaps itself: a strided slice (a KV-cache page) is still reinplaced."""
+    from graphex.passes.reinplace import _may_overlap_itself
+
+    assert not _may_overlap_itself(torch.zeros(4, 6)[:, 2]) and not _may_overlap_itself(torch.zeros(4, 6)[::2].t())
+    assert _may_overlap_itself(torch.zeros(3).expand(2, 3))
+    assert _may_overlap_itself(torch.zeros(16).as_strided((3, 3), (2, 1)))
+
+    def f(a):
+        y = a * 2
+        return y.index_put((torch.tensor([1]),), a[:1])
+
+    seen: list[object] = []
+    a = torch.randn(3, 4)
+    compiled = compile_graphex(f, post_grad_custom_post_pass=lambda g: seen.extend(n.target for n in g.nodes))
+    assert_same(compiled(a), f(a))
+    assert torch.ops.aten.index_put_.default in seen and torch.ops.aten.index_put.default not in seen
