@@ -177,3 +177,24 @@ def register_ordered_effect(op: Any) -> None:
 
     kinds = getattr(effects, "EffectType", None) or effects._EffectType
     effects._register_effectful_op(op, kinds.ORDERED)
+
+
+# -- where an operator's schema and kernels were registered (graphex.export's deployability check) --
+
+def operator_registrations(qualname: str) -> dict[str, str] | None:
+    """For operator "ns::name" (or "ns::name.overload"): {"schema": file, dispatch key: file, ...} giving
+    the file each registration came from (a .py file: registered from Python), or None if the operator
+    is unknown. Read from the dispatcher's dump (torch._C._dispatch_dump, text stable since 2.0:
+    "debug: registered at FILE:LINE" and "KEY: registered at FILE:LINE :: ...")."""
+    try:
+        text = torch._C._dispatch_dump(qualname)
+    except RuntimeError:
+        return None
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, rest = line.partition(": registered at ")
+        if not sep:
+            continue
+        where = rest.split(" :: ", 1)[0].strip()
+        out["schema" if key == "debug" else key.removesuffix("[alias]")] = where.rsplit(":", 1)[0]
+    return out

@@ -7,6 +7,16 @@
 The capture is cache_compile's (one Dynamo trace, the graphex backend, the same checks), so
 an export runs on exactly the program a cache entry would hold. Parameters and buffers are
 bound by name (Note [An artifact binds its inputs by kind], csrc/deploy/module.h), never baked in.
+
+Note [An artifact holds no Python operator]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A C++ process has every operator whose schema and kernels are compiled code (ATen, a
+TORCH_LIBRARY library it loads or links), and none defined from Python
+(torch.library.custom_op, Library.define/impl with a Python function). export refuses a
+program that calls an operator whose schema or backend kernel (CPU, CUDA, Composite*) was
+registered from a .py file, naming each such operator, the user line that called it and the fix,
+instead of writing an artifact that graphex::Module::load would refuse (or run differently).
+A Meta kernel from Python is fine: the runtime never calls it.
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ def export(model_or_fn: torch.nn.Module | Callable[..., Any], example_inputs: Se
         raise ExportError(finding=Finding(
             what=f"cannot export {getattr(func, '__qualname__', func)}: {why}", where="",
             fix="change what the message names; graphex.inference.cache_compile has the same limits"))
+    _refuse_python_operators(entry.program)
     weights: dict[str, torch.Tensor] = {}
     for b in entry.header["inputs"]:
         if b["kind"] in ("param", "buffer"):
@@ -60,6 +71,55 @@ def export(model_or_fn: torch.nn.Module | Callable[..., Any], example_inputs: Se
     write_atomic(os.path.join(path, WEIGHTS_FILE), safetensors_bytes(weights), durable=True)
     write_atomic(os.path.join(path, PROGRAM_FILE), entry.program, durable=True)
     return os.fspath(path)
+
+
+_KERNEL_KEYS = ("CPU", "CUDA", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
+
+
+def program_operators(program: bytes) -> dict[str, str]:
+    """The operators a program (program.gxp bytes) calls: "ns::name" or "ns::name.overload" -> the
+    source line of its first call."""
+    from .fb.NodeKind import NodeKind
+    from .fb.Program import Program
+
+    root = Program.GetRootAs(program, 4)  # size-prefixed (graphex/_spec.py)
+    ops: dict[str, str] = {}
+    for j in range(root.NodesLength()):
+        node = root.Nodes(j)
+        if node.Kind() != NodeKind.Op:
+            continue
+        name, overload = (node.Op() or b"").decode(), (node.Overload() or b"").decode()
+        qualified = name if overload in ("", "default") else f"{name}.{overload}"
+        ops.setdefault(qualified, (node.Source() or b"").decode())
+    return ops
+
+
+def _refuse_python_operators(program: bytes) -> None:
+    """Note [An artifact holds no Python operator]."""
+    from .compat import operator_registrations
+
+    found = []
+    for op, source in program_operators(program).items():
+        where = operator_registrations(op) or {}
+        python = sorted(k for k in ("schema",) + _KERNEL_KEYS if where.get(k, "").endswith(".py"))
+        if python:
+            found.append((op, source, where[python[0]], python))
+    if not found:
+        return
+    names = ", ".join(op for op, *_ in found)
+    detail = "\n".join(f"{op}: {'defined' if 'schema' in keys else 'implemented'} in Python ({', '.join(keys)} "
+                        f"registered from {os.path.basename(path)}), called at {source or 'an unknown line'}"
+                        for op, source, path, keys in found)
+    raise ExportError(finding=Finding(
+        what=f"cannot export: operator{'s' if len(found) > 1 else ''} {names} "
+             f"{'are' if len(found) > 1 else 'is'} defined in Python, which a C++ program cannot run",
+        where=found[0][1], op=found[0][0], detail=detail,
+        why="graphex::Module (C++, no Python) calls each operator through the dispatcher; an operator defined "
+            "or implemented with a Python function exists only in a Python process",
+        fix="write the operator's kernel in C++ with TORCH_LIBRARY / TORCH_LIBRARY_IMPL (`graphex new op NS::NAME "
+            "--style cpp` generates one), build it as a shared library, load it in Python with "
+            "torch.ops.load_library before exporting, and in C++ pass `graphex-run --load-library LIB.so` "
+            "or link the library into the program"))
 
 
 def safetensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:

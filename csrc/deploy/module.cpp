@@ -4,6 +4,9 @@
 #include "program/arguments.h"
 #include "program/format.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -18,6 +21,34 @@ std::string readFile(const std::string& path) {
   std::ostringstream s;
   s << f.rdbuf();
   return s.str();
+}
+
+// Note [Load names every missing operator at once]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A deployed process lacks custom operators until their TORCH_LIBRARY library is loaded. Before
+// building the program, every Op node is looked up; all the operators the dispatcher does not have
+// are named in one error (in order of first use, each once) with the fix, so one retry is enough.
+void requireOperators(const fb::Program& root, const std::string& program_path) {
+  if (!root.nodes()) return;
+  std::vector<std::string> missing;
+  for (const fb::Node* node : *root.nodes()) {
+    if (node->kind() != fb::NodeKind::Op || !node->op()) continue;
+    std::string name = node->op()->str();
+    std::string overload = node->overload() ? node->overload()->str() : "";
+    if (overload == "default") overload.clear();
+    if (c10::Dispatcher::singleton().findSchema({name, overload})) continue;
+    std::string qualified = overload.empty() ? name : name + "." + overload;
+    if (std::find(missing.begin(), missing.end(), qualified) == missing.end()) missing.push_back(qualified);
+  }
+  if (missing.empty()) return;
+  std::string list;
+  for (const std::string& op : missing) list += (list.empty() ? "" : ", ") + op;
+  throw ProgramError(program_path + " calls " + std::to_string(missing.size()) + " operator" +
+                     (missing.size() > 1 ? "s" : "") + " this process does not have: " + list +
+                     ". Load the library of TORCH_LIBRARY operators that defines " +
+                     (missing.size() > 1 ? "them" : "it") +
+                     " first: pass --load-library path/to/lib.so to graphex-run, or link it into your program "
+                     "(-Wl,--no-as-needed so that its registrations run), or dlopen it before graphex::Module::load");
 }
 
 }  // namespace
@@ -42,6 +73,7 @@ Module Module::load(const std::string& path) {
     m.weights_ = deploy::loadSafetensors((dir / weights).string());
   }
 
+  requireOperators(root, program_path.string());
   Program program = Program::fromTable(root);
   for (uint32_t i = 0; i < root.bindings()->size(); ++i) {
     const fb::Binding& b = *root.bindings()->Get(i);
