@@ -70,17 +70,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         before, done = done, done + len(programs)
         if done // 200 != before // 200:
             graphex.custom_ops.reset_dynamo()  # drop Dynamo's caches of finished programs
-        if not args.quick and (done // 100 != before // 100 or done == args.count):
-            print(f"[{done:6d}/{args.count} {time.perf_counter() - start:7.1f}s] {dict(counts)}", flush=True)
+        if done // 100 != before // 100 or done == args.count:
+            _write_summary(args, done, time.perf_counter() - start, counts, failures, examples)  # kept if stopped
+            if not args.quick:
+                print(f"[{done:6d}/{args.count} {time.perf_counter() - start:7.1f}s] {dict(counts)}", flush=True)
     elapsed = time.perf_counter() - start
-    summary = {"seed": args.seed, "count": args.count, "batch": args.batch, "seconds": round(elapsed, 1), "counts": dict(counts),
-               "failures": failures, "examples": examples}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
     print(f"fuzz: {args.count} programs from seed {args.seed} (batches of {args.batch}) in {elapsed:.1f} s: "
           + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f"; graphex failures: {len(failures)}")
     return 1 if failures else 0
+
+
+def _write_summary(args: argparse.Namespace, done: int, elapsed: float, counts: Counter[str],
+                   failures: list[dict[str, object]], examples: dict[str, list[dict[str, object]]]) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    summary = {"seed": args.seed, "count": args.count, "done": done, "batch": args.batch,
+               "seconds": round(elapsed, 1), "counts": dict(counts), "failures": failures, "examples": examples}
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
 
 
 if __name__ == "__main__":
