@@ -5,6 +5,8 @@
 #   make opinfo  build, then every OpInfo through graphex vs eager, classified (sweeps/results/opinfo.md)
 #   make fuzz    build, then 10,000 random programs through graphex vs eager, failures shrunk to reproducers
 #   make soak    build, then 100,000 replays with memory flat and 4 threads on one model
+#   make deploy-demo  build, export the shipped decoder, build examples/deploy (C++) against the
+#                     installed package, generate tokens in C++ and compare them with Python's
 #   make test-torch TORCH=2.14.1   the same build and tests against another torch, in its own
 #                                 venv (.venv-torch2.14.1) and build folder (build/torch2.14.1)
 # Variables: PYTHON (interpreter that creates .venv), PYTEST_ARGS, BENCH_ARGS, TORCH.
@@ -101,6 +103,13 @@ fuzz: build
 
 demo: build
 	$(PY) examples/demo.py
+
+# examples/deploy: export (Python), install the graphex package, build decode.cpp against it, run it,
+# compare its tokens with eager PyTorch's (DEPLOY_ARGS: python -m examples.deploy.demo -h).
+deploy-demo: build
+	$(PY) -m examples.deploy.demo $(DEPLOY_ARGS)
+
+.PHONY: deploy-demo
 
 bench: build
 	$(PY) -m bench.run $(BENCH_ARGS)
