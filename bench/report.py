@@ -178,6 +178,9 @@ def markdown(results: dict[str, Any]) -> str:
     from .tp_decode import markdown_lines as tp_decode_lines
 
     lines += tp_decode_lines(results.get("tp_decode"))
+    from .cpp_runner import markdown_lines as cpp_runner_lines
+
+    lines += cpp_runner_lines(results.get("cpp_runner"), results["cases"])
     lines += ["", "Workloads:"]
     for case in results["cases"]:
         ops = case["results"].get("graphex", {}).get("graphex_ops")

@@ -1,6 +1,7 @@
 """`make bench`: eager, inductor, aot_eager and graphex side by side on every workload.
 
     python -m bench.run [--quick] [--only NAME] [--out DIR] [--backends a,b] [--bin-dir DIR] [--no-tp-decode]
+                        [--no-cpp-runner]
 
 For each case (bench/cases.py):
   1. first call (compile + first run) and the peak memory of one steady-state step,
@@ -9,7 +10,9 @@ For each case (bench/cases.py):
      plus the hand-written C++ limit where the case has one (built by CMake into
      build/py/bench/; the row is skipped, with a note, when the binary is missing);
   3. the 2-rank tensor-parallel decode step, eager vs graphex (bench/tp_decode.py, torchrun on
-     127.0.0.1; --no-tp-decode skips it).
+     127.0.0.1; --no-tp-decode skips it);
+  4. the C++ runner: each decoder case exported and run by graphex-run, its median step next to the
+     Python engine's and its load-to-first-output time (bench/cpp_runner.py; --no-cpp-runner skips it).
 Writes results.json, results.md and latency.png under --out and prints the Markdown.
 """
 
@@ -197,10 +200,12 @@ def machine_info(settings: Settings, backends: list[str]) -> dict[str, Any]:
 
 def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, isolate: bool = True,
               bin_dir: str = DEFAULT_BIN_DIR, log: Callable[[str], None] = _log,
-              warm_start: bool = False, tp_decode: bool = False) -> dict[str, Any]:
+              warm_start: bool = False, tp_decode: bool = False, cpp_runner: list[Case] | None = None,
+              cpp_runs: int = 1000) -> dict[str, Any]:
     """Measure every case on every backend; the results dict of bench/report.py, targets included.
 
     isolate=False measures the first call in this process (for tests: cases need not be importable).
+    cpp_runner: the cases graphex-run also runs (exported; bench/cpp_runner.py), `cpp_runs` timed runs each.
     """
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     scratch = tempfile.mkdtemp(prefix="graphex-bench-")
@@ -230,8 +235,19 @@ def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, iso
                                                          warmup=settings.warmup)
         except Exception as e:  # noqa: BLE001
             results["tp_decode"] = {"error": str(e)}
+    if cpp_runner:
+        from . import cpp_runner as cpp_runner_mod
+
+        results["cpp_runner"] = cpp_runner_mod.measure(cpp_runner, log, cpp_runs)
     results["targets"] = report.derive(results)
     return results
+
+
+def cpp_runner_cases(selected: list[Case]) -> list[Case]:
+    """The selected decoder cases (bench/cpp_runner.py CASE_NAMES), which graphex-run runs too."""
+    from .cpp_runner import CASE_NAMES
+
+    return [c for c in selected if c.name in CASE_NAMES]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip cache_compile's cold-vs-warm fresh-process measurement")
     parser.add_argument("--no-tp-decode", action="store_true",
                         help="skip the 2-rank tensor-parallel decode step (eager vs graphex, torchrun on 127.0.0.1)")
+    parser.add_argument("--no-cpp-runner", action="store_true",
+                        help="skip the C++ runner (graphex-run on the exported decoder cases)")
     parser.add_argument("--bin-dir", default=DEFAULT_BIN_DIR, help="where the hand-written C++ binaries are "
                         "(default build/py/bench)")
     ns = parser.parse_args(argv)
@@ -262,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
 
     results = run_suite(selected, backends, QUICK if ns.quick else FULL, bin_dir=ns.bin_dir,
                         warm_start=not ns.no_warm_start and "graphex" in backends,
-                        tp_decode=not ns.no_tp_decode and {"eager", "graphex"} <= set(backends))
+                        tp_decode=not ns.no_tp_decode and {"eager", "graphex"} <= set(backends),
+                        cpp_runner=None if ns.no_cpp_runner else cpp_runner_cases(selected),
+                        cpp_runs=100 if ns.quick else 1000)
     paths = report.write(results, ns.out)
     _log("wrote " + ", ".join(paths.values()))
     print(report.markdown(results), end="")

@@ -5,7 +5,8 @@
 // PATH is a directory written by graphex.export (or `graphex export`). --inputs is a safetensors
 // file holding the positional arguments named "0", "1", ...; --output writes the flattened result
 // the same way (Note [graphex-run's files are flat and named by position]). --bench N runs N more
-// times after the first run and prints the median step time. --load-library dlopens a library
+// times after the first run and prints the median step time (with p10 and p90) and the time from
+// the start of loading to the first output (bench/cpp_runner.py reads both lines). --load-library dlopens a library
 // with TORCH_LIBRARY operators (custom ops) before the artifact is loaded.
 //
 // Note [graphex-run's files are flat and named by position]
@@ -109,13 +110,16 @@ int main(int argc, char** argv) {
     for (const std::string& lib : libraries)
       if (!dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL))
         throw std::runtime_error("--load-library " + lib + ": " + dlerror());
+    auto load_start = std::chrono::steady_clock::now();
     graphex::Module module = graphex::Module::load(path);
+    double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();
     std::vector<c10::IValue> args;
     if (!inputs_file.empty()) args = readInputs(inputs_file);
     else if (module.numArguments() > 0)
       return usage(path + " takes " + std::to_string(module.numArguments()) +
                    " arguments: pass them with --inputs FILE (safetensors, named \"0\", \"1\", ...)");
     std::vector<c10::IValue> result = module.run(args);
+    double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();
     if (!output_file.empty()) graphex::deploy::saveSafetensors(output_file, flatOutputs(result));
     if (bench > 0) {
       std::vector<double> us;
@@ -125,8 +129,11 @@ int main(int argc, char** argv) {
         result = module.run(args);
         us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
       }
-      std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
-      std::printf("median run time: %.1f us over %ld runs\n", us[us.size() / 2], bench);
+      std::sort(us.begin(), us.end());
+      std::printf("median run time: %.1f us over %ld runs (p10 %.1f us, p90 %.1f us)\n", us[us.size() / 2], bench,
+                  us[us.size() / 10], us[us.size() * 9 / 10]);
+      std::printf("load: %.2f ms, first output after %.2f ms (inputs read, program and weights loaded, one run)\n",
+                  load_ms, first_ms);
     }
   } catch (const std::exception& e) {
     std::cerr << "graphex-run: " << e.what() << "\n";

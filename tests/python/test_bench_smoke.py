@@ -87,3 +87,25 @@ def test_shipped_cases_are_well_formed():
     x = chain.inputs(chain.build())[0]
     assert x.shape == (16,) and x.dtype == torch.float32
     assert measure.summarize([3.0, 1.0, 2.0])["median_us"] == 2.0
+
+
+def test_cpp_runner_step_and_load_to_first_output_next_to_the_python_engine(tmp_path):
+    """make bench's C++ runner rows (bench/cpp_runner.py): the case exported, graphex-run's median step beside the
+    Python engine's, its load and load-to-first-output times, its output bitwise equal to eager."""
+    from bench import cpp_runner
+
+    results = run.run_suite([TINY], ["graphex"], SMOKE, isolate=False, bin_dir=str(tmp_path), log=lambda _m: None,
+                            cpp_runner=[TINY], cpp_runs=5)
+    r = results["cpp_runner"]["tiny"]
+    assert r["equal"] is True and r["runs"] == 5 and not r["custom_ops_library"], r
+    assert 0 < r["p10_us"] <= r["median_us"] <= r["p90_us"] and 0 < r["load_ms"] <= r["first_output_ms"], r
+    assert r["process_s"] * 1000 > r["first_output_ms"]
+    text = report.markdown(results)
+    python_step = results["cases"][0]["results"]["graphex"]["median_us"]
+    table = text.split("| C++ runner (graphex-run) | median step |", 1)[1]
+    row = next(line for line in table.splitlines() if line.startswith("| tiny | "))
+    assert f"| {python_step:,.0f} us |" in row and row.endswith("| yes |"), row
+
+    missing = cpp_runner.measure([TINY], graphex_run=str(tmp_path / "graphex-run"))
+    assert "not found" in missing["error"]
+    assert "C++ runner (graphex-run): not measured" in "\n".join(cpp_runner.markdown_lines(missing, []))
