@@ -16,17 +16,11 @@ from typing import Any, Callable
 def capture_args(graph: Any, call: Callable[[], Any]) -> list[Any]:
     """The argument list graphex's engine received during one `call()`."""
     seen: list[list[Any]] = []
-    run = graph._run
-
-    def recording(args: list[Any]) -> list[Any]:
-        seen.append(list(args))
-        return run(args)
-
-    graph._run = recording
+    unwatch = graph.watch(lambda args, _outs: seen.append(list(args)))
     try:
         call()
     finally:
-        graph._run = run
+        unwatch()
     if not seen:
         raise RuntimeError("the engine was not called")
     return seen[0]

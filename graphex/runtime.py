@@ -1,9 +1,21 @@
 """CompiledGraph: what AOTAutograd calls on every step (boxed: one list in, one list out).
 
-The common case is a straight call into the C++ executor. The options that need
-Python on the hot path (force_eager, clone_output, capture_limit for programs that
-capture a device graph per shape, frozen_parameter's first call) select a
-different `_run` once, at construction, so the plain path pays for none of them.
+Note [A compiled graph runs in explicit phases]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A CompiledGraph is in one of three phases (`phase`):
+
+    FIRST_CALL  frozen_parameter: the program is lowered on the first call, with the real
+                parameters as constants (they are not known before). Then VALIDATION or STEADY.
+    VALIDATION  validate_fake (and the program has custom ops): the next run checks every
+                custom op's outputs against its fake (run_validated). Then STEADY.
+    STEADY      `runner`, chosen once by `_steady_runner` from the options, the data dumps
+                still to write and the watchers: the C++ executor itself in the common case,
+                so the plain path pays for none of the options.
+
+`runner` is what `__call__` calls; only `_enter` sets it (with `phase`), when a phase ends or
+when what selects the steady runner changes (a watcher added or removed, the last dump
+written). Nothing outside this class assigns it: code that needs to see a run's inputs and
+outputs (cache_compile's cold path, bench) registers a watcher with `watch`.
 
 Note [capture_limit counts device graphs]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -17,6 +29,7 @@ counts signatures in `_admit_signature`; the CPU path never pays for the check.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import weakref
 from typing import Any, Callable, Sequence
@@ -42,6 +55,16 @@ def live_graphs() -> list["CompiledGraph"]:
     return [g for _, g in sorted(_live.items())]
 
 
+class Phase(enum.Enum):
+    """Note [A compiled graph runs in explicit phases]."""
+    FIRST_CALL = "first call"
+    VALIDATION = "validation"
+    STEADY = "steady"
+
+
+Watcher = Callable[[list[Any], list[Any]], None]
+
+
 class CompiledGraph:
     _boxed_call = True  # AOTAutograd passes the inputs as one list
 
@@ -58,13 +81,15 @@ class CompiledGraph:
         self.lowered: LoweredGraph | None = None
         self.aot_metadata: Any = None  # AOTAutograd's ViewAndMutationMeta for this graph (set by capture)
         self.original_gm: torch.fx.GraphModule | None = None  # before the passes; only for data_dump_stage='original'
-        self._dumping = options.dump_tensor_data
+        self._dumping_run: Any = None
+        self._watchers: list[Watcher] = []
 
-        frozen = options.frozen_parameter and bool(self.static_inputs)
-        if options.force_eager:
+        frozen = options.frozen_parameter and bool(self.static_inputs) and not options.force_eager
+        if options.force_eager or frozen:
             # Note [force_eager never lowers]: torch.fx runs the optimized graph as it is, so what the
             # engine cannot replay (control flow, effect tokens) still runs, and the advice to use
-            # force_eager in graphex's errors always works.
+            # force_eager in graphex's errors always works. Frozen parameters: lowered once, on the
+            # first call, when the real parameters are known (Phase.FIRST_CALL).
             self.num_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
             self.dynamic = any(isinstance(n.meta.get("val"), torch.SymInt) or (
                 isinstance(n.meta.get("val"), torch.Tensor)
@@ -72,38 +97,48 @@ class CompiledGraph:
                 for n in gm.graph.find_nodes(op="placeholder"))
         else:
             self.lowered = lower(gm, name=name)
-            if not frozen:  # frozen: parameters become constants of the program, built on the first call
-                self.executor = build_executor(self.lowered)
+            self.executor = build_executor(self.lowered)
             self.num_ops = self.lowered.num_ops
             self.dynamic = self.lowered.dynamic
         # Note [capture_limit counts device graphs]: the CPU engine captures no per-shape device graphs.
         self.captures_per_shape = False
         self._clone_outputs = _outputs_to_clone(gm) if options.clone_output else []
-        self._run = self._select_run(frozen)
+        if options.dump_tensor_data:  # Note [Dumps are written whole and bounded] (graphex/debug_dump.py)
+            from .debug_dump import DumpingRun
+            self._dumping_run = DumpingRun(self)
+        self.phase = Phase.STEADY
+        self.runner: Callable[[list[Any]], list[Any]] = self._first_call
+        self._enter(Phase.FIRST_CALL if frozen else self._after_build())
         _live[next(_order)] = self
 
     # -- the hot path ----------------------------------------------------------
     def __call__(self, args: list[Any]) -> list[Any]:
-        return self._run(args)
+        return self.runner(args)
 
-    def _select_run(self, frozen: bool) -> Callable[[list[Any]], list[Any]]:
-        if frozen and not self.options.force_eager:
-            return self._first_frozen_call
-        if self._dumping:  # Note [Dumps are written whole and bounded] (graphex/debug_dump.py); off: never here
-            from .debug_dump import DumpingRun
-            return DumpingRun(self)
-        if self.options.force_eager:
-            return self.run_fx
-        if self.options.validate_fake and self.lowered is not None and self.lowered.validates_fakes:
-            return self._first_validated_call
-        return self._steady_run()
+    # -- phases (Note [A compiled graph runs in explicit phases]) ----------------
+    def _after_build(self) -> Phase:
+        if (self.options.validate_fake and self._dumping_run is None and self.lowered is not None
+                and self.lowered.validates_fakes):
+            return Phase.VALIDATION
+        return Phase.STEADY
 
-    def _run_with_options(self, args: list[Any]) -> list[Any]:
-        if self.captures_per_shape and not self._admit_signature(args):
-            return self.run_fx(args)
-        return self._with_options_applied(self.executor(args))  # type: ignore[misc]
+    def _enter(self, phase: Phase) -> None:
+        self.phase = phase
+        self.runner = self._steady_runner() if phase is Phase.STEADY else self._first_call
 
-    def _first_validated_call(self, args: list[Any]) -> list[Any]:
+    def _first_call(self, args: list[Any]) -> list[Any]:
+        if self.phase is Phase.FIRST_CALL:
+            frozen = {i: args[i] for i in self.static_inputs}
+            self.lowered = lower(self.gm, name=self.name, frozen=frozen)
+            self.executor = build_executor(self.lowered)
+            self.num_ops = self.lowered.num_ops
+            _log.info("%s: froze %d parameters and buffers into the program", self.name, len(frozen))
+            self._enter(self._after_build())
+            if self.phase is Phase.STEADY:
+                return self.runner(args)
+        return self._validated_call(args)
+
+    def _validated_call(self, args: list[Any]) -> list[Any]:
         """The first replay checks every custom op's outputs against its fake (option validate_fake)."""
         from .custom_ops import explain_fake_mismatch
         from .errors import FakeMismatch
@@ -116,31 +151,65 @@ class CompiledGraph:
             node = self.lowered.spec["nodes"][e.node_index]  # type: ignore[union-attr]
             op = self.lowered.node_ops[e.node_index]  # type: ignore[union-attr]
             raise explain_fake_mismatch(op, node["name"], e.output, e.expected, e.actual, node["source"]) from None
-        self._run = self._steady_run()
-        return self._with_options_applied(outs)
+        self._enter(Phase.STEADY)
+        outs = self._with_options_applied(outs)
+        for watcher in list(self._watchers):
+            watcher(args, outs)
+        return outs
 
-    def _steady_run(self) -> Callable[[list[Any]], list[Any]]:
-        if not self.captures_per_shape and not self._clone_outputs:
-            return self.executor  # type: ignore[return-value]
-        return self._run_with_options
+    def _steady_runner(self) -> Callable[[list[Any]], list[Any]]:
+        if self._dumping_run is not None:
+            run = self._dumping_run
+        elif self.options.force_eager:
+            run = self.run_fx
+        elif self.captures_per_shape or self._clone_outputs:
+            run = self._run_with_options
+        else:
+            run = self.executor  # type: ignore[assignment]
+        if not self._watchers:
+            return run  # type: ignore[return-value]
+
+        def watched(args: list[Any]) -> list[Any]:
+            outs = run(args)
+            for watcher in list(self._watchers):
+                watcher(args, outs)
+            return outs
+
+        return watched
+
+    def _run_with_options(self, args: list[Any]) -> list[Any]:
+        if self.captures_per_shape and not self._admit_signature(args):
+            return self.run_fx(args)
+        return self._with_options_applied(self.executor(args))  # type: ignore[misc]
 
     def _with_options_applied(self, outs: list[Any]) -> list[Any]:
         for i in self._clone_outputs:
             outs[i] = outs[i].clone()
         return outs
 
-    def _first_frozen_call(self, args: list[Any]) -> list[Any]:
-        frozen = {i: args[i] for i in self.static_inputs}
-        self.lowered = lower(self.gm, name=self.name, frozen=frozen)
-        self.executor = build_executor(self.lowered)
-        self._run = self._select_run(frozen=False)
-        _log.info("%s: froze %d parameters and buffers into the program", self.name, len(frozen))
-        return self._run(args)
+    def watch(self, watcher: Watcher) -> Callable[[], None]:
+        """Call `watcher(args, outputs)` after every run from now on; returns the function that stops it.
+
+        For tools that need what the engine received or returned (cache_compile's cold path records
+        the first outputs; bench records the arguments). The plain path is back to the bare executor
+        once no watcher is left.
+        """
+        self._watchers.append(watcher)
+        if self.phase is Phase.STEADY:
+            self._enter(Phase.STEADY)
+
+        def unwatch() -> None:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+                if self.phase is Phase.STEADY:
+                    self._enter(Phase.STEADY)
+
+        return unwatch
 
     def dumps_finished(self) -> None:
         """The last dumped call (data_dump_calls) is done: from now on the plain run."""
-        self._dumping = False
-        self._run = self._select_run(frozen=False)
+        self._dumping_run = None
+        self._enter(Phase.STEADY)
 
     def _admit_signature(self, args: list[Any]) -> bool:
         key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a for a in args)

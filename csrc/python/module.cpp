@@ -171,8 +171,7 @@ const ErrorClasses& errorClasses() {
 // An operator's failure is raised as soon as the GIL is back (its Python cause, if any, is
 // still in the error indicator then).
 template <typename Fn>
-std::vector<c10::IValue> withoutGil(const py::list& args, Fn&& fn) {
-  std::vector<c10::IValue> inputs = toIValues(args);
+std::vector<c10::IValue> withoutGil(std::vector<c10::IValue> inputs, Fn&& fn) {
   std::optional<ExecutionError> failure;
   {
     py::gil_scoped_release no_gil;
@@ -185,8 +184,20 @@ std::vector<c10::IValue> withoutGil(const py::list& args, Fn&& fn) {
   raiseReplayError(*failure);
 }
 
+template <typename Fn>
+std::vector<c10::IValue> withoutGil(const py::list& args, Fn&& fn) {
+  return withoutGil(toIValues(args), std::forward<Fn>(fn));
+}
+
 py::list runBoxed(const Executor& ex, const py::list& args) {
   return toPyList(withoutGil(args, [&](std::vector<c10::IValue> in) { return ex.run(std::move(in)); }));
+}
+
+// Note [Entries are found by signature, not by exceptions]: None when the inputs do not fit.
+py::object tryRunBoxed(const Executor& ex, const py::list& args) {
+  std::vector<c10::IValue> inputs = toIValues(args);
+  if (!ex.fits(inputs)) return py::none();
+  return toPyList(withoutGil(std::move(inputs), [&](std::vector<c10::IValue> in) { return ex.run(std::move(in)); }));
 }
 
 py::tuple runTimedBoxed(const Executor& ex, const py::list& args) {
@@ -257,6 +268,10 @@ PYBIND11_MODULE(_C, m) {
            "(empty: the ones stored in the program).")
       .def("__call__", &runBoxed, py::arg("args"),
            "Run on a list of inputs (boxed calling convention); returns a list of outputs.")
+      .def("try_run", &tryRunBoxed, py::arg("args"),
+           "Run if the inputs fit the captured signature; None (nothing run) if they do not.")
+      .def("fits", [](const Executor& e, const py::list& args) { return e.fits(toIValues(args)); }, py::arg("args"),
+           "Whether the inputs fit the captured signature (what __call__ raises SignatureError for).")
       .def("run_validated", &runValidatedBoxed, py::arg("args"),
            "Run once, checking custom ops' outputs against their fake/Meta promises (raises FakeMismatch).")
       .def("run_timed", &runTimedBoxed, py::arg("args"),

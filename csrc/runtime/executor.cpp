@@ -7,7 +7,9 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <chrono>
+#include <mutex>
 #include <optional>
+#include <unordered_set>
 
 namespace graphex {
 
@@ -101,7 +103,64 @@ ExecutionError replayFailure(const Program& p, const Instruction& instr, const s
                         classifyKernelError(e), std::move(cause));
 }
 
-std::atomic<uint64_t> g_total_runs{0};
+// Note [Run counters stay out of the hot loop]: the process-wide total is the runs of the live
+// executors, summed when asked, plus those of destroyed ones. Registration happens at
+// construction and destruction (cold), never per run.
+struct RunRegistry {
+  std::mutex mutex;
+  std::unordered_set<const Executor*> live;
+  uint64_t destroyed_runs = 0;
+};
+
+RunRegistry& runRegistry() {
+  static RunRegistry* registry = new RunRegistry();  // never destroyed: executors may outlive static teardown
+  return *registry;
+}
+
+// Note [Per-run state is borrowed per thread]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each run needs a slot vector (one IValue per value of the program) and an argument
+// stack. Instead of allocating both per run, a run borrows its thread's pair and gives it
+// back cleared (every slot reset to None, so no tensor outlives the run; capacity kept).
+// One executor shared by several threads is safe (each thread has its own pair), and a
+// run nested in another on the same thread (a custom op's Python kernel calling a
+// compiled graph) finds the pair busy and allocates its own, as before.
+struct RunState {
+  std::vector<c10::IValue> slots;
+  torch::jit::Stack stack;
+  bool busy = false;
+};
+
+class BorrowedState {
+ public:
+  explicit BorrowedState(size_t num_slots) {
+    thread_local RunState state;
+    if (!state.busy) {
+      borrowed_ = &state;
+      state.busy = true;
+    } else {
+      own_ = std::make_unique<RunState>();
+      borrowed_ = own_.get();
+    }
+    if (borrowed_->slots.size() < num_slots) borrowed_->slots.resize(num_slots);
+    borrowed_->stack.reserve(16);
+    num_slots_ = num_slots;
+  }
+  ~BorrowedState() {
+    for (size_t i = 0; i < num_slots_; ++i) borrowed_->slots[i] = c10::IValue();
+    borrowed_->stack.clear();
+    borrowed_->busy = false;
+  }
+  BorrowedState(const BorrowedState&) = delete;
+  BorrowedState& operator=(const BorrowedState&) = delete;
+  std::vector<c10::IValue>& slots() { return borrowed_->slots; }
+  torch::jit::Stack& stack() { return borrowed_->stack; }
+
+ private:
+  RunState* borrowed_ = nullptr;
+  std::unique_ptr<RunState> own_;
+  size_t num_slots_ = 0;
+};
 
 // Note [A dumped run hands out clones] (executor.h).
 c10::IValue dumpedCopy(const c10::IValue& v) {
@@ -147,9 +206,40 @@ std::string kernelMessage(const std::exception& e) {
   return e.what();  // empty for a Python kernel's error that is not persisted yet: the binding reads the cause
 }
 
-uint64_t Executor::totalRunCount() { return g_total_runs.load(std::memory_order_relaxed); }
+uint64_t Executor::totalRunCount() {
+  RunRegistry& r = runRegistry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  uint64_t total = r.destroyed_runs;
+  for (const Executor* e : r.live) total += e->runCount();
+  return total;
+}
 
-Executor::Executor(Program program) : program_(std::move(program)) {}
+Executor::Executor(Program program) : program_(std::move(program)) {
+  RunRegistry& r = runRegistry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.live.insert(this);
+}
+
+Executor::~Executor() {
+  RunRegistry& r = runRegistry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.live.erase(this);
+  r.destroyed_runs += runCount();
+}
+
+bool Executor::fits(const std::vector<c10::IValue>& inputs) const {
+  const Program& p = program_;
+  if (inputs.size() != p.inputs.size()) return false;
+  if (!p.check_signature) return true;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!describeMismatch(p.inputs[i], inputs[i]).empty()) return false;
+  return true;
+}
+
+std::optional<std::vector<c10::IValue>> Executor::tryRun(std::vector<c10::IValue> inputs) const {
+  if (!fits(inputs)) return std::nullopt;
+  return runImpl<false, false>(std::move(inputs), nullptr);
+}
 
 void Executor::checkInputs(const std::vector<c10::IValue>& inputs) const {
   const Program& p = program_;
@@ -168,19 +258,23 @@ void Executor::checkInputs(const std::vector<c10::IValue>& inputs) const {
 }
 
 std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {
+  checkInputs(inputs);
   return runImpl<false, false>(std::move(inputs), nullptr);
 }
 
 std::vector<c10::IValue> Executor::runValidated(std::vector<c10::IValue> inputs) const {
+  checkInputs(inputs);
   return runImpl<false, true>(std::move(inputs), nullptr);
 }
 
 std::vector<c10::IValue> Executor::runTimed(std::vector<c10::IValue> inputs, std::vector<int64_t>& ns) const {
+  checkInputs(inputs);
   ns.resize(program_.instructions.size(), 0);
   return runImpl<true, false>(std::move(inputs), ns.data());
 }
 
 std::vector<c10::IValue> Executor::runDumped(std::vector<c10::IValue> inputs, std::vector<DumpedOp>& dumped) const {
+  checkInputs(inputs);
   return runImpl<false, false, true>(std::move(inputs), nullptr, &dumped);
 }
 
@@ -189,8 +283,6 @@ std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int6
                                            std::vector<DumpedOp>* dumped) const {
   const Program& p = program_;
   runs_.fetch_add(1, std::memory_order_relaxed);
-  g_total_runs.fetch_add(1, std::memory_order_relaxed);
-  checkInputs(inputs);
   RECORD_USER_SCOPE(p.name.c_str());
 
   // Under no_grad the autograd kernels only forward to the next key; skip them.
@@ -199,12 +291,12 @@ std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int6
   std::optional<c10::impl::ExcludeDispatchKeyGuard> no_autograd;
   if (!at::GradMode::is_enabled()) no_autograd.emplace(c10::autograd_dispatch_keyset);
 
-  std::vector<c10::IValue> slots(p.num_slots);
+  BorrowedState state(p.num_slots);  // Note [Per-run state is borrowed per thread]
+  std::vector<c10::IValue>& slots = state.slots();
   for (size_t i = 0; i < inputs.size(); ++i)
     if (p.input_slots[i] >= 0) slots[p.input_slots[i]] = std::move(inputs[i]);
 
-  torch::jit::Stack stack;
-  stack.reserve(16);
+  torch::jit::Stack& stack = state.stack();
   const size_t n = p.instructions.size();
   size_t pc = 0;
   try {

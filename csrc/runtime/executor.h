@@ -21,6 +21,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <atomic>
+#include <optional>
 #include <exception>
 #include <memory>
 #include <stdexcept>
@@ -101,11 +102,22 @@ struct DumpedOp {
 class Executor {
  public:
   explicit Executor(Program program);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
 
   // Run on one IValue per program input; returns one IValue per program output.
   // Throws SignatureError before running anything if an input does not fit,
   // ExecutionError if an operator fails.
   [[nodiscard]] std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) const;
+
+  // Whether `inputs` fit the signature this program was captured for (what run() would
+  // otherwise throw SignatureError for). Never throws: a cache with several entries for one
+  // call asks each in turn (Note [Entries are found by signature, not by exceptions]).
+  [[nodiscard]] bool fits(const std::vector<c10::IValue>& inputs) const;
+
+  // run() if the inputs fit, std::nullopt (nothing run) if they do not.
+  [[nodiscard]] std::optional<std::vector<c10::IValue>> tryRun(std::vector<c10::IValue> inputs) const;
 
   // run(), also recording the wall time of each instruction in `ns` (one entry per
   // instruction, accumulated). For `graphex profile`-style breakdowns; costs two clock reads per op.
@@ -121,13 +133,17 @@ class Executor {
 
   const Program& program() const { return program_; }
 
-  // How many times run() has been entered (tests use it to prove the engine ran).
+  // How many times a run has been entered (tests use it to prove the engine ran).
+  // Note [Run counters stay out of the hot loop]: one relaxed increment of this executor's
+  // own counter per run; the process-wide total is summed only when asked.
   uint64_t runCount() const { return runs_.load(std::memory_order_relaxed); }
-  // The same, summed over every Executor of the process, including destroyed ones.
+  // The same, summed over every Executor of the process, including destroyed ones
+  // (live executors are summed at the call; a destroyed one adds its count on destruction).
   static uint64_t totalRunCount();
 
  private:
   void checkInputs(const std::vector<c10::IValue>& inputs) const;
+  // Runs without checking the inputs: every caller has checked them (checkInputs or fits).
   template <bool kTimed, bool kValidate, bool kDump = false>
   std::vector<c10::IValue> runImpl(std::vector<c10::IValue> inputs, int64_t* ns,
                                    std::vector<DumpedOp>* dumped = nullptr) const;

@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 from .. import _C, _log
 from .._warn import warn_once
 from ..distributed import describe_world, world_key, world_mismatch
-from ..errors import OptionsError, SignatureError
+from ..errors import OptionsError
 from ..options import Options
 from . import keys
 from .capture import compile_cold
@@ -72,12 +72,22 @@ class _Loaded:
         guards = entry.header.get("guards")
         self.guards = compile(guards, f"<guards of {path}>", "eval") if guards else None
 
-    def run(self, flat: list[Any]) -> Any:
+    def try_run(self, flat: list[Any]) -> Any:
+        """The call's result, or MISS (nothing run) if this entry does not fit the call.
+
+        Note [Entries are found by signature, not by exceptions]
+        A call key (argument structure and non-tensor values) can have several entries (one per
+        shape, dtype or stride signature, or per set of shape guards). Each is asked in turn
+        whether the call fits (its shape guards in Python, then the program's input signature
+        in C++ with Executor.try_run, which answers None instead of raising), so finding the
+        k-th entry costs k-1 signature checks and no exception.
+        """
         inputs = [bind(flat) for bind in self.binders]
         if self.guards is not None and not _guards_hold(self.guards, inputs):
-            raise SignatureError(f"graphex cache: {keys.describe_signature(flat)} fails the shape guards of "
-                                 f"{self.path} (Note [A dynamic entry carries its shape guards])")
+            return MISS
         if self.validate_next:
+            if not self.executor.fits(inputs):
+                return MISS
             from ..custom_ops import explain_fake_mismatch
             from ..errors import FakeMismatch
 
@@ -87,10 +97,24 @@ class _Loaded:
                 raise explain_fake_mismatch(*_fake_mismatch_details(self, e)) from None
             self.validate_next = False
         else:
-            outs = self.executor(inputs)
+            outs = self.executor.try_run(inputs)
+            if outs is None:
+                return MISS
         leaves = [outs[i] if kind == "graph" else flat[i] if kind == "arg" else value
                   for kind, i, value in self.leaves]
         return pytree.tree_unflatten(leaves, self.out_spec)
+
+
+MISS = object()  # _Loaded.try_run: the entry does not fit this call
+
+
+def _mismatch(loaded: "_Loaded", flat: list[Any]) -> str:
+    """Why `loaded` does not fit this call (cold path: for the cache-miss message only)."""
+    inputs = [bind(flat) for bind in loaded.binders]
+    if loaded.guards is not None and not _guards_hold(loaded.guards, inputs):
+        return (f"{keys.describe_signature(flat)} fails the shape guards of {loaded.path} "
+                "(Note [A dynamic entry carries its shape guards])")
+    return f"{keys.describe_signature(flat)}, the entry was built for {loaded.header.get('signature')}"
 
 
 def _guards_hold(code: Any, inputs: list[Any]) -> bool:
@@ -153,10 +177,9 @@ class CachedFunction:
             return self._plain_compiled(flat, in_spec)
         call_key = (in_spec, tuple(None if isinstance(a, torch.Tensor) else (type(a), a) for a in flat))
         for loaded in self._by_call.get(call_key, ()):
-            try:
-                return loaded.run(flat)
-            except SignatureError:
-                continue  # another shape/dtype/stride: try the next entry, else load or compile
+            result = loaded.try_run(flat)  # Note [Entries are found by signature, not by exceptions]
+            if result is not MISS:
+                return result
         return self._load_or_compile(flat, in_spec, call_key)
 
     def _needs_autograd(self, flat: list[Any]) -> bool:
@@ -216,10 +239,9 @@ class CachedFunction:
                 if why.startswith("stale"):
                     stale.append(path)
                 continue
-            try:
-                result = loaded.run(flat)
-            except SignatureError as e:
-                why = f"the entry does not fit this call ({e})"
+            result = loaded.try_run(flat)
+            if result is MISS:
+                why = f"the entry does not fit this call ({_mismatch(loaded, flat)})"
                 continue
             self.stats["hits"] += 1
             self._by_call.setdefault(call_key, []).append(loaded)

@@ -65,17 +65,19 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
                  dynamic: bool, key_parts: dict[str, Any]) -> tuple[Any, Entry | None, str | None]:
     """Compile and run once. Returns (result, entry or None, why not cacheable)."""
     rec = _Recording()
+    # Note [A cache entry is lowered once]: entries never hold weights (they bind the module's
+    # parameters by name), so the cold call runs the very program the entry stores: lowered once,
+    # without frozen_parameter (which would lower a second program with the weights as constants).
+    options = dataclasses.replace(options, frozen_parameter=False)
 
     def on_capture(compiled: CompiledGraph) -> None:
         rec.graphs.append(compiled)
-        run = compiled._run
 
-        def recording(args: list[Any]) -> list[Any]:
-            outs = run(args)
+        def recording(args: list[Any], outs: list[Any]) -> None:  # the cold call's outputs, then unwatched
             rec.graph_outputs = list(outs)
-            return outs
+            unwatch()
 
-        compiled._run = recording
+        unwatch = compiled.watch(recording)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **_: Any) -> Callable[..., Any]:
         from torch._guards import TracingContext
@@ -106,7 +108,7 @@ def _shape_guards(rec: _Recording) -> str | None:
     broadcasting. Dynamo would guard on that and recompile; a cache hit skips Dynamo, so
     the entry stores the ShapeEnv's guards over its graph inputs (sizes, strides and
     relations, static dims included) as one Python expression, checked on every replay
-    (_Loaded.run). A call that fails them is another entry's or a new compile's.
+    (_Loaded.try_run). A call that fails them is another entry's or a new compile's.
 
     Guards only over symbols that no graph input carries (Dynamo makes the ints of the
     flat wrapper's TreeSpec symbolic too) are about values the key or the load check
@@ -152,11 +154,8 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         raise NotCacheable(problem)
     from ..custom_ops.registration import is_custom
 
-    lowered = graph.lowered
-    if lowered is None or lowered.frozen_inputs:  # weights are bound by name, never stored in an entry
-        from ..lower import lower
-
-        lowered = lower(graph.gm, name=graph.name)
+    lowered = graph.lowered  # Note [A cache entry is lowered once]: no frozen inputs
+    assert lowered is not None and not lowered.frozen_inputs, "compile_cold turns frozen_parameter off"
     custom = [op for op in lowered.node_ops if op is not None and is_custom(op)]
     header = {
         **keys.versions(),

@@ -68,7 +68,7 @@ def test_plain_run_is_the_executor_itself_and_dumping_ends_after_data_dump_calls
     with torch.no_grad():
         compiled(torch.randn(3), torch.zeros(3))
     plain = live_graphs()[-1]
-    assert plain._run is plain.executor  # option off: zero cost
+    assert plain.runner is plain.executor  # option off: zero cost
     reset_dynamo()
     compiled = torch.compile(_step, backend="graphex", fullgraph=True, options={
         "dump_tensor_data": True, "data_dump_dir": str(tmp_path), "data_dump_calls": 1})
@@ -76,7 +76,7 @@ def test_plain_run_is_the_executor_itself_and_dumping_ends_after_data_dump_calls
         compiled(torch.randn(3), torch.zeros(3))
         dumped = live_graphs()[-1]
         compiled(torch.randn(3), torch.zeros(3))
-    assert dumped._run is dumped.executor
+    assert dumped.runner is dumped.executor
 
 
 def test_bad_dump_options_are_refused():
