@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import torch.fx
-from torch._inductor.fx_passes.post_grad import remove_noop_ops
 from torch._inductor.virtualized import V
 
 from ..compat import insertion_successor, on_node_created
 from ..options import Options
+from .noop import remove_noop_ops_keeping_snapshots
 from .overloads import resolve_packets
 from .reinplace import KeptCopy, reinplace_graph
 
@@ -32,7 +32,7 @@ def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object) ->
     with _new_nodes_inherit_source(gm):
         if options.remove_noop_ops:
             with V.set_fake_mode(fake_mode):
-                remove_noop_ops(gm.graph)
+                remove_noop_ops_keeping_snapshots(gm.graph)  # Note [A copy of an input is a snapshot]
         kept = reinplace_graph(gm, fake_mode, intermediates=options.inplace_pass, inputs=options.input_inplace_pass)
     resolve_packets(gm.graph)
     gm.graph.eliminate_dead_code()

@@ -187,7 +187,8 @@ def _pin_intermediates(graph: torch.fx.Graph, *, pin: bool) -> Iterator[None]:
     finally:
         current = list(output.args[0])
         kept = current[:n_original]
-        output.args = ((tuple(kept) if isinstance(original, tuple) else kept) if isinstance(original, (tuple, list))
+        # the output node's args are (outputs,): a tuple or list of outputs (possibly empty) or one node
+        output.args = (((tuple(kept) if isinstance(original, tuple) else kept),) if isinstance(original, (tuple, list))
                        else (kept[0],))
 
 

@@ -72,3 +72,35 @@ def test_a_slice_of_an_intermediate_is_still_updated_in_place():
     compiled = compile_graphex(f, post_grad_custom_post_pass=lambda g: seen.extend(n.target for n in g.nodes))
     assert_same(compiled(a), f(a))
     assert torch.ops.aten.index_put_.default in seen and torch.ops.aten.index_put.default not in seen
+
+
+@pytest.mark.parametrize("options", [{}, {"input_inplace_pass": False}, {"inplace_pass": False}],
+                         ids=["default", "input_inplace_pass-off", "inplace_pass-off"])
+def test_a_copy_of_an_input_taken_before_it_is_overwritten(options):
+    """Fuzz seed 2196: `a.copy_(b); b.zero_()`: the functional graph snapshots b (`aten.copy(a, b)`) and
+    writes inputs back in input order, b first; remove_noop_ops replaced the snapshot by b itself, so a got
+    the zeros (Note [A copy of an input is a snapshot]). With inplace_pass=False the same graph failed to
+    compile: its empty output tuple was lost while pinning intermediates."""
+    def f(keep, a, b):
+        b.reshape(-1)  # unused, yet it changes the order of AOTAutograd's graph (as the fuzzer shrank it)
+        a.copy_(b)
+        b.zero_()
+        return (keep,)
+
+    compiled = compile_graphex(f, **options)
+    for _ in range(2):
+        keep, a, b = torch.tensor(5.0), torch.tensor(1.0), torch.tensor(2.0)
+        ea, eb = a.clone(), b.clone()
+        expected = f(keep, ea, eb)
+        assert_same(compiled(keep, a, b), expected)
+        assert_same(a, ea)
+        assert_same(b, eb)
+
+
+def test_inplace_pass_off_keeps_every_output():
+    """The output tuple survives pinning intermediates (inplace_pass=False returned one of two outputs)."""
+    def f(x):
+        return x + 1, x * 2
+
+    x = torch.randn(3)
+    assert_same(compile_graphex(f, inplace_pass=False)(x), f(x))

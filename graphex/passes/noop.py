@@ -1,0 +1,65 @@
+"""Removing no-op ops (inductor's pass) without reading an input after it was overwritten.
+
+Note [A copy of an input is a snapshot]
+The functional graph AOTAutograd hands us writes mutated inputs back at its end (`copy_(arg, new)`), in
+input order. `y = x.clone()` (or `aten.copy(dst, x)`, a same-dtype `_to_copy`) of such an input is a
+snapshot of its old value; inductor's remove_noop_ops replaces it with `x` itself, so a later write-back
+read the new value (found by the fuzzer, seed 2196: `a4.copy_(a6); a6.zero_()` left a4 zero). Here a
+no-op whose result is not a view of its source, and whose source is memory the graph writes, stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+import torch.fx
+from torch._inductor.fx_passes.post_grad import noop_registry, remove_noop_ops
+from torch._inductor.fx_utils import get_node_storage
+
+
+def _kept_noop(target: Any, *args: Any, **kwargs: Any) -> Any:
+    """Stands in for a no-op the pass must not remove (it is not in inductor's registry)."""
+    return target(*args, **kwargs)
+
+
+def remove_noop_ops_keeping_snapshots(graph: torch.fx.Graph) -> None:
+    with _hide_snapshots_of_written_memory(graph):
+        remove_noop_ops(graph)
+
+
+@contextlib.contextmanager
+def _hide_snapshots_of_written_memory(graph: torch.fx.Graph) -> Iterator[None]:
+    written = {get_node_storage(arg) for node in graph.nodes for arg in _written_args(node)}
+    written.discard(None)
+    hidden = []
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in noop_registry:
+            continue
+        _, src_index = noop_registry[node.target]
+        src = node.args[src_index] if isinstance(src_index, int) else src_index(node.args)
+        if not isinstance(src, torch.fx.Node) or get_node_storage(src) not in written:
+            continue
+        if get_node_storage(node) == get_node_storage(src):
+            continue  # a view sees later writes in eager too
+        hidden.append((node, node.target))
+        node.args, node.target = (node.target, *node.args), _kept_noop
+    try:
+        yield
+    finally:
+        for node, target in hidden:
+            if node.graph is graph:
+                node.target, node.args = target, node.args[1:]
+
+
+def _written_args(node: torch.fx.Node) -> list[torch.fx.Node]:
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None:
+        return []
+    out = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            out += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, torch.fx.Node)]
+    return out
