@@ -20,6 +20,7 @@ from ..options import Options
 from .noop import remove_noop_ops_keeping_snapshots
 from .overloads import resolve_packets
 from .reinplace import KeptCopy, reinplace_graph
+from .symbolic import expand_sym_sums
 
 __all__ = ["run_passes", "KeptCopy"]
 
@@ -35,6 +36,7 @@ def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object) ->
                 remove_noop_ops_keeping_snapshots(gm.graph)  # Note [A copy of an input is a snapshot]
         kept = reinplace_graph(gm, fake_mode, intermediates=options.inplace_pass, inputs=options.input_inplace_pass)
     resolve_packets(gm.graph)
+    expand_sym_sums(gm.graph)  # Note [sym_sum is a chain of adds]
     gm.graph.eliminate_dead_code()
     if options.post_grad_custom_post_pass is not None:
         options.post_grad_custom_post_pass(gm.graph)

@@ -104,3 +104,20 @@ def test_inplace_pass_off_keeps_every_output():
 
     x = torch.randn(3)
     assert_same(compile_graphex(f, inplace_pass=False)(x), f(x))
+
+
+def test_a_sum_of_symbolic_sizes_is_replayed():
+    """Fuzz seed 4400: under dynamic=True an expanded strided slice passed to a custom op makes torch emit
+    `torch.sym_sum([...])`, which graphex refused (Note [sym_sum is a chain of adds])."""
+    import sweeps.fuzz_ops  # noqa: F401 - torch.ops.graphex_fuzz
+
+    def f(x):
+        y = torch.exp(x)[..., ::2]
+        return torch.ops.graphex_fuzz.scale(y.expand(2, *y.shape), 2)
+
+    compiled = compile_graphex(f, dynamic=True)
+    for n in (5, 7, 9):
+        x = torch.randn(n, dtype=torch.float16).expand(3, n)[0]
+        before = engine_runs()
+        assert_same(compiled(x), f(x))
+        assert engine_runs() == before + 1
