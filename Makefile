@@ -5,6 +5,7 @@
 #   make opinfo  build, then every OpInfo through graphex vs eager, classified (sweeps/results/opinfo.md)
 #   make fuzz    build, then 10,000 random programs through graphex vs eager, failures shrunk to reproducers
 #   make soak    build, then 100,000 replays with memory flat and 4 threads on one model
+#   make fuzz-loader  build, then libFuzzer on the artifact loader (FUZZ_LOADER_S seconds), corpus merged
 #   make deploy-demo  build, export the shipped decoder, build examples/deploy (C++) against the
 #                     installed package, generate tokens in C++ and compare them with Python's
 #   make test-torch TORCH=2.14.1   the same build and tests against another torch, in its own
@@ -110,6 +111,22 @@ deploy-demo: build
 	$(PY) -m examples.deploy.demo $(DEPLOY_ARGS)
 
 .PHONY: deploy-demo
+
+# libFuzzer on graphex::Module::load (tests/fuzz): clang-19 + libFuzzer (installed if missing), graphex's core
+# built with AddressSanitizer into build/fuzz, run FUZZ_LOADER_S seconds, new inputs merged into tests/fuzz/corpus.
+FUZZ_LOADER_S ?= 600
+fuzz-loader: build
+	@command -v clang++-19 >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq clang-19 libfuzzer-19-dev >/dev/null; }
+	cmake -S tests/fuzz -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++-19 $$(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=$$(command -v ccache)) \
+	  -DCMAKE_PREFIX_PATH=$$($(PY) -c "import torch; print(torch.utils.cmake_prefix_path)")
+	cmake --build build/fuzz
+	rm -rf build/fuzz/found && mkdir -p build/fuzz/found
+	build/fuzz/fuzz_load build/fuzz/found tests/fuzz/corpus -max_total_time=$(FUZZ_LOADER_S) -timeout=10 \
+	  -rss_limit_mb=4096 -artifact_prefix=build/fuzz/crash-
+	build/fuzz/fuzz_load -merge=1 tests/fuzz/corpus build/fuzz/found
+
+.PHONY: fuzz-loader
 
 bench: build
 	$(PY) -m bench.run $(BENCH_ARGS)
