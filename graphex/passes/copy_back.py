@@ -70,6 +70,11 @@ def fold_copy_backs(graph: torch.fx.Graph, *, inputs: bool = True, intermediates
                 and not any(_reads_root(n, root(base)) for n in chain[:-1])):
             declined.append(Declined(copy_node, "unproven"))
             continue
+        if len(src.users) > 1 and not _same_strides(src, dst):
+            # Note [Folding keeps the layout readers saw]: the functional result's readers were traced
+            # with its strides (a later reshape is a view only for those); in place, they would see dst's.
+            declined.append(Declined(copy_node, "unproven"))
+            continue
         # Readers of the functional result read the same values once it lives in `base`;
         # what must not exist is a reader (or writer) of base's old value in between.
         reader = first_toucher_between(root(base), chain[-1], copy_node, ignore=frozenset(chain))
@@ -126,6 +131,19 @@ def _same_memory(a: torch.fx.Node, b: torch.fx.Node) -> bool:
 def _same_meta(src: torch.fx.Node, dst: torch.fx.Node) -> bool:
     vs, vd = _val(src), _val(dst)
     return vs is not None and vd is not None and vs.dtype == vd.dtype and vs.shape == vd.shape
+
+
+def _same_strides(src: torch.fx.Node, dst: torch.fx.Node) -> bool:
+    """Note [Folding keeps the layout readers saw]
+    Folding `new = op(x); copy_(x, new)` into `op_(x)` hands every reader of `new` the tensor x, with x's
+    strides. A functional op may return another layout than its input (index_copy of a transposed input
+    is contiguous), and readers were traced for that layout: `new.reshape(-1)` became `_unsafe_view` of it,
+    which fails on x's strides (found by the fuzzer, seed 5272). So a result that is read must keep its
+    strides for the fold to happen."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
+
+    vs, vd = _val(src), _val(dst)
+    return vs is not None and vd is not None and statically_known_true(sym_eq(vs.stride(), vd.stride()))
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -121,3 +121,19 @@ def test_a_sum_of_symbolic_sizes_is_replayed():
         before = engine_runs()
         assert_same(compiled(x), f(x))
         assert engine_runs() == before + 1
+
+
+def test_an_update_of_a_transposed_input_then_a_reshape():
+    """Fuzz seed 5272: `a.index_copy_(...)` on a transposed input, then `a.reshape(-1)`: the functional result
+    is contiguous, so the reshape was traced as a view of it; folded in place it was a view of `a`'s
+    transposed memory and the replay failed (Note [Folding keeps the layout readers saw])."""
+    def f(a):
+        a.index_copy_(0, torch.tensor([1, 2, 0]), (a[:3] * 2).clone())
+        return a.reshape(-1)
+
+    compiled = compile_graphex(f)
+    for _ in range(2):
+        a = torch.randint(-4, 5, (5, 3, 3)).transpose(0, 1)
+        ea = a.clone()
+        assert_same(compiled(a), f(ea))
+        assert_same(a, ea)
