@@ -1,9 +1,9 @@
 """Graph passes run on the functional ATen graph AOTAutograd hands us, in order:
 
   1. options.post_grad_custom_pre_pass (the user's)
-  2. remove no-op ops                (option remove_noop_ops; inductor's pass)
+  2. remove no-op ops                (option remove_noop_ops; inductor's pass, snapshots of written inputs kept)
   3. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
-  4. dead code elimination
+  4. operator packets resolved, torch.sym_sum as adds, dead code elimination
   5. options.post_grad_custom_post_pass (the user's)
 
 The result still runs under torch.fx, which is what `force_eager` uses.
