@@ -328,7 +328,29 @@ def test_dynamic_true_is_not_advised_again(results, fixed):
     assert all(not f["problem"] for f in doc["findings"])
 
 
+def _tensor_position_slicing_compiles() -> bool:
+    """Whether this torch compiles a slice bound taken from a 0-dim tensor through AOTAutograd (2.14 does;
+    2.13 raises GuardOnDataDependentSymNode)."""
+    import torch
+
+    def attend(cache, pos):
+        return cache[:, : pos + 1].sum() + cache[:, pos].sum()
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(attend, backend="aot_eager", fullgraph=True, dynamic=False)(torch.randn(2, 16, 8), torch.tensor(3))
+        return True
+    except Exception:
+        return False
+    finally:
+        torch._dynamo.reset()
+
+
 def test_position_as_tensor_has_a_reason_and_a_fix_that_works(results, fixed):
+    if _tensor_position_slicing_compiles():  # nothing to fix on this torch: triage must say so
+        doc = report(results, "position_tensor", 0)
+        assert doc["findings"] == [] and doc["status"] == "ran"
+        return
     doc = report(results, "position_tensor", 1)
     (f,) = of_kind(doc, "capture")
     assert "GuardOnDataDependentSymNode: Could not extract specialized integer" in f["title"]
