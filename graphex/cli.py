@@ -6,6 +6,7 @@
   graphex triage SCRIPT       it compiles but something is wrong: graph breaks, recompiles, accuracy
   graphex export TARGET PATH  write a model's program and weights for C++ (graphex-run, graphex::Module)
   graphex cache ls|clear      list or clear the cache_compile directory
+  graphex inspect PATH        print an exported artifact or a cache entry: program, bindings, weights, key
   graphex options             the backend's options and what they do
 
 Run `graphex COMMAND --help` for a command's options. Also `python -m graphex`.
@@ -31,6 +32,7 @@ _COMMANDS = {
     "triage": "graphex.tools.triage",
     "export": "graphex.tools.export_cli",
     "cache": "graphex.tools.cache_cli",
+    "inspect": "graphex.tools.inspect_cli",
     "options": "graphex.tools.options_cli",
 }
 

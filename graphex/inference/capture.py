@@ -172,8 +172,11 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         "guards": _shape_guards(rec) if dynamic else None,
     }
     # The program carries its bindings and result leaves too: the same bytes load in C++ (graphex/exporting.py).
+    info = {key: header[key] for key in ("graphex", "torch", "spec_format", "function", "signature", "created")
+            if key in header}
+    info["dynamic"] = dynamic
     program = _spec.encode(lowered.spec, lowered.constants, bindings=inputs, leaves=outputs,
-                           tree=pytree.treespec_dumps(out_spec))
+                           tree=pytree.treespec_dumps(out_spec), info=info)
     return Entry(header, program)
 
 

@@ -1,10 +1,14 @@
-"""One compile-cache entry on disk: a readable header and a program spec, checksummed.
+"""One compile-cache entry on disk: a versioned header and the exported program, checksummed.
 
 Layout (little endian):
-    b"GXCACHE\\0" | u32 format | u64 n | header (JSON, n bytes) | u64 m | program spec (m bytes) | sha256
-The header says what the entry was built for and how to bind it; the program spec
-is what graphex._C.Executor loads (constants inline). The trailing SHA-256 covers
-everything before it, so a truncated or corrupted file is detected before use.
+    b"GXCACHE\\0" | u32 format | u64 n | header (JSON, n bytes) | u64 m | program (m bytes) | sha256
+The program is byte for byte what graphex.export writes as program.gxp (typed bindings,
+result leaves and tree, `info`; Note [One artifact for cache and deploy],
+graphex/tools/inspecting.py); weights are never stored, they are bound by name. The header
+is the cache's own: key parts, sources, custom ops fingerprints, created, compile seconds,
+shape guards, plus the bindings in the form the Python loader reads. Its layout is
+HEADER_SCHEMA (checked on read: Note [A cache header is schema'd]). The trailing SHA-256
+covers everything before it, so a truncated or corrupted file is detected before use.
 
 Note [Cache files are written whole or not at all]
 Writes go to a temporary file in the same directory, are flushed and fsynced, then
@@ -23,7 +27,22 @@ from typing import Any
 from .._atomic import write_atomic
 
 MAGIC = b"GXCACHE\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the program is the export artifact's; the header names HEADER_SCHEMA
+HEADER_SCHEMA = "graphex.cache_header/1"
+PROGRAM_IDENTIFIER = b"GXPG"  # csrc/schema/program.fbs: bytes 8-12 (after the size prefix and root offset)
+
+# Note [A cache header is schema'd]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The header is JSON for `graphex cache ls` and people, but not free-form: it names its
+# schema (HEADER_SCHEMA), and a header of another schema or missing one of these fields
+# (or with a field of the wrong type) is an EntryError naming the field, before anything
+# is bound or run. A new field is optional for readers; renaming or retyping one means a
+# new HEADER_SCHEMA.
+HEADER_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "header_schema": str, "key_parts": dict, "function": dict, "created": str, "signature": str,
+    "inputs": list, "outputs": dict, "sources": list, "custom_ops": list, "num_ops": int,
+    "graphex": str, "torch": str,
+}
 SUFFIX = ".gxc"
 
 
@@ -37,7 +56,19 @@ class Entry:
     program: bytes
 
 
+def check_header(header: Any) -> None:
+    """Note [A cache header is schema'd]: raises EntryError naming what is wrong."""
+    if not isinstance(header, dict):
+        raise EntryError("malformed: the header is not a JSON object")
+    if header.get("header_schema") != HEADER_SCHEMA:
+        raise EntryError(f"header schema {header.get('header_schema')!r}, this graphex reads {HEADER_SCHEMA!r}")
+    for name, kind in HEADER_FIELDS.items():
+        if not isinstance(header.get(name), kind):
+            raise EntryError(f"malformed header: field {name!r} is missing or not a {getattr(kind, '__name__', kind)}")
+
+
 def encode_entry(entry: Entry) -> bytes:
+    entry.header.setdefault("header_schema", HEADER_SCHEMA)
     header = json.dumps(entry.header, sort_keys=True, separators=(",", ":")).encode("utf-8")
     body = (MAGIC + struct.pack("<I", FORMAT_VERSION) + struct.pack("<Q", len(header)) + header
             + struct.pack("<Q", len(entry.program)) + entry.program)
@@ -68,6 +99,9 @@ def decode_entry(data: bytes) -> Entry:
         raise EntryError(f"malformed: {e}") from None
     if len(program) != m or pos + m != len(body) or not isinstance(header, dict):
         raise EntryError("malformed: lengths do not add up")
+    check_header(header)
+    if program[8:12] != PROGRAM_IDENTIFIER:
+        raise EntryError("malformed: the entry's program is not a graphex program (no GXPG identifier)")
     return Entry(header, program)
 
 

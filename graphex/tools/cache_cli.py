@@ -65,7 +65,7 @@ def _ls(directory: str) -> int:
         print(f"    {h.get('num_ops', '?')} ops, graphex {h.get('graphex')}, torch {h.get('torch')}, "
               f"compiled in {h.get('compile_seconds', '?')} s; depends on {len(h.get('sources', []))} source "
               f"file(s), {len(h.get('custom_ops', []))} custom op(s)")
-    print(f"  total {_size(total)}")
+    print(f"  total {_size(total)}  (graphex inspect PATH shows an entry's program, bindings and key)")
     return 0
 
 
