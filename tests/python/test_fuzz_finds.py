@@ -137,3 +137,22 @@ def test_an_update_of_a_transposed_input_then_a_reshape():
         ea = a.clone()
         assert_same(compiled(a), f(ea))
         assert_same(a, ea)
+
+
+def test_an_in_place_custom_op_on_a_view_of_a_strided_input_after_an_update():
+    """Fuzz seed 5432: `a.add_(1)` on a strided input, then an in-place custom op on a slice of it: folded in
+    place with the contiguous strides the functional result had, the custom op's write-back went astray
+    (Note [Folding keeps the layout readers saw])."""
+    import sweeps.fuzz_ops  # noqa: F401 - torch.ops.graphex_fuzz
+
+    def f(a):
+        a.add_(1)
+        torch.ops.graphex_fuzz.add_one_(a.split(3, 0)[0])
+        return (a,)
+
+    compiled = compile_graphex(f)
+    for _ in range(2):
+        a = torch.randn(2, 2, 8)[..., ::2]
+        ea = a.clone()
+        assert_same(compiled(a), f(ea))
+        assert_same(a, ea)
