@@ -5,12 +5,14 @@ The functional graph AOTAutograd hands us writes mutated inputs back at its end 
 input order. `y = x.clone()` (or `aten.copy(dst, x)`, a same-dtype `_to_copy`) of such an input is a
 snapshot of its old value; inductor's remove_noop_ops replaces it with `x` itself, so a later write-back
 read the new value (found by the fuzzer, seed 2196: `a4.copy_(a6); a6.zero_()` left a4 zero). Here a
-no-op whose result is not a view of its source, and whose source is memory the graph writes, stays.
+no-op whose result is not a view of its source, and whose source is memory the graph writes (or a new value
+of a mutated input, which reinplacing puts into that input's memory: seed 8832), stays.
 """
 
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Any, Iterator
 
 import torch
@@ -33,13 +35,17 @@ def remove_noop_ops_keeping_snapshots(graph: torch.fx.Graph) -> None:
 def _hide_snapshots_of_written_memory(graph: torch.fx.Graph) -> Iterator[None]:
     written = {get_node_storage(arg) for node in graph.nodes for arg in _written_args(node)}
     written.discard(None)
+    mutated_inputs = {n.args[0] for n in graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
+                      if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"}
     hidden = []
     for node in graph.nodes:
         if node.op != "call_function" or node.target not in noop_registry:
             continue
         _, src_index = noop_registry[node.target]
         src = node.args[src_index] if isinstance(src_index, int) else src_index(node.args)
-        if not isinstance(src, torch.fx.Node) or get_node_storage(src) not in written:
+        if not isinstance(src, torch.fx.Node):
+            continue
+        if get_node_storage(src) not in written and not _may_become(src, mutated_inputs):
             continue
         if get_node_storage(node) == get_node_storage(src):
             continue  # a view sees later writes in eager too
@@ -51,6 +57,37 @@ def _hide_snapshots_of_written_memory(graph: torch.fx.Graph) -> Iterator[None]:
         for node, target in hidden:
             if node.graph is graph:
                 node.target, node.args = target, node.args[1:]
+
+
+def _may_become(src: torch.fx.Node, mutated_inputs: set[torch.fx.Node]) -> bool:
+    """Whether reinplacing may put `src` into the memory of an input the graph writes back.
+
+    A new value of a mutated input (an auto_functionalized output for it, or a functional op on it that has an
+    in-place twin) becomes that input once reinplaced, and the input's own write-back may overwrite it before a
+    snapshot taken of it is read (fuzzer seed 8832: `add_one_(a4); a3.copy_(a4); a4.copy_(a5)` left a3 = a5).
+    """
+    from torch.fx.passes.reinplace import _is_view_op, _maybe_get_inplace_op
+
+    auto_functionalized = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
+    seen: set[torch.fx.Node] = set()
+    stack = [src]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in mutated_inputs:
+            return True
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            stack.append(node.args[0])
+        elif node.target in auto_functionalized:
+            torch.fx.node.map_arg(node.kwargs, stack.append)
+        elif (_is_view_op(node.target) or _maybe_get_inplace_op(node.target) is not None) and node.args \
+                and isinstance(node.args[0], torch.fx.Node):
+            stack.append(node.args[0])
+    return False
 
 
 def _written_args(node: torch.fx.Node) -> list[torch.fx.Node]:

@@ -202,14 +202,16 @@ class _Explainer:
         self.epilogue = {n.args[0]: n for n in graph.find_nodes(op="call_function", target=aten.copy_.default)
                          if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"}
 
-    def why(self, op_node: torch.fx.Node, base: torch.fx.Node) -> _Why:
+    def why(self, op_node: torch.fx.Node, base: torch.fx.Node, stop: torch.fx.Node | None = None) -> _Why:
+        """Why the old value of `base` is still needed after `op_node` (until `stop`, the write of the new value:
+        readers after it read the new value)."""
         is_input = root(base).op == "placeholder"
         if is_input and not self.inputs:
             return _Why("option input_inplace_pass=False", "option", option="input_inplace_pass")
         if not is_input and not self.intermediates:
             return _Why("option inplace_pass=False", "option", option="inplace_pass")
         epilogue = self.epilogue.get(base)
-        reader = first_toucher_between(root(base), op_node, None,
+        reader = first_toucher_between(root(base), op_node, stop,
                                        ignore=frozenset([epilogue]) if epilogue is not None else frozenset())
         if reader is not None:
             return _read_later(reader)
@@ -254,7 +256,7 @@ class _Explainer:
             producer = resolve_inplace(src)
             decision = decisions.get(copy_node)
             if decision is None or producer.op != "call_function":
-                why = (self.why(producer, base) if producer.op == "call_function"
+                why = (self.why(producer, base, stop=copy_node) if producer.op == "call_function"
                        else _Why("it is replaced by another tensor", "replaced"))
             elif decision.cause == "option":
                 why = _Why(f"option {decision.option}=False", "option", option=decision.option)
