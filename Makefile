@@ -86,7 +86,7 @@ test-torch: $(STAMP_SYS)
 	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} $(ALT_PY) -m pip install -q --no-build-isolation --no-deps \
 	  -C build-dir=$(ALT_BUILD) $$($(ALT_PY) scripts/cmake_args_for_torch.py) -e .
 	cd $(ALT_BUILD) && ctest --output-on-failure --timeout 120
-	$(ALT_PY) -m pytest tests/python -q $(PYTEST_ARGS)
+	GRAPHEX_BUILD_DIR=$(CURDIR)/$(ALT_BUILD) $(ALT_PY) -m pytest tests/python -q $(PYTEST_ARGS)
 
 # Every OpInfo (float32/float16/bfloat16/int64, static and dynamic) through graphex, classified against eager and
 # aot_eager: sweeps/results/opinfo.{md,json}. OPINFO_ARGS e.g. --ops add,mul or --shard 0/10 (python -m sweeps.opinfo -h).

@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 from .cases import Case
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GRAPHEX_RUN = os.path.join(ROOT, "build", "py", "graphex-run")
+GRAPHEX_RUN = os.path.join(os.environ.get("GRAPHEX_BUILD_DIR") or os.path.join(ROOT, "build", "py"), "graphex-run")
 CASE_NAMES = ("decoder_step", "decoder_ops_step")
 _MEDIAN = re.compile(r"median run time: ([\d.]+) us over (\d+) runs \(p10 ([\d.]+) us, p90 ([\d.]+) us\)")
 _LOAD = re.compile(r"load: ([\d.]+) ms, first output after ([\d.]+) ms")

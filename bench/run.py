@@ -40,7 +40,7 @@ from .cases import Case
 
 ROOT = measure.ROOT
 DEFAULT_OUT = os.path.join(ROOT, "bench", "results")
-DEFAULT_BIN_DIR = os.path.join(ROOT, "build", "py", "bench")
+DEFAULT_BIN_DIR = os.path.join(os.environ.get("GRAPHEX_BUILD_DIR") or os.path.join(ROOT, "build", "py"), "bench")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD = ROOT / "build" / "py"
+BUILD = Path(os.environ["GRAPHEX_BUILD_DIR"]) if os.environ.get("GRAPHEX_BUILD_DIR") else ROOT / "build" / "py"
 
 
 def _run(cmd: list[str], **kw) -> str:
@@ -65,7 +65,7 @@ def build_decode(work: Path, ops_library: Path | None) -> Path:
     _run([cmake, "--install", BUILD, "--component", "deploy", "--prefix", prefix])
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     configure = [cmake, "-S", ROOT / "examples" / "deploy", "-B", work / "build", *generator,
-                 f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_BUILD_TYPE=Release",
+                 f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_BUILD_TYPE=Release", *_torch_cmake_defines(),
                  f"-DGRAPHEX_OPS_LIBRARY={ops_library or ''}"]
     launcher = shutil.which("ccache")
     if launcher:
@@ -101,6 +101,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"deploy-demo: {args.steps} tokens, C++ equal to Python")
     return 0
+
+
+def _torch_cmake_defines() -> list[str]:
+    """What find_package(Torch) needs for this torch (a CUDA build: the toolkit and pip's libnvrtc)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cmake_args_for_torch", os.path.join(str(ROOT), "scripts", "cmake_args_for_torch.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.cmake_defines()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from examples.models.decoder import DecoderConfig, build_decoder
 
 from conftest import ROOT
 
-GRAPHEX_RUN = os.path.join(ROOT, "build", "py", "graphex-run")
+GRAPHEX_RUN = os.path.join(os.environ.get("GRAPHEX_BUILD_DIR") or os.path.join(ROOT, "build", "py"), "graphex-run")
 SMALL = DecoderConfig(vocab_size=64, hidden=32, heads=2, layers=2, intermediate=64, max_positions=16, custom_ops=True)
 
 

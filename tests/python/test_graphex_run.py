@@ -12,7 +12,7 @@ from graphex.exporting import load_safetensors, safetensors_bytes
 
 from conftest import ROOT
 
-GRAPHEX_RUN = os.path.join(ROOT, "build", "py", "graphex-run")
+GRAPHEX_RUN = os.path.join(os.environ.get("GRAPHEX_BUILD_DIR") or os.path.join(ROOT, "build", "py"), "graphex-run")
 
 
 class Net(torch.nn.Module):
