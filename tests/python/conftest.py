@@ -66,3 +66,15 @@ def assert_same(actual: Any, expected: Any, path: str = "output") -> None:
             assert_same(actual[k], expected[k], f"{path}[{k!r}]")
     else:
         assert actual == expected and type(actual) is type(expected), f"{path}: {actual!r} != {expected!r}"
+
+
+def torch_cmake_defines() -> list[str]:
+    """CMake `-D` arguments find_package(Torch) needs for this torch (a CUDA build: the toolkit and pip's
+    libnvrtc), for tests that configure CMake projects of their own (scripts/cmake_args_for_torch.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cmake_args_for_torch",
+                                                  os.path.join(ROOT, "scripts", "cmake_args_for_torch.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.cmake_defines()

@@ -13,7 +13,7 @@ import torch
 import graphex
 from graphex.exporting import load_safetensors, safetensors_bytes
 
-from conftest import ROOT
+from conftest import ROOT, torch_cmake_defines
 
 BUILD = os.environ.get("GRAPHEX_BUILD_DIR") or os.path.join(ROOT, "build", "py")  # make test-torch: build/torchX
 
@@ -39,7 +39,7 @@ def test_slow_cmake_find_package_consumer_builds_and_runs_bitwise_equal_to_eager
 
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     _run([cmake, "-S", os.path.join(ROOT, "tests", "cmake_consumer"), "-B", str(tmp_path / "build"), *generator,
-          f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_BUILD_TYPE=Release", *_torch_cmake_defines()])
+          f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_BUILD_TYPE=Release", *torch_cmake_defines()])
     _run([cmake, "--build", str(tmp_path / "build")])
 
     torch.manual_seed(0)
@@ -51,12 +51,3 @@ def test_slow_cmake_find_package_consumer_builds_and_runs_bitwise_equal_to_eager
     _run([str(tmp_path / "build" / "consumer"), path, str(tmp_path / "in.safetensors"), str(tmp_path / "out.safetensors")])
     with torch.no_grad():
         assert torch.equal(load_safetensors(tmp_path / "out.safetensors")["0"], model(x2))
-
-
-def _torch_cmake_defines() -> list[str]:
-    """What find_package(Torch) needs for this torch (a CUDA build: the toolkit and pip's libnvrtc)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("cmake_args_for_torch", os.path.join(str(ROOT), "scripts", "cmake_args_for_torch.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.cmake_defines()

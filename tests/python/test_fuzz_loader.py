@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, torch_cmake_defines
 
 CLANG = shutil.which("clang++-19")
 BUILD = os.path.join(ROOT, "build", "fuzz")
@@ -25,7 +25,7 @@ def _build() -> str:
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     launcher = [f"-DCMAKE_CXX_COMPILER_LAUNCHER={shutil.which('ccache')}"] if shutil.which("ccache") else []
     for cmd in ([cmake, "-S", os.path.join(ROOT, "tests", "fuzz"), "-B", BUILD, *generator, *launcher,
-                 f"-DCMAKE_CXX_COMPILER={CLANG}", f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", *_torch_cmake_defines()],
+                 f"-DCMAKE_CXX_COMPILER={CLANG}", f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", *torch_cmake_defines()],
                 [cmake, "--build", BUILD]):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -45,12 +45,3 @@ def test_slow_libfuzzer_on_the_loader_finds_no_crash_in_20_s(tmp_path):
     assert proc.returncode == 0 and not crashes, f"reproducers: {crashes}\n{proc.stderr[-4000:]}"
     done = [line for line in proc.stderr.splitlines() if line.startswith("Done ")]
     assert done and int(done[-1].split()[1]) > 100, proc.stderr[-2000:]  # "Done N runs in S second(s)"
-
-
-def _torch_cmake_defines() -> list[str]:
-    """What find_package(Torch) needs for this torch (a CUDA build: the toolkit and pip's libnvrtc)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("cmake_args_for_torch", os.path.join(str(ROOT), "scripts", "cmake_args_for_torch.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.cmake_defines()
