@@ -30,6 +30,7 @@ from .errors import (
     ProgramError,
     ReplayError,
     SignatureError,
+    FrozenInputReplaced,
 )
 from .options import Options
 from .save_tensor import save_tensor  # noqa: E402  (print-like dump that survives replay)
@@ -43,6 +44,6 @@ _install_trace_checks()
 
 __all__ = [
     "graphex_backend", "npugraph_ex_backend", "get_backend", "compile_fx", "Options", "GraphexError", "OptionsError", "CaptureError",
-    "ProgramError", "SignatureError", "ReplayError", "CustomOpError", "CacheError", "export", "ExportError", "__version__",
+    "ProgramError", "SignatureError", "FrozenInputReplaced", "ReplayError", "CustomOpError", "CacheError", "export", "ExportError", "__version__",
     "save_tensor",
 ]

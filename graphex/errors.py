@@ -77,6 +77,18 @@ class SignatureError(GraphexError):
     """A call whose inputs do not match the signature its graph was captured for."""
 
 
+class FrozenInputReplaced(SignatureError):
+    """A frozen parameter (frozen_parameter=True) was replaced by another tensor after compiling.
+
+    Raised by the engine (Note [A frozen parameter is checked by identity]); a compiled graph
+    catches it and re-lowers with the new tensor, so users see it only from a bare executor.
+    """
+
+    def __init__(self, message: str, input: int) -> None:
+        super().__init__(message)
+        self.input = input
+
+
 class ReplayError(GraphexError):
     """An operator failed while a captured graph ran: names the node and the user's source line.
 

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import enum
 import itertools
+import threading
+import time
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -42,8 +44,12 @@ from torch.utils._python_dispatch import _disable_current_modes
 from . import _C, _log, _spec
 from ._warn import warn_once
 from .lower import LoweredGraph, lower
+from .errors import FrozenInputReplaced
 from .options import Options
 from .passes import KeptCopy
+
+# Note [A frozen parameter is checked by identity]: after this many re-lowerings, one warning.
+_RELOWER_WARNING = 3
 
 
 _live: "weakref.WeakValueDictionary[int, CompiledGraph]" = weakref.WeakValueDictionary()
@@ -83,6 +89,8 @@ class CompiledGraph:
         self.original_gm: torch.fx.GraphModule | None = None  # before the passes; only for data_dump_stage='original'
         self._dumping_run: Any = None
         self._watchers: list[Watcher] = []
+        self.relowerings = 0  # frozen programs re-lowered because a parameter was replaced
+        self._relower_lock = threading.Lock()
 
         frozen = options.frozen_parameter and bool(self.static_inputs) and not options.force_eager
         if options.force_eager or frozen:
@@ -128,15 +136,44 @@ class CompiledGraph:
 
     def _first_call(self, args: list[Any]) -> list[Any]:
         if self.phase is Phase.FIRST_CALL:
-            frozen = {i: args[i] for i in self.static_inputs}
-            self.lowered = lower(self.gm, name=self.name, frozen=frozen)
-            self.executor = build_executor(self.lowered)
-            self.num_ops = self.lowered.num_ops
-            _log.info("%s: froze %d parameters and buffers into the program", self.name, len(frozen))
+            self._lower_frozen(args)
+            _log.info("%s: froze %d parameters and buffers into the program", self.name, len(self.static_inputs))
             self._enter(self._after_build())
             if self.phase is Phase.STEADY:
                 return self.runner(args)
         return self._validated_call(args)
+
+    def _lower_frozen(self, args: list[Any]) -> None:
+        frozen = {i: args[i] for i in self.static_inputs}
+        lowered = lower(self.gm, name=self.name, frozen=frozen)
+        executor = build_executor(lowered)
+        executor.bind_frozen(sorted(frozen.items()))  # Note [A frozen parameter is checked by identity]
+        self.lowered, self.executor, self.num_ops = lowered, executor, lowered.num_ops
+
+    def _run_frozen(self, args: list[Any]) -> list[Any]:
+        """The engine run of a frozen program; a replaced parameter re-lowers it first (once per replacement)."""
+        try:
+            return self.executor(args)  # type: ignore[misc]
+        except FrozenInputReplaced as e:
+            with self._relower_lock:
+                if not self.executor.fits(args):  # type: ignore[union-attr]  (another thread may have re-lowered)
+                    self._relower_frozen(args, e.input)
+            return self.executor(args)  # type: ignore[misc]
+
+    def _relower_frozen(self, args: list[Any], input_index: int) -> None:
+        self.relowerings += 1
+        start = time.perf_counter()
+        self._lower_frozen(args)
+        name = self.lowered.spec["inputs"][input_index]["name"] if self.lowered else str(input_index)  # type: ignore[index]
+        ms = (time.perf_counter() - start) * 1000
+        _log.info("%s: frozen parameter %s was replaced after compiling (frozen_parameter=True): re-lowered the "
+                  "program with the new parameters and buffers in %.1f ms", self.name, name, ms)
+        if self.relowerings == _RELOWER_WARNING:
+            warn_once(f"frozen_parameter:relower:{self.name}",
+                      f"graphex: {self.name}: frozen parameters were replaced {self.relowerings} times after compiling "
+                      f"(last: {name}); each replacement re-lowers the program ({ms:.1f} ms). For a model whose "
+                      "parameter objects change between calls, compile without options={'frozen_parameter': True}, "
+                      "or update parameters in place (param.copy_(new)), which frozen programs see for free.")
 
     def _validated_call(self, args: list[Any]) -> list[Any]:
         """The first replay checks every custom op's outputs against its fake (option validate_fake)."""
@@ -164,6 +201,8 @@ class CompiledGraph:
             run = self.run_fx
         elif self.captures_per_shape or self._clone_outputs:
             run = self._run_with_options
+        elif self.lowered is not None and self.lowered.frozen_inputs:
+            run = self._run_frozen
         else:
             run = self.executor  # type: ignore[assignment]
         if not self._watchers:
@@ -180,7 +219,8 @@ class CompiledGraph:
     def _run_with_options(self, args: list[Any]) -> list[Any]:
         if self.captures_per_shape and not self._admit_signature(args):
             return self.run_fx(args)
-        return self._with_options_applied(self.executor(args))  # type: ignore[misc]
+        engine = self._run_frozen if self.lowered is not None and self.lowered.frozen_inputs else self.executor
+        return self._with_options_applied(engine(args))  # type: ignore[misc]
 
     def _with_options_applied(self, outs: list[Any]) -> list[Any]:
         for i in self._clone_outputs:

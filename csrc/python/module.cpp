@@ -144,7 +144,7 @@ py::object pythonCause(const std::exception_ptr& cause) {
 // initialization, and never destroyed (a function-local `static py::object` would be released
 // after the interpreter is gone, and its initialization can deadlock with the GIL).
 struct ErrorClasses {
-  py::object program_error, signature_error, replay_error, fake_mismatch, make_replay_error;
+  py::object program_error, signature_error, frozen_input_replaced, replay_error, fake_mismatch, make_replay_error;
 };
 
 const ErrorClasses& errorClasses() {
@@ -152,7 +152,8 @@ const ErrorClasses& errorClasses() {
   return storage
       .call_once_and_store_result([] {
         py::module_ errors = py::module_::import("graphex.errors");
-        return ErrorClasses{errors.attr("ProgramError"), errors.attr("SignatureError"), errors.attr("ReplayError"),
+        return ErrorClasses{errors.attr("ProgramError"), errors.attr("SignatureError"),
+                            errors.attr("FrozenInputReplaced"), errors.attr("ReplayError"),
                             errors.attr("FakeMismatch"), errors.attr("make_replay_error")};
       })
       .get_stored();
@@ -240,6 +241,10 @@ void registerErrors(py::module_& m) {
       PyErr_SetString(errorClasses().program_error.ptr(), e.what());
     } catch (const deploy::WeightsError& e) {
       PyErr_SetString(errorClasses().program_error.ptr(), e.what());
+    } catch (const FrozenInputReplaced& e) {
+      const py::object& cls = errorClasses().frozen_input_replaced;
+      py::object err = cls(e.what(), e.input);
+      PyErr_SetObject(cls.ptr(), err.ptr());
     } catch (const SignatureError& e) {
       PyErr_SetString(errorClasses().signature_error.ptr(), e.what());
     } catch (const ExecutionError& e) {  // runs translate it themselves (withoutGil); this is a fallback
@@ -268,6 +273,10 @@ PYBIND11_MODULE(_C, m) {
            "(empty: the ones stored in the program).")
       .def("__call__", &runBoxed, py::arg("args"),
            "Run on a list of inputs (boxed calling convention); returns a list of outputs.")
+      .def("bind_frozen", [](Executor& e, const std::vector<std::pair<size_t, at::Tensor>>& frozen) { e.bindFrozen(frozen); },
+           py::arg("frozen"),
+           "Note [A frozen parameter is checked by identity]: every run requires input i to be tensor t itself, "
+           "for each (i, t); a replaced one raises graphex.FrozenInputReplaced.")
       .def("try_run", &tryRunBoxed, py::arg("args"),
            "Run if the inputs fit the captured signature; None (nothing run) if they do not.")
       .def("fits", [](const Executor& e, const py::list& args) { return e.fits(toIValues(args)); }, py::arg("args"),

@@ -227,9 +227,34 @@ Executor::~Executor() {
   r.destroyed_runs += runCount();
 }
 
+void Executor::bindFrozen(std::vector<std::pair<size_t, at::Tensor>> frozen) {
+  for (const auto& [index, tensor] : frozen)
+    if (index >= program_.inputs.size() || !tensor.defined())
+      throw ProgramError("graphex: " + program_.name + ": frozen input " + std::to_string(index) +
+                         " is not an input of the program or not a tensor");
+  frozen_ = std::move(frozen);
+}
+
+static bool sameTensor(const c10::IValue& value, const at::Tensor& tensor) {
+  return value.isTensor() && value.toTensor().unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl();
+}
+
+void Executor::checkFrozen(const std::vector<c10::IValue>& inputs) const {
+  for (const auto& [index, tensor] : frozen_) {
+    if (sameTensor(inputs[index], tensor)) continue;
+    throw FrozenInputReplaced("graphex: " + program_.name + ": input " + std::to_string(index) + " ('" +
+                              program_.inputs[index].name +
+                              "') is a frozen parameter (frozen_parameter=True) and is no longer the tensor the "
+                              "program was built with: the parameter or buffer was replaced after compiling",
+                              index);
+  }
+}
+
 bool Executor::fits(const std::vector<c10::IValue>& inputs) const {
   const Program& p = program_;
   if (inputs.size() != p.inputs.size()) return false;
+  for (const auto& [index, tensor] : frozen_)
+    if (!sameTensor(inputs[index], tensor)) return false;
   if (!p.check_signature) return true;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!describeMismatch(p.inputs[i], inputs[i]).empty()) return false;
@@ -246,6 +271,7 @@ void Executor::checkInputs(const std::vector<c10::IValue>& inputs) const {
   if (inputs.size() != p.inputs.size())
     throw SignatureError("graphex: " + p.name + " takes " + std::to_string(p.inputs.size()) + " inputs, got " +
                          std::to_string(inputs.size()));
+  checkFrozen(inputs);
   if (!p.check_signature) return;
   for (size_t i = 0; i < inputs.size(); ++i) {
     std::string why = describeMismatch(p.inputs[i], inputs[i]);

@@ -36,6 +36,22 @@ class SignatureError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Note [A frozen parameter is checked by identity]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With frozen_parameter, a parameter or buffer is a constant of the program: the tensor it
+// was on the first call is baked in, and the argument at its input position is not read.
+// Replacing the parameter object afterwards (`model.fc.weight = nn.Parameter(...)`) makes
+// Dynamo pass the new tensor there, which the program would silently ignore. So every run
+// compares each frozen position's argument with the baked tensor by TensorImpl identity (a
+// pointer compare per frozen input) and throws FrozenInputReplaced on a mismatch; the Python
+// side re-lowers with the new tensors (graphex/runtime.py). In-place updates and `.data =`
+// keep the TensorImpl, and the program reads the constant through it, so they are seen.
+class FrozenInputReplaced : public SignatureError {
+ public:
+  FrozenInputReplaced(const std::string& msg, size_t input) : SignatureError(msg), input(input) {}
+  size_t input;  // the program input whose tensor was replaced
+};
+
 // What kind of error an operator raised, so that the Python binding can raise what
 // eager PyTorch raises (the c10 classes map like torch/csrc/Exceptions.h).
 // Foreign: not a c10::Error (e.g. a Python kernel's exception): see ExecutionError::cause.
@@ -133,6 +149,10 @@ class Executor {
 
   const Program& program() const { return program_; }
 
+  // Note [A frozen parameter is checked by identity]: from now on every run (and fits())
+  // requires input `index` to be `tensor` itself, for each pair. Call before the first run.
+  void bindFrozen(std::vector<std::pair<size_t, at::Tensor>> frozen);
+
   // How many times a run has been entered (tests use it to prove the engine ran).
   // Note [Run counters stay out of the hot loop]: one relaxed increment of this executor's
   // own counter per run; the process-wide total is summed only when asked.
@@ -147,7 +167,9 @@ class Executor {
   template <bool kTimed, bool kValidate, bool kDump = false>
   std::vector<c10::IValue> runImpl(std::vector<c10::IValue> inputs, int64_t* ns,
                                    std::vector<DumpedOp>* dumped = nullptr) const;
+  void checkFrozen(const std::vector<c10::IValue>& inputs) const;
   Program program_;
+  std::vector<std::pair<size_t, at::Tensor>> frozen_;
   mutable std::atomic<uint64_t> runs_{0};
 };
 
