@@ -22,6 +22,7 @@ from ._source import display_name, source_line
 from ._spec import Const, Slot
 from .custom_ops.registration import is_custom
 from .errors import CaptureError, Finding
+from .fold import fold_frozen
 
 
 @dataclasses.dataclass
@@ -34,6 +35,10 @@ class LoweredGraph:
     dynamic: bool
     # The operator behind each spec node (None for builtins), for error messages.
     node_ops: list[Any] = dataclasses.field(default_factory=list)
+    # Note [Folding frozen parameters]: frozen input index -> what the engine watches on it (graphex/fold.py),
+    # and how many operator calls folding removed.
+    frozen_watch: dict[int, int] = dataclasses.field(default_factory=dict)
+    folded_ops: int = 0
 
     @property
     def validates_fakes(self) -> bool:
@@ -88,6 +93,7 @@ class _Lowering:
         self.num_ops = 0
         self.dynamic = False
         self.node_ops: dict[int, torch._ops.OpOverload] = {}
+        self.folded = fold_frozen(gm, frozen) if frozen else None
 
     # -- slots and constants --------------------------------------------------
     def new_slot(self) -> Slot:
@@ -128,7 +134,16 @@ class _Lowering:
             "num_constants": len(self.constants),
         }
         node_ops = [self.node_ops.get(i) for i in range(len(self.nodes))]
-        return LoweredGraph(spec, self.constants, self.num_ops, sorted(self.frozen), self.dynamic, node_ops)
+        watch = {i: 0 for i in self.frozen}
+        folded_ops = 0
+        if self.folded is not None:
+            watch.update(self.folded.watch)
+            folded_ops = self.folded.count
+            if folded_ops:
+                _log.info("%s: folded %d operator calls that read only frozen parameters (frozen_parameter)",
+                          self.name, folded_ops)
+        return LoweredGraph(spec, self.constants, self.num_ops, sorted(self.frozen), self.dynamic, node_ops,
+                            frozen_watch=watch, folded_ops=folded_ops)
 
     def placeholder(self, node: torch.fx.Node, index: int) -> None:
         val = node.meta.get("val")
@@ -171,6 +186,10 @@ class _Lowering:
                              "outside the compiled region, or use options={'force_eager': True}.")
 
     def call_function(self, node: torch.fx.Node) -> None:
+        if self.folded is not None and node in self.folded.nodes:  # Note [Folding frozen parameters]
+            if node in self.folded.values:
+                self.value_of[node] = self.const(self.folded.values[node])
+            return
         target = node.target
         if isinstance(target, torch._ops.OpOverload):
             self.op(node, target)

@@ -147,7 +147,8 @@ class CompiledGraph:
         frozen = {i: args[i] for i in self.static_inputs}
         lowered = lower(self.gm, name=self.name, frozen=frozen)
         executor = build_executor(lowered)
-        executor.bind_frozen(sorted(frozen.items()))  # Note [A frozen parameter is checked by identity]
+        # Note [A frozen parameter is checked by identity], Note [Folding frozen parameters]
+        executor.bind_frozen([(i, t, lowered.frozen_watch.get(i, 0)) for i, t in sorted(frozen.items())])
         self.lowered, self.executor, self.num_ops = lowered, executor, lowered.num_ops
 
     def _run_frozen(self, args: list[Any]) -> list[Any]:
@@ -157,23 +158,21 @@ class CompiledGraph:
         except FrozenInputReplaced as e:
             with self._relower_lock:
                 if not self.executor.fits(args):  # type: ignore[union-attr]  (another thread may have re-lowered)
-                    self._relower_frozen(args, e.input)
+                    self._relower_frozen(args, e)
             return self.executor(args)  # type: ignore[misc]
 
-    def _relower_frozen(self, args: list[Any], input_index: int) -> None:
+    def _relower_frozen(self, args: list[Any], change: FrozenInputReplaced) -> None:
         self.relowerings += 1
         start = time.perf_counter()
         self._lower_frozen(args)
-        name = self.lowered.spec["inputs"][input_index]["name"] if self.lowered else str(input_index)  # type: ignore[index]
         ms = (time.perf_counter() - start) * 1000
-        _log.info("%s: frozen parameter %s was replaced after compiling (frozen_parameter=True): re-lowered the "
-                  "program with the new parameters and buffers in %.1f ms", self.name, name, ms)
+        what = str(change).removeprefix("graphex: ")
+        _log.info("%s: re-lowered the program with the current parameters and buffers in %.1f ms", what, ms)
         if self.relowerings == _RELOWER_WARNING:
             warn_once(f"frozen_parameter:relower:{self.name}",
-                      f"graphex: {self.name}: frozen parameters were replaced {self.relowerings} times after compiling "
-                      f"(last: {name}); each replacement re-lowers the program ({ms:.1f} ms). For a model whose "
-                      "parameter objects change between calls, compile without options={'frozen_parameter': True}, "
-                      "or update parameters in place (param.copy_(new)), which frozen programs see for free.")
+                      f"graphex: {self.name}: frozen parameters changed {self.relowerings} times after compiling "
+                      f"(last: {what}); each change re-lowers the program ({ms:.1f} ms). For a model whose "
+                      "parameters change between calls, compile without options={'frozen_parameter': True}.")
 
     def _validated_call(self, args: list[Any]) -> list[Any]:
         """The first replay checks every custom op's outputs against its fake (option validate_fake)."""

@@ -273,10 +273,19 @@ PYBIND11_MODULE(_C, m) {
            "(empty: the ones stored in the program).")
       .def("__call__", &runBoxed, py::arg("args"),
            "Run on a list of inputs (boxed calling convention); returns a list of outputs.")
-      .def("bind_frozen", [](Executor& e, const std::vector<std::pair<size_t, at::Tensor>>& frozen) { e.bindFrozen(frozen); },
+      .def("bind_frozen",
+           [](Executor& e, const std::vector<std::tuple<size_t, at::Tensor, int>>& frozen) {
+             std::vector<Executor::FrozenInput> inputs;
+             for (const auto& [index, tensor, watch] : frozen) {
+               if (watch < 0 || watch > 2) throw py::value_error("graphex: watch level must be 0, 1 or 2");
+               inputs.push_back({index, tensor, static_cast<Executor::Watch>(watch)});
+             }
+             e.bindFrozen(std::move(inputs));
+           },
            py::arg("frozen"),
            "Note [A frozen parameter is checked by identity]: every run requires input i to be tensor t itself, "
-           "for each (i, t); a replaced one raises graphex.FrozenInputReplaced.")
+           "for each (i, t, watch); watch 1 also its data pointer, 2 also its version counter (values folded "
+           "from it, Note [Folding frozen parameters]). A change raises graphex.FrozenInputReplaced.")
       .def("try_run", &tryRunBoxed, py::arg("args"),
            "Run if the inputs fit the captured signature; None (nothing run) if they do not.")
       .def("fits", [](const Executor& e, const py::list& args) { return e.fits(toIValues(args)); }, py::arg("args"),

@@ -227,34 +227,45 @@ Executor::~Executor() {
   r.destroyed_runs += runCount();
 }
 
-void Executor::bindFrozen(std::vector<std::pair<size_t, at::Tensor>> frozen) {
-  for (const auto& [index, tensor] : frozen)
-    if (index >= program_.inputs.size() || !tensor.defined())
-      throw ProgramError("graphex: " + program_.name + ": frozen input " + std::to_string(index) +
+void Executor::bindFrozen(std::vector<FrozenInput> frozen) {
+  for (FrozenInput& f : frozen) {
+    if (f.index >= program_.inputs.size() || !f.tensor.defined())
+      throw ProgramError("graphex: " + program_.name + ": frozen input " + std::to_string(f.index) +
                          " is not an input of the program or not a tensor");
+    f.data = f.tensor.unsafeGetTensorImpl()->has_storage() ? f.tensor.const_data_ptr() : nullptr;
+    f.version = f.tensor._version();
+  }
   frozen_ = std::move(frozen);
 }
 
-static bool sameTensor(const c10::IValue& value, const at::Tensor& tensor) {
-  return value.isTensor() && value.toTensor().unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl();
+// Why input `value` no longer is the frozen input `f` the program was built with; nullptr if it still is.
+static const char* frozenChange(const c10::IValue& value, const Executor::FrozenInput& f) {
+  if (!value.isTensor() || value.toTensor().unsafeGetTensorImpl() != f.tensor.unsafeGetTensorImpl())
+    return "was replaced by another tensor after compiling";
+  if (f.watch == Executor::Watch::Identity) return nullptr;
+  if (f.data != (f.tensor.unsafeGetTensorImpl()->has_storage() ? f.tensor.const_data_ptr() : nullptr))
+    return "was given new memory (`.data =`) after compiling, and values folded from it are stale";
+  if (f.watch == Executor::Watch::Version && f.version != f.tensor._version())
+    return "was updated in place after compiling, and values folded from it are stale";
+  return nullptr;
 }
 
 void Executor::checkFrozen(const std::vector<c10::IValue>& inputs) const {
-  for (const auto& [index, tensor] : frozen_) {
-    if (sameTensor(inputs[index], tensor)) continue;
-    throw FrozenInputReplaced("graphex: " + program_.name + ": input " + std::to_string(index) + " ('" +
-                              program_.inputs[index].name +
-                              "') is a frozen parameter (frozen_parameter=True) and is no longer the tensor the "
-                              "program was built with: the parameter or buffer was replaced after compiling",
-                              index);
+  for (const FrozenInput& f : frozen_) {
+    const char* why = frozenChange(inputs[f.index], f);
+    if (!why) continue;
+    throw FrozenInputReplaced("graphex: " + program_.name + ": input " + std::to_string(f.index) + " ('" +
+                              program_.inputs[f.index].name + "') is a frozen parameter (frozen_parameter=True) and " +
+                              why,
+                              f.index);
   }
 }
 
 bool Executor::fits(const std::vector<c10::IValue>& inputs) const {
   const Program& p = program_;
   if (inputs.size() != p.inputs.size()) return false;
-  for (const auto& [index, tensor] : frozen_)
-    if (!sameTensor(inputs[index], tensor)) return false;
+  for (const FrozenInput& f : frozen_)
+    if (frozenChange(inputs[f.index], f)) return false;
   if (!p.check_signature) return true;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!describeMismatch(p.inputs[i], inputs[i]).empty()) return false;

@@ -49,7 +49,7 @@ class SignatureError : public std::runtime_error {
 class FrozenInputReplaced : public SignatureError {
  public:
   FrozenInputReplaced(const std::string& msg, size_t input) : SignatureError(msg), input(input) {}
-  size_t input;  // the program input whose tensor was replaced
+  size_t input;  // the program input whose tensor was replaced (or, for a folded one, changed)
 };
 
 // What kind of error an operator raised, so that the Python binding can raise what
@@ -150,8 +150,18 @@ class Executor {
   const Program& program() const { return program_; }
 
   // Note [A frozen parameter is checked by identity]: from now on every run (and fits())
-  // requires input `index` to be `tensor` itself, for each pair. Call before the first run.
-  void bindFrozen(std::vector<std::pair<size_t, at::Tensor>> frozen);
+  // requires input `index` to be `tensor` itself. Folded values (graphex/fold.py, Note [Folding
+  // frozen parameters]) also need its memory (Watch::Data: the data pointer it had now) or its
+  // values (Watch::Version: also its version counter) unchanged. Call before the first run.
+  enum class Watch : int { Identity = 0, Data = 1, Version = 2 };
+  struct FrozenInput {
+    size_t index;
+    at::Tensor tensor;
+    Watch watch = Watch::Identity;
+    const void* data = nullptr;  // recorded by bindFrozen
+    uint32_t version = 0;        // recorded by bindFrozen
+  };
+  void bindFrozen(std::vector<FrozenInput> frozen);
 
   // How many times a run has been entered (tests use it to prove the engine ran).
   // Note [Run counters stay out of the hot loop]: one relaxed increment of this executor's
@@ -169,7 +179,7 @@ class Executor {
                                    std::vector<DumpedOp>* dumped = nullptr) const;
   void checkFrozen(const std::vector<c10::IValue>& inputs) const;
   Program program_;
-  std::vector<std::pair<size_t, at::Tensor>> frozen_;
+  std::vector<FrozenInput> frozen_;
   mutable std::atomic<uint64_t> runs_{0};
 };
 

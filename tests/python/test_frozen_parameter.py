@@ -52,7 +52,7 @@ def test_replacing_a_parameter_object_relowers_and_matches_eager(monkeypatch, ca
     assert engine_runs() > before, "the re-lowered program runs on the engine"
     assert graph.relowerings == 1
     err = capfd.readouterr().err
-    assert "was replaced after compiling" in err and "fc1" in err, err
+    assert "was replaced by another tensor after compiling" in err and "fc1" in err, err
     assert_same(compiled(x), model(x))  # the new program is kept: no re-lowering per call
     assert graph.relowerings == 1
 
@@ -91,21 +91,114 @@ def test_repeated_replacement_warns_once_with_the_fix():
         for _ in range(5):
             model.fc2.weight = torch.nn.Parameter(torch.randn(2, 4))
             assert_same(compiled(x), model(x))
-    messages = [str(w.message) for w in caught if "frozen parameters were replaced" in str(w.message)]
+    messages = [str(w.message) for w in caught if "frozen parameters changed" in str(w.message)]
     assert len(messages) == 1, messages
-    assert "frozen_parameter" in messages[0] and "copy_" in messages[0]
+    assert "without options={'frozen_parameter': True}" in messages[0]
     assert captures()[-1].relowerings == 5
 
 
-def test_the_applied_fix_in_place_copy_needs_no_relowering():
-    # The warning's fix, applied: param.copy_(new) keeps the program.
+def test_the_applied_fix_compiling_without_frozen_parameter_never_relowers():
     torch.manual_seed(4)
     model, x = Net().eval(), torch.randn(3, 4)
-    compiled = _compiled(model)
+    compiled = compile_graphex(model)  # the warning's fix, applied
     compiled(x)
-    for _ in range(5):
-        model.fc2.weight.copy_(torch.randn(2, 4))
-        assert_same(compiled(x), model(x))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):
+            model.fc2.weight = torch.nn.Parameter(torch.randn(2, 4))
+            assert_same(compiled(x), model(x))
+    assert not [w for w in caught if "frozen" in str(w.message)]
+    assert all(g.relowerings == 0 for g in captures())
+
+
+# -- Note [Folding frozen parameters] -------------------------------------------------------------
+def test_the_decoder_folds_weight_transposes_and_stays_bitwise():
+    from examples.models.decoder import DecoderConfig, build_decoder
+
+    torch.manual_seed(6)
+    model = build_decoder(DecoderConfig(layers=2, max_positions=32)).eval()
+    k_ref, v_ref = model.new_cache()
+    k, v = model.new_cache()
+    compiled = _compiled(model)
+    plain = compile_graphex(build_decoder(DecoderConfig(layers=2, max_positions=32)).eval())
+    tokens = torch.tensor([[3]])
+    for position in range(4):
+        pos = torch.tensor([position])
+        assert_same(compiled(tokens, pos, k, v), model(tokens, pos, k_ref, v_ref))
+        assert_same([k, v], [k_ref, v_ref])
+    frozen_graph = [g for g in captures() if g.lowered is not None and g.lowered.frozen_inputs][-1]
+    assert frozen_graph.lowered.folded_ops >= 2 * 7  # a t() per linear weight at least
+    plain(tokens, torch.tensor([0]), *build_decoder(DecoderConfig(layers=2, max_positions=32)).new_cache())
+    plain_graph = [g for g in captures() if g.lowered is not None and not g.lowered.frozen_inputs][-1]
+    assert frozen_graph.num_ops == plain_graph.num_ops - frozen_graph.lowered.folded_ops
+    assert "aten::t.default" not in [t for _, t in frozen_graph.executor.node_names()]
+
+
+def test_a_folded_view_sees_in_place_updates_and_relowers_on_new_memory():
+    torch.manual_seed(7)
+    model, x = torch.nn.Linear(4, 3, bias=False).eval(), torch.randn(2, 4)
+    compiled = _compiled(model)
+    assert_same(compiled(x), model(x))
+    graph = captures()[-1]
+    assert graph.lowered.folded_ops == 1  # t(weight): a view of the weight
+    model.weight.mul_(2)  # same memory: the folded view sees it
+    assert_same(compiled(x), model(x))
+    assert graph.relowerings == 0
+    model.weight.data = torch.randn(3, 4)  # new memory: the folded view would be stale
+    assert_same(compiled(x), model(x))
+    assert graph.relowerings == 1
+
+
+class Scaled(torch.nn.Module):
+    """A weight computed from parameters on every call: a computed (copied) fold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 4))
+        self.scale = torch.nn.Parameter(torch.full((4,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.weight * self.scale).t()
+
+
+def test_a_computed_fold_relowers_after_an_in_place_update(monkeypatch, capfd):
+    monkeypatch.setenv("GRAPHEX_LOG", "1")
+    torch.manual_seed(8)
+    model, x = Scaled().eval(), torch.randn(2, 4)
+    compiled = _compiled(model)
+    assert_same(compiled(x), model(x))
+    graph = captures()[-1]
+    assert graph.lowered.folded_ops >= 2 and "aten::mul.Tensor" not in [t for _, t in graph.executor.node_names()]
+    assert_same(compiled(x), model(x))
+    assert graph.relowerings == 0
+    model.scale.add_(1.0)  # the folded product is stale now
+    assert_same(compiled(x), model(x))
+    assert graph.relowerings == 1
+    assert "updated in place after compiling" in capfd.readouterr().err
+
+
+class Counter(torch.nn.Module):
+    """A buffer the graph itself writes is never folded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("steps", torch.zeros(1))
+        self.weight = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.steps.add_(1)
+        return x * self.weight + self.steps * 2
+
+
+def test_a_buffer_the_graph_mutates_is_not_folded():
+    torch.manual_seed(9)
+    model, ref = Counter().eval(), Counter().eval()
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(4)
+    compiled = _compiled(model)
+    for _ in range(3):
+        assert_same(compiled(x), ref(x))
+        assert_same(model.steps, ref.steps)
     assert captures()[-1].relowerings == 0
 
 

@@ -1,0 +1,165 @@
+"""Folding what depends only on frozen parameters: computed once, when the program is lowered.
+
+Note [Folding frozen parameters]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+With frozen_parameter, parameters and buffers are known when a program is lowered (the
+first call). An operator whose tensor inputs are all frozen parameters, tensor constants or
+other folded values (e.g. the `t(weight)` that every `linear` becomes, a `.float()` of a
+buffer, a table computed from a buffer) gives the same result on every call, so it is run
+once, here, with eager's own kernel, and the program reads the result as a constant: the
+same value the replay would have computed, so results stay bit for bit.
+
+What is never folded: ops with mutable arguments or random results, ops that return
+several values or none, graph outputs (an output must be a fresh tensor each call), values
+an in-place op of the graph writes (through any view), and anything fed by a parameter the
+graph itself mutates.
+
+A folded value goes stale if its parameter changes after lowering, so the engine watches
+each parameter a fold reads (Note [A frozen parameter is checked by identity]):
+- a view (`t`, `view`, `expand`, ...) shares the parameter's memory, so in-place updates are
+  seen for free; only `param.data = other` (new memory) invalidates it: its data pointer is
+  watched;
+- a computed value (a copy) is invalidated by any in-place update: the parameter's version
+  counter is watched too.
+A change re-lowers the program, which folds again from the current values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils._python_dispatch import _disable_current_modes
+
+# What the engine watches on a frozen input (Note [Folding frozen parameters]); ordered by strength.
+WATCH_IDENTITY, WATCH_DATA, WATCH_VERSION = 0, 1, 2
+
+
+@dataclasses.dataclass
+class Folded:
+    values: dict[torch.fx.Node, torch.Tensor]  # folded nodes that the program reads, with their values
+    nodes: set[torch.fx.Node]  # every folded node (the program runs none of them)
+    watch: dict[int, int]  # frozen input index -> WATCH_* level its folds need
+    count: int  # operator calls removed from every run
+
+
+def fold_frozen(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> Folded:
+    """Evaluate every foldable node of `gm` given the frozen inputs (index -> real tensor)."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    written = _written_nodes(gm.graph)
+    value: dict[torch.fx.Node, Any] = {}
+    sources: dict[torch.fx.Node, dict[int, int]] = {}  # foldable node -> frozen inputs it reads, with watch level
+    for index, node in enumerate(placeholders):
+        if index in frozen and node not in written:
+            value[node] = frozen[index]
+            sources[node] = {index: WATCH_IDENTITY}
+    for node in gm.graph.find_nodes(op="get_attr"):
+        attr = _fetch_attr(gm, str(node.target))
+        if isinstance(attr, torch.Tensor) and node not in written:
+            value[node] = attr
+            sources[node] = {}
+
+    outputs = set(_output_nodes(gm))
+    folded: list[torch.fx.Node] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not _foldable_op(node) or node in outputs or node in written:
+            continue
+        inputs = node.all_input_nodes
+        if not inputs or any(i not in value for i in inputs):
+            continue  # factory ops (no inputs) are left alone: they may depend on the call's state
+        is_view = _is_view(node.target)
+        reads: dict[int, int] = {}
+        for i in inputs:
+            for index, level in sources[i].items():
+                need = max(level, WATCH_DATA if is_view else WATCH_VERSION)
+                reads[index] = max(reads.get(index, WATCH_IDENTITY), need)
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: value[n])
+        with _disable_current_modes(), torch.no_grad():
+            result = node.target(*args, **kwargs)
+        if not isinstance(result, torch.Tensor):
+            continue
+        value[node] = result
+        sources[node] = reads
+        folded.append(node)
+
+    folded_set = set(folded)
+    used = {n: value[n] for n in folded if any(u not in folded_set for u in n.users)}
+    watch: dict[int, int] = {}
+    for n in used:
+        for index, level in sources[n].items():
+            watch[index] = max(watch.get(index, WATCH_IDENTITY), level)
+    return Folded(values=used, nodes=folded_set, watch=watch, count=len(folded))
+
+
+def _foldable_op(node: torch.fx.Node) -> bool:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    schema = target._schema
+    if schema.is_mutable or len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
+        return False
+    if torch.Tag.nondeterministic_seeded in target.tags or target.namespace not in ("aten", "prims"):
+        return False
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and not any(isinstance(s, torch.SymInt) for s in val.shape)
+
+
+def _is_view(target: Any) -> bool:
+    returns = target._schema.returns
+    return bool(returns) and returns[0].alias_info is not None
+
+
+def _written_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes whose memory some op of the graph writes: the written argument and everything it is a view of
+    or that is a view of it (alias classes through view ops)."""
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def root(n: torch.fx.Node) -> torch.fx.Node:
+        while n in parent:
+            n = parent[n]
+        return n
+
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        is_alias = node.target is operator.getitem or (
+            isinstance(node.target, torch._ops.OpOverload) and _is_view(node.target))
+        base = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        if is_alias and base is not None:
+            parent[node] = root(base)
+    written_roots: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        target = node.target
+        if node.op != "call_function":
+            continue
+        if not isinstance(target, torch._ops.OpOverload):
+            # with_effects, getitem, higher-order ops: treat every tensor input of an unknown call as written
+            if target is not operator.getitem:
+                for i in node.all_input_nodes:
+                    written_roots.add(root(i))
+            continue
+        schema = target._schema
+        for position, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.args[position] if position < len(node.args) else node.kwargs.get(arg.name)
+            for n in (value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(n, torch.fx.Node):
+                    written_roots.add(root(n))
+    return {n for n in graph.nodes if root(n) in written_roots}
+
+
+def _output_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    out = gm.graph.output_node().args[0]
+    flat = out if isinstance(out, (tuple, list)) else [out]
+    return [n for n in flat if isinstance(n, torch.fx.Node)]
+
+
+def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
