@@ -39,10 +39,11 @@ _SPECS: dict[str, _Spec] = {
     "frozen_parameter": _Spec(
         False, (bool,),
         "Treat parameters and buffers as constants of the captured program: they are bound "
-        "once, on the first call, instead of on every call. In-place updates of their data "
-        "(and `.data =`) are seen as they are; replacing a parameter or buffer object after "
-        "compiling is detected on the next call (a pointer compare per parameter) and the "
-        "program is re-lowered with the new tensors (logged; a warning after 3)."),
+        "once, on the first call, instead of on every call, and ops that read only them (the "
+        "t() of each linear weight, products of parameters) are computed once, bit for bit. "
+        "In-place updates and `.data =` are seen; replacing a parameter or buffer object, or "
+        "changing one a folded value came from, is detected on the next call (a pointer compare "
+        "per parameter) and the program is re-lowered (logged; a warning after 3)."),
     "inplace_pass": _Spec(
         True, (bool,),
         "Reinplace functional ops on intermediates (auto_functionalized custom ops, "
