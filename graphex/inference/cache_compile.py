@@ -106,6 +106,7 @@ class _Loaded:
 
 
 MISS = object()  # _Loaded.try_run: the entry does not fit this call
+_LEAF_TYPES = (torch.Tensor, int, float, bool)  # pytree leaves (Note [A plain call skips pytree])
 
 
 def _mismatch(loaded: "_Loaded", flat: list[Any]) -> str:
@@ -164,6 +165,7 @@ class CachedFunction:
         self._options = Options.from_user(options)
         self.cache_dir = os.fspath(cache_dir or os.environ.get("GRAPHEX_CACHE_DIR") or DEFAULT_DIR)
         self._by_call: dict[Any, list[_Loaded]] = {}
+        self._plain_specs: dict[int, pytree.TreeSpec] = {}  # Note [A plain call skips pytree]
         self._static_parts: dict[str, Any] | None = None
         self._uncacheable: dict[Any, Callable[..., Any]] = {}
         self.stats = {"hits": 0, "misses": 0, "compiles": 0, "writes": 0}
@@ -172,10 +174,21 @@ class CachedFunction:
 
     # -- the call ---------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        flat, in_spec = pytree.tree_flatten((args, kwargs))
+        # Note [A plain call skips pytree]: positional tensors and numbers only (the common serving call)
+        # flatten to themselves, so neither tree_flatten nor hashing a TreeSpec is paid per call; the key
+        # (the argument count) cannot collide with a TreeSpec key, and one call shape always takes one path.
+        if not kwargs and all(isinstance(a, _LEAF_TYPES) for a in args):
+            flat = list(args)
+            in_spec = self._plain_specs.get(len(args))
+            if in_spec is None:
+                in_spec = self._plain_specs[len(args)] = pytree.tree_flatten((args, {}))[1]
+            spec_key: Any = len(args)
+        else:
+            flat, in_spec = pytree.tree_flatten((args, kwargs))
+            spec_key = in_spec
         if torch.is_grad_enabled() and self._needs_autograd(flat):
             return self._plain_compiled(flat, in_spec)
-        call_key = (in_spec, tuple(None if isinstance(a, torch.Tensor) else (type(a), a) for a in flat))
+        call_key = (spec_key, tuple(None if isinstance(a, torch.Tensor) else (type(a), a) for a in flat))
         for loaded in self._by_call.get(call_key, ()):
             result = loaded.try_run(flat)  # Note [Entries are found by signature, not by exceptions]
             if result is not MISS:

@@ -79,3 +79,29 @@ def test_uncached_autograd_path_keeps_serving_new_shapes_with_one_warning(tmp_pa
             assert out.requires_grad
     limit = [w for w in caught if "recompile limit" in str(w.message)]
     assert len(limit) == 1, [str(w.message) for w in caught]
+
+
+def test_plain_and_structured_calls_of_one_function_each_find_their_entry(tmp_path):
+    """Note [A plain call skips pytree]: positional tensors and numbers take the fast key; a call with keyword
+    arguments or a None takes pytree's. Each finds its own entry, results stay bitwise, nothing recompiles."""
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, scale: float = 1.0, bias: torch.Tensor | None = None) -> torch.Tensor:
+            y = self.fc(x) * scale
+            return y if bias is None else y + bias
+
+    torch.manual_seed(3)
+    model = Step().eval()
+    cached = graphex.inference.cache_compile(model.forward, dynamic=False, cache_dir=str(tmp_path))
+    x, b = torch.randn(2, 4), torch.randn(4)
+    calls = [((x,), {}), ((x, 2.0), {}), ((x, 2.0, b), {}), ((x,), {"scale": 2.0}), ((x, 1.0, None), {}),
+             ((x, 3.0), {})]
+    with torch.no_grad():
+        for _ in range(3):
+            for args, kwargs in calls:
+                assert_same(cached(*args, **kwargs), model(*args, **kwargs), f"{len(args)} args, {kwargs}")
+    assert cached.stats["compiles"] == len(calls), cached.stats
