@@ -198,7 +198,7 @@ py::list runBoxed(const Executor& ex, const py::list& args) {
 py::object tryRunBoxed(const Executor& ex, const py::list& args) {
   std::vector<c10::IValue> inputs = toIValues(args);
   if (!ex.fits(inputs)) return py::none();
-  return toPyList(withoutGil(std::move(inputs), [&](std::vector<c10::IValue> in) { return ex.run(std::move(in)); }));
+  return toPyList(withoutGil(std::move(inputs), [&](std::vector<c10::IValue> in) { return ex.runFitting(std::move(in)); }));
 }
 
 py::tuple runTimedBoxed(const Executor& ex, const py::list& args) {

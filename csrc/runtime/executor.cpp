@@ -277,6 +277,10 @@ std::optional<std::vector<c10::IValue>> Executor::tryRun(std::vector<c10::IValue
   return runImpl<false, false>(std::move(inputs), nullptr);
 }
 
+std::vector<c10::IValue> Executor::runFitting(std::vector<c10::IValue> inputs) const {
+  return runImpl<false, false>(std::move(inputs), nullptr);
+}
+
 void Executor::checkInputs(const std::vector<c10::IValue>& inputs) const {
   const Program& p = program_;
   if (inputs.size() != p.inputs.size())
