@@ -1,5 +1,7 @@
 """Graph passes run on the functional ATen graph AOTAutograd hands us, in order:
 
+  0. stand-ins of kept-whole kernels back to the aten kernel (keep_whole.py; the Dynamo-graph side runs before
+     AOTAutograd, in compile.py)
   1. options.post_grad_custom_pre_pass (the user's)
   2. remove no-op ops                (option remove_noop_ops; inductor's pass, snapshots of written inputs kept)
   3. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
@@ -18,6 +20,7 @@ from torch._inductor.virtualized import V
 from ..compat import insertion_successor, on_node_created
 from ..options import Options
 from .noop import remove_noop_ops_keeping_snapshots
+from .keep_whole import restore_kept_kernels
 from .overloads import resolve_packets
 from .reinplace import KeptCopy, reinplace_graph
 from .symbolic import expand_sym_sums
@@ -27,6 +30,7 @@ __all__ = ["run_passes", "KeptCopy"]
 
 def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object) -> list[KeptCopy]:
     """Transform `gm` in place; returns the copies the replay still has to make, with reasons."""
+    restore_kept_kernels(gm.graph)  # Note [Interpolation runs eager's kernel]
     if options.post_grad_custom_pre_pass is not None:
         options.post_grad_custom_pre_pass(gm.graph)
         gm.recompile()
