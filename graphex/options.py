@@ -57,6 +57,10 @@ _SPECS: dict[str, _Spec] = {
         True, (bool,),
         "Drop ops that do nothing (clone of a dead value, view to the same shape, "
         "same-dtype conversion, ...)."),
+    "cse": _Spec(
+        True, (bool,),
+        "Compute a pure ATen call repeated with the same arguments once (a mask or a table "
+        "recomputed per layer): the same value, bit for bit. Custom operators are never merged."),
     "post_grad_custom_pre_pass": _Spec(
         None, (type(None), Callable),  # type: ignore[arg-type]
         "A callable `fn(graph: torch.fx.Graph) -> None` run on the functional ATen graph "
@@ -106,6 +110,7 @@ class Options:
     inplace_pass: bool = True
     input_inplace_pass: bool = True
     remove_noop_ops: bool = True
+    cse: bool = True
     post_grad_custom_pre_pass: Callable[..., Any] | None = None
     post_grad_custom_post_pass: Callable[..., Any] | None = None
     dump_dir: str | None = None

@@ -4,6 +4,7 @@
      AOTAutograd, in compile.py)
   1. options.post_grad_custom_pre_pass (the user's)
   2. remove no-op ops                (option remove_noop_ops; inductor's pass, snapshots of written inputs kept)
+     common subexpressions           (option cse; pure ATen calls repeated with the same arguments, cse.py)
   3. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
   4. operator packets resolved, torch.sym_sum as adds, dead code elimination
   5. options.post_grad_custom_post_pass (the user's)
@@ -20,6 +21,7 @@ from torch._inductor.virtualized import V
 from ..compat import insertion_successor, on_node_created
 from ..options import Options
 from .noop import remove_noop_ops_keeping_snapshots
+from .cse import eliminate_common_subexpressions
 from .keep_whole import restore_kept_kernels
 from .overloads import resolve_packets
 from .reinplace import KeptCopy, reinplace_graph
@@ -38,6 +40,8 @@ def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object) ->
         if options.remove_noop_ops:
             with V.set_fake_mode(fake_mode):
                 remove_noop_ops_keeping_snapshots(gm.graph)  # Note [A copy of an input is a snapshot]
+        if options.cse:
+            eliminate_common_subexpressions(gm.graph)  # Note [CSE keeps eager's values]
         kept = reinplace_graph(gm, fake_mode, intermediates=options.inplace_pass, inputs=options.input_inplace_pass)
     resolve_packets(gm.graph)
     expand_sym_sums(gm.graph)  # Note [sym_sum is a chain of adds]
