@@ -31,7 +31,7 @@ from .dump import dump_graph
 from .lower import lower
 from .options import Options
 from .passes import run_passes
-from .passes.keep_whole import keep_interpolation_whole
+from .passes.keep_whole import keep_interpolation_whole, keep_multihead_attention_whole
 from .runtime import CompiledGraph
 
 _graph_ids = itertools.count()
@@ -63,9 +63,12 @@ def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
     # eager path, so gradients are what AOTAutograd computes.
     needs_autograd = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
-    kept_whole = keep_interpolation_whole(gm, needs_autograd=needs_autograd)  # Note [Interpolation runs eager's kernel]
-    if kept_whole:
-        _log.info("graphex: %d interpolation call(s) kept as eager's kernel (bit for bit)", kept_whole)
+    # Note [Interpolation runs eager's kernel], Note [MultiheadAttention runs eager's fast path]
+    kept_whole = keep_interpolation_whole(gm, needs_autograd=needs_autograd)
+    kept_mha = keep_multihead_attention_whole(gm, needs_autograd=needs_autograd)
+    if kept_whole or kept_mha:
+        _log.info("graphex: kept whole as eager runs them (bit for bit): %d interpolation call(s), %d "
+                  "MultiheadAttention fast path(s)", kept_whole, kept_mha)
     if needs_autograd:
         _log.info("graphex: this graph needs autograd (grad mode is on and an input or parameter requires grad): "
                   "its forward runs on the engine and saves activations for AOTAutograd's eager backward. For "

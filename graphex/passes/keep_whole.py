@@ -167,3 +167,89 @@ def restore_kept_kernels(graph: torch.fx.Graph) -> None:
     for node in graph.nodes:
         if node.op == "call_function" and node.target in _KERNEL_OF_STAND_IN:
             node.target = _KERNEL_OF_STAND_IN[node.target]
+
+
+# -- nn.MultiheadAttention --------------------------------------------------------------------------
+# Note [MultiheadAttention runs eager's fast path]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# In eval mode without gradients, eager nn.MultiheadAttention (batch_first, self-attention, no
+# mask, ...) calls one fused kernel, `torch._native_multi_head_attention`.
+# Under Dynamo, `_is_make_fx_tracing()` is a constant True (torch/_dynamo/variables/torch.py), so
+# the module takes its slow path: transpose, F.multi_head_attention_forward, transpose back,
+# which AOTAutograd decomposes into ~30 ops that differ from the fused kernel in the last bits.
+# Where Dynamo's graph shows exactly that slow path with the arguments for which eager takes the
+# fast path (checked below, condition by condition, from MultiheadAttention.forward), the
+# nodes are replaced by the fused call eager makes: the same kernel, so bit for bit.
+
+
+def keep_multihead_attention_whole(gm: torch.fx.GraphModule, *, needs_autograd: bool) -> int:
+    if needs_autograd or not torch.backends.mha.get_fastpath_enabled() or torch.is_autocast_enabled():
+        return 0
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is F.multi_head_attention_forward:
+            rewritten += _rewrite_mha(gm.graph, node)
+    if rewritten:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return rewritten
+
+
+_MHA_PARAMETERS = ("query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias",
+                   "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias")
+# Keyword arguments and the only values for which eager's module took its fast path.
+_MHA_FAST_PATH_KWARGS = {"training": False, "key_padding_mask": None, "attn_mask": None, "is_causal": False}
+
+
+def _rewrite_mha(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
+    if len(node.args) != len(_MHA_PARAMETERS):
+        return 0
+    a = dict(zip(_MHA_PARAMETERS, node.args))
+    kwargs = dict(node.kwargs)
+    average = kwargs.pop("average_attn_weights", True)
+    need_weights = kwargs.pop("need_weights", True)
+    if any(kwargs.get(k, v) != v or (v is None and kwargs.get(k) is not None) for k, v in _MHA_FAST_PATH_KWARGS.items()):
+        return 0
+    if set(kwargs) - set(_MHA_FAST_PATH_KWARGS) or not isinstance(average, bool) or not isinstance(need_weights, bool):
+        return 0  # use_separate_proj_weight, static_k/v, ...: not the packed fast path
+    query = a["query"]
+    if not (query is a["key"] is a["value"]) or a["bias_k"] is not None or a["bias_v"] is not None:
+        return 0
+    if a["add_zero_attn"] is not False or a["in_proj_bias"] is None or a["in_proj_weight"] is None:
+        return 0
+    embed_dim, heads = a["embed_dim_to_check"], a["num_heads"]
+    if not isinstance(embed_dim, int) or not isinstance(heads, int) or heads % 2 or embed_dim % heads:
+        return 0
+    # The batch_first slow path: x.transpose(1, 0) in, [0].transpose(1, 0) out.
+    if not (query.op == "call_method" and query.target == "transpose" and tuple(query.args[1:]) == (1, 0)):
+        return 0
+    x = query.args[0]
+    tensors = [x, a["in_proj_weight"], a["in_proj_bias"], a["out_proj_weight"], a["out_proj_bias"]]
+    vals = [t.meta.get("example_value") if isinstance(t, torch.fx.Node) else None for t in tensors]
+    if not all(isinstance(v, torch.Tensor) for v in vals) or vals[0].dim() != 3 or vals[0].is_nested:
+        return 0
+    if len({v.dtype for v in vals}) != 1 or len({v.device for v in vals}) != 1 or vals[0].device.type not in ("cpu", "cuda"):
+        return 0
+    users = list(node.users)
+    if any(u.op != "call_function" or u.target is not operator.getitem or u.args[1] not in (0, 1) for u in users):
+        return 0
+    first = [u for u in users if u.args[1] == 0]
+    if len(first) != 1:
+        return 0
+    back = list(first[0].users)
+    if len(back) != 1 or not (back[0].op == "call_method" and back[0].target == "transpose"
+                              and tuple(back[0].args[1:]) == (1, 0)):
+        return 0
+    with graph.inserting_before(node):
+        fused = graph.call_function(torch._native_multi_head_attention, (
+            x, x, x, embed_dim, heads, a["in_proj_weight"], a["in_proj_bias"], a["out_proj_weight"],
+            a["out_proj_bias"], None, need_weights, average, None))
+        out = graph.call_function(operator.getitem, (fused, 0))
+    out.meta.update(back[0].meta)
+    back[0].replace_all_uses_with(out)
+    for weights in (u for u in users if u.args[1] == 1):  # need_weights: the same [B, L, S] (or per head) weights
+        with graph.inserting_before(weights):
+            fused_weights = graph.call_function(operator.getitem, (fused, 1))
+        fused_weights.meta.update(weights.meta)
+        weights.replace_all_uses_with(fused_weights)
+    return 1
