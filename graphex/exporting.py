@@ -63,6 +63,7 @@ def export(model_or_fn: torch.nn.Module | Callable[..., Any], example_inputs: Se
             what=f"cannot export {getattr(func, '__qualname__', func)}: {why}", where="",
             fix="change what the message names; graphex.inference.cache_compile has the same limits"))
     _refuse_python_operators(entry.program)
+    _refuse_collectives(entry.program)
     weights: dict[str, torch.Tensor] = {}
     for b in entry.header["inputs"]:
         if b["kind"] in ("param", "buffer"):
@@ -123,6 +124,28 @@ def _refuse_python_operators(program: bytes) -> None:
             "--style cpp` generates one), build it as a shared library, load it in Python with "
             "torch.ops.load_library before exporting, and in C++ pass `graphex-run --load-library LIB.so` "
             "or link the library into the program"))
+
+
+_COLLECTIVE_NAMESPACES = ("_c10d_functional::", "c10d_functional::", "c10d::", "_dtensor::")
+
+
+def _refuse_collectives(program: bytes) -> None:
+    """Note [A program belongs to its world] (graphex/distributed.py): a collective names process groups of the
+    world it was traced in, which exist only in that torch.distributed job; graphex::Module runs without one.
+    A program with no collective does not depend on the world, so only these are refused."""
+    found = [(op, source) for op, source in program_operators(program).items() if op.startswith(_COLLECTIVE_NAMESPACES)]
+    if not found:
+        return
+    raise ExportError(finding=Finding(
+        what=f"cannot export: the program calls collective{'s' if len(found) > 1 else ''} "
+             f"{', '.join(op for op, _ in found)}, which run only inside the torch.distributed world it was traced in",
+        where=found[0][1], op=found[0][0],
+        detail="\n".join(f"{op}: called at {source or 'an unknown line'}" for op, source in found),
+        why="a collective names the process groups of this job (Note [A program belongs to its world]); an artifact "
+            "is run by graphex::Module in a C++ process that has no torch.distributed process groups",
+        fix="keep the multi-process step in Python: graphex.inference.cache_compile on every rank (entries are keyed "
+            "on rank, world size and groups, so one shared cache directory is safe), or export the part of the model "
+            "that runs without collectives"))
 
 
 def safetensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:

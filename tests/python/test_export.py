@@ -84,3 +84,29 @@ def test_graphex_export_is_the_function_and_the_command(tmp_path):
     model, x = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval(), torch.randn(3, 8)
     with torch.no_grad():
         assert torch.equal(_C.Module(str(out))([x])[0], model(x))
+
+
+def test_a_program_with_collectives_is_refused_naming_the_op_and_the_fix(tmp_path):
+    """Note [A program belongs to its world]: an artifact runs without torch.distributed, so a collective cannot be
+    exported; run in a 1-rank gloo world in a fresh process (the process group is process-wide)."""
+    code = f"""
+import os, torch, torch.distributed as dist, graphex
+import torch.distributed._functional_collectives as funcol
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
+dist.init_process_group("gloo", rank=0, world_size=1)
+def step(x):
+    return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+try:
+    graphex.export(step, (torch.randn(4),), {str(tmp_path / 'tp.graphex')!r})
+except graphex.ExportError as e:
+    print("REFUSED", e.finding.op, "|", e.finding.what, "|", e.finding.fix, "|", e.finding.where)
+finally:
+    dist.destroy_process_group()
+"""
+    script = tmp_path / "tp_export.py"
+    script.write_text(code)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert "REFUSED" in out.stdout, out.stdout + out.stderr
+    assert "_c10d_functional::all_reduce" in out.stdout and "cache_compile on every rank" in out.stdout, out.stdout
+    assert "tp_export.py" in out.stdout.split("|")[-1], out.stdout  # the user's line is named
+    assert not (tmp_path / "tp.graphex").exists()  # nothing half-written
