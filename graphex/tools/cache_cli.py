@@ -62,6 +62,11 @@ def _ls(directory: str) -> int:
         age = _age(now - created) if created else "?"
         print(f"  {name}  {_size(size)}  {age} old")
         print(f"    {fn.get('module', '?')}.{fn.get('qualname', '?')}{h.get('signature', '')}")
+        world = (h.get("key_parts") or {}).get("world")
+        if world:  # Note [A program belongs to its world]: only this world loads it
+            from graphex.distributed import describe_world
+
+            print(f"    built for {describe_world(world)}")
         print(f"    {h.get('num_ops', '?')} ops, graphex {h.get('graphex')}, torch {h.get('torch')}, "
               f"compiled in {h.get('compile_seconds', '?')} s; depends on {len(h.get('sources', []))} source "
               f"file(s), {len(h.get('custom_ops', []))} custom op(s)")

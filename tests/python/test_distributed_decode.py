@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -95,6 +97,10 @@ def test_cache_entry_of_another_world_is_never_loaded(tmp_path, monkeypatch):
     assert "built for rank 0 of world size 2 (gloo; groups '0': [0, 1])" in text, text
     assert "never runs in another world" in text, text
     assert len(list(tmp_path.glob("*.gxc"))) == 3
+    listing = subprocess.run([sys.executable, "-m", "graphex", "cache", "ls", str(tmp_path)],
+                             capture_output=True, text=True, timeout=120).stdout
+    for world_text in ("rank 0 of world size 2", "rank 1 of world size 2", "rank 0 of world size 1"):
+        assert f"built for {world_text}" in listing, listing
 
 
 class _no_graphex_warning:
