@@ -36,6 +36,7 @@ from .options import Options
 from .save_tensor import save_tensor  # noqa: E402  (print-like dump that survives replay)
 from .exporting import ExportError, export  # graphex.export is the function; the module is graphex.exporting
 from . import inference  # noqa: E402  (graphex.inference.cache_compile)
+from .fusion import register_replacement  # noqa: E402  (fused mode's user patterns, npugraph_ex's API)
 
 __version__ = "0.1.0"
 
@@ -45,5 +46,5 @@ _install_trace_checks()
 __all__ = [
     "graphex_backend", "npugraph_ex_backend", "get_backend", "compile_fx", "Options", "GraphexError", "OptionsError", "CaptureError",
     "ProgramError", "SignatureError", "FrozenInputReplaced", "ReplayError", "CustomOpError", "CacheError", "export", "ExportError", "__version__",
-    "save_tensor",
+    "save_tensor", "register_replacement",
 ]

@@ -106,7 +106,7 @@ def capture(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], options: Op
     name = f"graph_{graph_id}"
     fake_mode = detect_fake_mode(flat_inputs)
     original = keep_original(fx_gm, options)  # None unless data_dump_stage='original'
-    kept = run_passes(fx_gm, options, fake_mode)
+    kept = run_passes(fx_gm, options, fake_mode, name)
     for copy in kept:
         _log.info("%s: %s", name, copy)
 

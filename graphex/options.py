@@ -61,6 +61,13 @@ _SPECS: dict[str, _Spec] = {
         True, (bool,),
         "Compute a pure ATen call repeated with the same arguments once (a mask or a table "
         "recomputed per layer): the same value, bit for bit. Custom operators are never merged."),
+    "pattern_fusion_pass": _Spec(
+        False, (bool,),
+        "Fused mode (npugraph_ex's option of the same name; off by default here, so the default stays bit for "
+        "bit with eager): replace subgraphs of the ATen graph with graphex's fused C++ CPU kernels (RMSNorm, "
+        "add + RMSNorm, SiLU-gated MLP, rotary embedding, one-token attention; float32) and with the patterns "
+        "users register with graphex.register_replacement. Results are then within abs(fused - eager) <= "
+        "1e-5 + 1e-5 * abs(eager) per fused op, not bitwise; GRAPHEX_LOG=1 says which patterns fired."),
     "post_grad_custom_pre_pass": _Spec(
         None, (type(None), Callable),  # type: ignore[arg-type]
         "A callable `fn(graph: torch.fx.Graph) -> None` run on the functional ATen graph "
@@ -111,6 +118,7 @@ class Options:
     input_inplace_pass: bool = True
     remove_noop_ops: bool = True
     cse: bool = True
+    pattern_fusion_pass: bool = False
     post_grad_custom_pre_pass: Callable[..., Any] | None = None
     post_grad_custom_post_pass: Callable[..., Any] | None = None
     dump_dir: str | None = None
@@ -166,6 +174,10 @@ class Options:
             if callable(value):
                 value = _callable_identity(value)
             out[f.name] = value
+        if self.pattern_fusion_pass:  # the patterns registered are part of the program made
+            from .fusion.manager import registered_patterns
+
+            out["fusion_patterns"] = registered_patterns()
         return out
 
 

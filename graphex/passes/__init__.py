@@ -4,10 +4,15 @@
      AOTAutograd, in compile.py)
   1. options.post_grad_custom_pre_pass (the user's)
   2. remove no-op ops                (option remove_noop_ops; inductor's pass, snapshots of written inputs kept)
+  3. pattern fusion                  (option pattern_fusion_pass; graphex/fusion): on the functional graph,
+                                     after no-op removal (a float32 model's .to(float32) is gone, as in the
+                                     traced patterns), before CSE (which would merge the per-layer copies of
+                                     a node that each pattern expects to own, e.g. ~mask) and before
+                                     reinplacing (which then sees fused ops as ordinary functional ops)
      common subexpressions           (option cse; pure ATen calls repeated with the same arguments, cse.py)
-  3. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
-  4. operator packets resolved, torch.sym_sum as adds, dead code elimination
-  5. options.post_grad_custom_post_pass (the user's)
+  4. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
+  5. operator packets resolved, torch.sym_sum as adds, dead code elimination
+  6. options.post_grad_custom_post_pass (the user's)
 
 The result still runs under torch.fx, which is what `force_eager` uses.
 """
@@ -30,7 +35,7 @@ from .symbolic import expand_sym_sums
 __all__ = ["run_passes", "KeptCopy"]
 
 
-def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object) -> list[KeptCopy]:
+def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object, name: str = "") -> list[KeptCopy]:
     """Transform `gm` in place; returns the copies the replay still has to make, with reasons."""
     restore_kept_kernels(gm.graph)  # Note [Interpolation runs eager's kernel]
     if options.post_grad_custom_pre_pass is not None:
@@ -40,6 +45,11 @@ def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object) ->
         if options.remove_noop_ops:
             with V.set_fake_mode(fake_mode):
                 remove_noop_ops_keeping_snapshots(gm.graph)  # Note [A copy of an input is a snapshot]
+        if options.pattern_fusion_pass:
+            from ..fusion import run_fusion
+
+            with V.set_fake_mode(fake_mode):
+                run_fusion(gm, name)
         if options.cse:
             eliminate_common_subexpressions(gm.graph)  # Note [CSE keeps eager's values]
         kept = reinplace_graph(gm, fake_mode, intermediates=options.inplace_pass, inputs=options.input_inplace_pass)

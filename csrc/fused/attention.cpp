@@ -1,0 +1,128 @@
+// One-token attention over a KV cache: softmax(q k^T * scale, masked) v in one op, per query row
+// (eager: expand, view, transpose, bmm, div, bitwise_not, masked_fill, softmax, bmm, views).
+//   q [B, H, T, D]; k, v [B, Hkv, S, D] with H a multiple of Hkv (grouped-query attention: query head
+//   h reads key/value head h / (H / Hkv), what repeat_kv does); mask: bool, broadcastable to
+//   [B, H, T, S], true where a position may be attended; scale multiplies the scores.
+// Meant for decode steps (T = 1, one pass over the cache per head); any T works.
+// A row whose mask is all false gives NaN, as eager's softmax over all -inf does.
+// Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp): the dot products, the
+// softmax sum and the weighted sum add in another order than eager's bmm and softmax.
+#include "fused/rows.h"
+
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/bitwise_not.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/masked_fill.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/softmax.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace graphex::fused {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "graphex_fused::decode_attention: q, k and v must be 4-d [B, H, T, D], got ", q.sizes(), ", ", k.sizes(),
+              ", ", v.sizes());
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(3) == q.size(3) && k.size(1) > 0 &&
+                  q.size(1) % k.size(1) == 0,
+              "graphex_fused::decode_attention: shapes do not fit: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(),
+              " (want k = v = [B, Hkv, S, D] with H a multiple of Hkv)");
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "graphex_fused::decode_attention: mask must be bool, got ",
+              mask.scalar_type());
+}
+
+at::Tensor attention_eager(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                           double scale) {
+  const int64_t group = q.size(1) / k.size(1);
+  at::Tensor kk = group == 1 ? k : k.repeat_interleave(group, 1);
+  at::Tensor vv = group == 1 ? v : v.repeat_interleave(group, 1);
+  at::Tensor scores = at::mul(at::matmul(q, kk.transpose(2, 3)), scale);
+  return at::matmul(at::softmax(at::masked_fill(scores, at::bitwise_not(mask), -INFINITY), -1), vv);
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  Vec acc(0.f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) acc = acc + Vec::loadu(a + i) * Vec::loadu(b + i);
+  float lanes[Vec::size()];
+  acc.store(lanes);
+  float sum = 0.f;
+  for (int64_t l = 0; l < Vec::size(); ++l) sum += lanes[l];
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                const at::Tensor& mask_in, double scale) {
+  check_attention(q_in, k_in, v_in, mask_in);
+  if (!all_cpu_float(q_in, k_in, v_in)) return attention_eager(q_in, k_in, v_in, mask_in, scale);
+  const int64_t B = q_in.size(0), H = q_in.size(1), T = q_in.size(2), D = q_in.size(3);
+  const int64_t Hkv = k_in.size(1), S = k_in.size(2), group = H / Hkv;
+  at::Tensor out = at::empty({B, H, T, D}, q_in.options());
+  if (out.numel() == 0) return out;
+  auto unit_last = [](const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-1) <= 1 ? t : t.contiguous(); };
+  const at::Tensor q = unit_last(q_in), k = unit_last(k_in), v = unit_last(v_in);
+  const at::Tensor mask = mask_in.expand({B, H, T, S});
+  const float* qp = q.const_data_ptr<float>();
+  const float* kp = k.const_data_ptr<float>();
+  const float* vp = v.const_data_ptr<float>();
+  const bool* mp = mask.const_data_ptr<bool>();
+  float* op = out.mutable_data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  const int64_t rows = B * H * T;
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, S * D)), [&](int64_t begin, int64_t end) {
+    std::vector<float> p(static_cast<size_t>(S));
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t t = row % T, h = (row / T) % H, b = row / (T * H), hk = h / group;
+      const float* qr = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
+      const float* kb = kp + b * k.stride(0) + hk * k.stride(1);
+      const float* vb = vp + b * v.stride(0) + hk * v.stride(1);
+      const bool* mr = mp + b * mask.stride(0) + h * mask.stride(1) + t * mask.stride(2);
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s < S; ++s) {
+        p[s] = mr[s * mask.stride(3)] ? dot(qr, kb + s * k.stride(2), D) * fscale
+                                      : -std::numeric_limits<float>::infinity();
+        mx = std::max(mx, p[s]);
+      }
+      float sum = 0.f;
+      for (int64_t s = 0; s < S; ++s) {
+        p[s] = std::exp(p[s] - mx);
+        sum += p[s];
+      }
+      float* orow = op + row * D;
+      std::fill(orow, orow + D, 0.f);
+      for (int64_t s = 0; s < S; ++s) {
+        const float w = p[s] / sum;
+        if (w == 0.f) continue;  // masked (exp(-inf) = 0): adds nothing
+        const float* vr = vb + s * v.stride(2);
+        const Vec vw(w);
+        int64_t d = 0;
+        for (; d + Vec::size() <= D; d += Vec::size()) (Vec::loadu(orow + d) + vw * Vec::loadu(vr + d)).store(orow + d);
+        for (; d < D; ++d) orow[d] += w * vr[d];
+      }
+      if (!(sum > 0.f)) std::fill(orow, orow + D, std::numeric_limits<float>::quiet_NaN());  // all masked
+    }
+  });
+  return out;
+}
+
+at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                 double scale) {
+  check_attention(q, k, v, mask);
+  return at::empty(q.sizes(), q.options());
+}
+
+}  // namespace
+}  // namespace graphex::fused
+
+TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) { m.impl("decode_attention", &graphex::fused::decode_attention_cpu); }
+
+TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) { m.impl("decode_attention", &graphex::fused::decode_attention_meta); }

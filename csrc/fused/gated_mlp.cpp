@@ -1,0 +1,104 @@
+// The SiLU-gated MLP of Llama-style decoders: down(silu(gate(x)) * up(x)).
+//   silu_mul(gate, up) = silu(gate) * up in one pass (eager: silu, then mul).
+//   gated_mlp(x, w_gate, w_up, w_down): the whole block as one op: the three matmuls are eager's
+//   own at::mm on the same operands as the linear layers' decomposition (so bitwise equal), with
+//   silu * up done in place between them; one op where the graph has about 13 (t, view, mm, ...).
+// Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp); only exp differs from eager's.
+#include "fused/rows.h"
+
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/silu.h>
+#include <torch/library.h>
+
+namespace graphex::fused {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+// out[i] = silu(g[i]) * u[i], silu(v) = v / (1 + exp(-v)) as ATen computes it.
+void silu_mul_row(const float* g, const float* u, float* out, int64_t n) {
+  const Vec one(1.f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    Vec v = Vec::loadu(g + i);
+    ((v / (one + v.neg().exp())) * Vec::loadu(u + i)).store(out + i);
+  }
+  for (; i < n; ++i) out[i] = (g[i] / (1.f + std::exp(-g[i]))) * u[i];
+}
+
+// out (contiguous, `shape`) = silu(gate) * up; gate and up have `shape` (no broadcasting).
+void silu_mul_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+  const auto shape = out.sizes();
+  if (out.numel() == 0) return;
+  const int64_t n = shape.back();
+  std::array<at::Tensor, 2> ops{rows_view(gate, shape), rows_view(up, shape)};
+  const float* g = ops[0].const_data_ptr<float>();
+  const float* u = ops[1].const_data_ptr<float>();
+  float* o = out.mutable_data_ptr<float>();
+  for_each_row(shape, ops, 8 * n, [&](int64_t row, const std::array<int64_t, 2>& off) {
+    silu_mul_row(g + off[0], u + off[1], o + row * n, n);
+  });
+}
+
+at::Tensor silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up) {
+  if (!all_cpu_float(gate, up) || gate.dim() < 1 || gate.sizes() != up.sizes()) return at::mul(at::silu(gate), up);
+  at::Tensor out = at::empty(gate.sizes(), gate.options());
+  silu_mul_into(gate, up, out);
+  return out;
+}
+
+at::Tensor silu_mul_meta(const at::Tensor& gate, const at::Tensor& up) {
+  return at::empty(at::infer_size_dimvector(gate.sizes(), up.sizes()),
+                   gate.options().dtype(at::result_type(gate, up)));
+}
+
+void check_mlp(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down) {
+  TORCH_CHECK(x.dim() >= 1 && w_gate.dim() == 2 && w_up.dim() == 2 && w_down.dim() == 2,
+              "graphex_fused::gated_mlp: x must be at least 1-d and the weights 2-d, got x ", x.sizes(), ", w_gate ",
+              w_gate.sizes(), ", w_up ", w_up.sizes(), ", w_down ", w_down.sizes());
+  TORCH_CHECK(w_gate.sizes() == w_up.sizes() && w_gate.size(1) == x.size(-1) && w_down.size(1) == w_gate.size(0),
+              "graphex_fused::gated_mlp: shapes do not chain: x ", x.sizes(), ", w_gate ", w_gate.sizes(), ", w_up ",
+              w_up.sizes(), ", w_down ", w_down.sizes(), " (want w_gate = w_up = [I, H], w_down = [O, I])");
+}
+
+at::DimVector mlp_shape(const at::Tensor& x, const at::Tensor& w_down) {
+  at::DimVector shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = w_down.size(0);
+  return shape;
+}
+
+at::Tensor gated_mlp_cpu(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                         const at::Tensor& w_down) {
+  check_mlp(x, w_gate, w_up, w_down);
+  at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  at::Tensor gate = at::mm(x2, w_gate.t());
+  at::Tensor up = at::mm(x2, w_up.t());
+  if (all_cpu_float(gate, up) && gate.is_contiguous() && up.is_contiguous()) {
+    silu_mul_into(gate, up, gate);  // row by row, each element read before it is written
+  } else {
+    gate = at::mul(at::silu(gate), up);
+  }
+  return at::mm(gate, w_down.t()).view(mlp_shape(x, w_down));
+}
+
+at::Tensor gated_mlp_meta(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                          const at::Tensor& w_down) {
+  check_mlp(x, w_gate, w_up, w_down);
+  return at::empty(mlp_shape(x, w_down), x.options().dtype(at::result_type(x, w_down)));
+}
+
+}  // namespace
+}  // namespace graphex::fused
+
+TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) {
+  m.impl("silu_mul", &graphex::fused::silu_mul_cpu);
+  m.impl("gated_mlp", &graphex::fused::gated_mlp_cpu);
+}
+
+TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) {
+  m.impl("silu_mul", &graphex::fused::silu_mul_meta);
+  m.impl("gated_mlp", &graphex::fused::gated_mlp_meta);
+}

@@ -1,0 +1,42 @@
+// The graphex_fused operators: the fused kernels of graphex's fused mode (option pattern_fusion_pass,
+// graphex/fusion/). Only their schemas live here; each kernel family has its own file with its CPU
+// and Meta kernels (TORCH_LIBRARY_IMPL), so an op traces (fake/Meta) and lowers like any other.
+//
+//   rms_norm(Tensor x, Tensor weight, float eps) -> Tensor                     rms_norm.cpp
+//   add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps)
+//                                      -> (Tensor sum, Tensor normed)         rms_norm.cpp
+//   silu_mul(Tensor gate, Tensor up) -> Tensor                                gated_mlp.cpp
+//   gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor  gated_mlp.cpp
+//   rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor                        rotary.cpp
+//   decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor   attention.cpp
+//
+// Note [Fused kernels are close, not bitwise]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Exact mode replays eager's own kernels and is bit for bit equal to eager. These kernels are
+// ours: a reduction (the sum of squares of RMSNorm, softmax's sum, a dot product) adds in another
+// order than ATen's, and exp comes from another implementation, so results differ in the last
+// bits. The promise, for float32, tested against eager in tests/python/test_fused_kernels.py:
+//     |fused - eager| <= 1e-5 + 1e-5 * |eager|      (elementwise; torch.testing's atol/rtol)
+// Element-wise work that eager does op by op (x * cos + rotate_half(x) * sin, x * r * w) is done
+// in eager's order with FMA contraction off (-ffp-contract=off), so it adds no error of its own.
+// The float32 fast paths need a last dimension of stride 1 (other inputs are made contiguous
+// first); every other dtype runs the same math with ATen ops (correct, not faster). The
+// pattern pass only uses these ops on float32 (its extra checks decline the rest).
+//
+// Note [The fused ops are linked, not loaded]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// These files form an OBJECT library (CMakeLists.txt: graphex_fused) whose objects go into
+// graphex._C and graphex-run themselves. In a static library their registrations would be
+// dropped by the linker, since nothing refers to them by symbol; tests/python/test_fused_kernels.py
+// checks that torch.ops.graphex_fused.* exist after `import graphex`, and test_fusion.py that
+// graphex-run runs an exported fused program.
+#include <torch/library.h>
+
+TORCH_LIBRARY(graphex_fused, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
+  m.def("gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor");
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
+}

@@ -1,0 +1,76 @@
+// Rotary position embedding: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1) of the
+// two halves of the last dimension, in one pass (eager: mul, split or two slices, neg, cat, mul, add).
+// Each element sees eager's operations in eager's order ((x * c) + ((-x2) * s)), with FMA
+// contraction off, so on float32 the result is bitwise eager's (tested against the stated
+// tolerance all the same: Note [Fused kernels are close, not bitwise], library.cpp).
+#include "fused/rows.h"
+
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/neg.h>
+#include <torch/library.h>
+
+namespace graphex::fused {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+at::DimVector rotary_shape(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "graphex_fused::rotary: x's last dimension must be even, got x ",
+              x.sizes());
+  return at::infer_size_dimvector(at::infer_size_dimvector(x.sizes(), cos.sizes()), sin.sizes());
+}
+
+at::Tensor rotary_eager(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  auto halves = x.chunk(2, -1);
+  return at::add(at::mul(x, cos), at::mul(at::cat({at::neg(halves[1]), halves[0]}, -1), sin));
+}
+
+// One row of n = 2h: out[j] = x[j]*c[j] + (-x[j+h])*s[j] (j < h); x[j]*c[j] + x[j-h]*s[j] (j >= h).
+void rotary_row(const float* x, const float* c, const float* s, float* out, int64_t n) {
+  const int64_t h = n / 2;
+  int64_t j = 0;
+  for (; j + Vec::size() <= h; j += Vec::size()) {
+    Vec x1 = Vec::loadu(x + j), x2 = Vec::loadu(x + h + j);
+    (x1 * Vec::loadu(c + j) + x2.neg() * Vec::loadu(s + j)).store(out + j);
+    (x2 * Vec::loadu(c + h + j) + x1 * Vec::loadu(s + h + j)).store(out + h + j);
+  }
+  for (; j < h; ++j) {
+    const float x1 = x[j], x2 = x[h + j];
+    out[j] = x1 * c[j] + (-x2) * s[j];
+    out[h + j] = x2 * c[h + j] + x1 * s[h + j];
+  }
+}
+
+at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto shape = rotary_shape(x, cos, sin);
+  const int64_t n = shape.back();
+  // The fast path: float32, x not broadcast along its rows, cos and sin full rows (or one value).
+  if (!all_cpu_float(x, cos, sin) || x.size(-1) != n || cos.size(-1) != n || sin.size(-1) != n)
+    return rotary_eager(x, cos, sin);
+  at::Tensor out = at::empty(shape, x.options());
+  if (out.numel() == 0) return out;
+  std::array<at::Tensor, 3> ops{rows_view(x, shape), rows_view(cos, shape), rows_view(sin, shape)};
+  const float* xp = ops[0].const_data_ptr<float>();
+  const float* cp = ops[1].const_data_ptr<float>();
+  const float* sp = ops[2].const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  for_each_row(at::IntArrayRef(shape), ops, 4 * n, [&](int64_t row, const std::array<int64_t, 3>& off) {
+    rotary_row(xp + off[0], cp + off[1], sp + off[2], op + row * n, n);
+  });
+  return out;
+}
+
+at::Tensor rotary_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return at::empty(rotary_shape(x, cos, sin), x.options().dtype(c10::promoteTypes(at::result_type(x, cos), sin.scalar_type())));
+}
+
+}  // namespace
+}  // namespace graphex::fused
+
+TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) { m.impl("rotary", &graphex::fused::rotary_cpu); }
+
+TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) { m.impl("rotary", &graphex::fused::rotary_meta); }

@@ -1,0 +1,18 @@
+"""Fused mode (option pattern_fusion_pass): subgraphs of the functional ATen graph replaced by fused ops.
+
+    manager.py        the pass: one torch pattern-matcher pass holding the built-in and the users'
+                      patterns, run once per captured graph, counting what fired
+    patterns.py       the built-in patterns (RMSNorm, add + RMSNorm, SiLU-gated MLP, rotary
+                      embedding, one-token attention) and the float32 checks that admit them
+    registration.py   graphex.register_replacement, npugraph_ex's API for users' patterns
+
+The fused ops are graphex_fused::* (csrc/fused/), C++ kernels of ours, close to eager but not
+bitwise (Note [Fused kernels are close, not bitwise] in csrc/fused/library.cpp).
+"""
+
+from __future__ import annotations
+
+from .manager import run_fusion
+from .registration import register_replacement
+
+__all__ = ["run_fusion", "register_replacement"]

@@ -1,0 +1,185 @@
+"""The built-in patterns of fused mode: what Llama-style decoders spend their CPU time on.
+
+Each search function is written the way models write it (this repo's examples/models/decoder.py
+and transformers' Llama modules); tracing it gives the ATen graph AOTAutograd makes of that code,
+and the replacement calls a graphex_fused op (csrc/fused/). Every pattern's extra check admits
+float32 CPU tensors only, so other dtypes keep eager's kernels (exact). Registered in priority
+order: a pattern that contains another comes first (Note in manager.py).
+
+    add_rms_norm   (x + residual, rms_norm(x + residual) * w)           2 forms (x*r*w, w*(x*r))
+    rms_norm       x * rsqrt(mean(x^2, -1) + eps) * w                   2 forms
+    gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x
+    silu_mul       silu(gate) * up
+    rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms
+    decode_attention  softmax(q k^T / s, masked) v for one query token  (this repo's decoder form)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch._inductor.pattern_matcher import Match
+
+from .registration import register_named
+
+fused = torch.ops.graphex_fused
+
+
+def _val(match: Match, name: str) -> Any:
+    node = match.kwargs[name]
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+
+
+def _float32_cpu(*names: str) -> Callable[[Match], bool]:
+    """Admit a match when the named inputs are float32 CPU tensors (the fast paths of the kernels)."""
+    def check(match: Match) -> bool:
+        for name in names:
+            v = _val(match, name)
+            if not isinstance(v, torch.Tensor) or v.dtype != torch.float32 or v.device.type != "cpu":
+                return False
+        return True
+
+    return check
+
+
+def _all(*checks: Callable[[Match], bool]) -> Callable[[Match], bool]:
+    return lambda match: all(c(match) for c in checks)
+
+
+# ---- RMSNorm and add + RMSNorm ------------------------------------------------------------------
+
+def rms_norm(x, weight, eps):  # examples/models/decoder.py's RMSNorm
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rms_norm_llama(x, weight, eps):  # transformers' LlamaRMSNorm on float32 (its .to()s are no-ops)
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rms_norm_fused(x, weight, eps):
+    return fused.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x, residual, weight, eps):
+    h = x + residual
+    return rms_norm(h, weight, eps), h
+
+
+def add_rms_norm_llama(x, residual, weight, eps):
+    h = x + residual
+    return rms_norm_llama(h, weight, eps), h
+
+
+def add_rms_norm_fused(x, residual, weight, eps):
+    h, y = fused.add_rms_norm(x, residual, weight, eps)
+    return y, h
+
+
+def _same_shape(a: str, b: str) -> Callable[[Match], bool]:
+    return lambda match: tuple(_val(match, a).shape) == tuple(_val(match, b).shape)
+
+
+def _row_weight(match: Match) -> bool:
+    """The norm's weight is one row (what RMSNorm has): the kernel's output is then x's shape."""
+    x, w = _val(match, "x"), _val(match, "weight")
+    return w.dim() == 1 and x.dim() >= 1 and w.shape[0] == x.shape[-1]
+
+
+# ---- SiLU-gated MLP -------------------------------------------------------------------------------
+
+def gated_mlp(x, w_gate, w_up, w_down):
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+def gated_mlp_fused(x, w_gate, w_up, w_down):
+    return fused.gated_mlp(x, w_gate, w_up, w_down)
+
+
+def silu_mul(gate, up):
+    return F.silu(gate) * up
+
+
+def silu_mul_fused(gate, up):
+    return fused.silu_mul(gate, up)
+
+
+# ---- Rotary embedding -----------------------------------------------------------------------------
+
+def rotary(x, cos, sin):  # examples/models/decoder.py: rotate_half by chunk
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rotary_slices(x, cos, sin):  # transformers' rotate_half: two slices
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return (x * cos) + (torch.cat((-x2, x1), dim=-1) * sin)
+
+
+def rotary_fused(x, cos, sin):
+    return fused.rotary(x, cos, sin)
+
+
+def _rotary_shapes(match: Match) -> bool:
+    x, cos, sin = _val(match, "x"), _val(match, "cos"), _val(match, "sin")
+    if x.dim() < 1 or x.shape[-1] % 2 or cos.shape[-1] != x.shape[-1] or sin.shape[-1] != x.shape[-1]:
+        return False
+    return tuple(torch.broadcast_shapes(x.shape, cos.shape, sin.shape)) == tuple(x.shape)
+
+
+# ---- One-token attention over a KV cache ---------------------------------------------------------
+
+def decode_attention(q, k, v, mask, inv_scale):  # examples/models/decoder.py's Attention
+    scores = torch.matmul(q, k.transpose(2, 3)) / inv_scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def decode_attention_fused(q, k, v, mask, inv_scale):
+    return fused.decode_attention(q, k, v, mask, 1.0 / inv_scale)
+
+
+def _one_token(match: Match) -> bool:
+    q, k, v, mask = (_val(match, n) for n in ("q", "k", "v", "mask"))
+    if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape) or mask.dtype != torch.bool:
+        return False
+    if q.shape[2] != 1 or q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
+        return False
+    try:
+        torch.broadcast_shapes(mask.shape, (q.shape[0], q.shape[1], 1, k.shape[2]))
+    except RuntimeError:
+        return False
+    return mask.dim() <= 4
+
+
+def register_builtins() -> None:
+    t = torch.randn
+    x3, r3, w = t(2, 3, 16), t(2, 3, 16), t(16)
+    eps = {"eps": 1e-6}  # scalar_workaround values must differ from every other number in the pattern
+    norm_ok = _all(_float32_cpu("x", "weight"), _row_weight)
+    add_ok = _all(_float32_cpu("x", "residual", "weight"), _same_shape("x", "residual"), _row_weight)
+    for search in (add_rms_norm, add_rms_norm_llama):
+        register_named("add_rms_norm", search, add_rms_norm_fused, [x3, r3, w], extra_check=add_ok,
+                       scalar_workaround=eps, builtin=True)
+    for search in (rms_norm, rms_norm_llama):
+        register_named("rms_norm", search, rms_norm_fused, [x3, w], extra_check=norm_ok, scalar_workaround=eps,
+                       builtin=True)
+
+    wg, wu, wd = t(32, 16), t(32, 16), t(16, 32)
+    mlp_ok = _float32_cpu("x", "w_gate", "w_up", "w_down")
+    for x in (x3, t(3, 16)):
+        register_named("gated_mlp", gated_mlp, gated_mlp_fused, [x, wg, wu, wd], extra_check=mlp_ok, builtin=True)
+    register_named("silu_mul", silu_mul, silu_mul_fused, [t(2, 3, 32), t(2, 3, 32)],
+                   extra_check=_all(_float32_cpu("gate", "up"), _same_shape("gate", "up")), builtin=True)
+
+    rot_ok = _all(_float32_cpu("x", "cos", "sin"), _rotary_shapes)
+    for search in (rotary, rotary_slices):
+        register_named("rotary", search, rotary_fused, [t(1, 2, 3, 8), t(1, 1, 3, 8), t(1, 1, 3, 8)],
+                       extra_check=rot_ok, builtin=True)
+
+    register_named("decode_attention", decode_attention, decode_attention_fused,
+                   [t(1, 2, 1, 8), t(1, 2, 6, 8), t(1, 2, 6, 8), torch.ones(1, 1, 1, 6, dtype=torch.bool)],
+                   extra_check=_all(_float32_cpu("q", "k", "v"), _one_token), scalar_workaround={"inv_scale": 7.25},
+                   builtin=True)
