@@ -9,6 +9,7 @@
 #include <ATen/ops/add.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/neg.h>
 #include <torch/library.h>
@@ -27,6 +28,14 @@ at::DimVector rotary_shape(const at::Tensor& x, const at::Tensor& cos, const at:
 at::Tensor rotary_eager(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   auto halves = x.chunk(2, -1);
   return at::add(at::mul(x, cos), at::mul(at::cat({at::neg(halves[1]), halves[0]}, -1), sin));
+}
+
+// The output has x's memory layout when it has x's shape (as eager's mul/add give it, which later views
+// of the graph were traced with; e.g. q seen as [B, H, T, D] over [B, T, H, D] memory), else contiguous.
+at::Tensor rotary_output(const at::Tensor& x, at::IntArrayRef shape, at::ScalarType dtype = at::kFloat) {
+  if (x.sizes() == shape && x.is_non_overlapping_and_dense() && (x.stride(-1) == 1 || x.size(-1) <= 1))
+    return at::empty_strided(x.sizes(), x.strides(), x.options().dtype(dtype));
+  return at::empty(shape, x.options().dtype(dtype));
 }
 
 // One row of n = 2h: out[j] = x[j]*c[j] + (-x[j+h])*s[j] (j < h); x[j]*c[j] + x[j-h]*s[j] (j >= h).
@@ -51,21 +60,21 @@ at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   // The fast path: float32, x not broadcast along its rows, cos and sin full rows (or one value).
   if (!all_cpu_float(x, cos, sin) || x.size(-1) != n || cos.size(-1) != n || sin.size(-1) != n)
     return rotary_eager(x, cos, sin);
-  at::Tensor out = at::empty(shape, x.options());
+  at::Tensor out = rotary_output(x, shape);
   if (out.numel() == 0) return out;
-  std::array<at::Tensor, 3> ops{rows_view(x, shape), rows_view(cos, shape), rows_view(sin, shape)};
+  std::array<at::Tensor, 4> ops{rows_view(x, shape), rows_view(cos, shape), rows_view(sin, shape), out};
   const float* xp = ops[0].const_data_ptr<float>();
   const float* cp = ops[1].const_data_ptr<float>();
   const float* sp = ops[2].const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
-  for_each_row(at::IntArrayRef(shape), ops, 4 * n, [&](int64_t row, const std::array<int64_t, 3>& off) {
-    rotary_row(xp + off[0], cp + off[1], sp + off[2], op + row * n, n);
+  for_each_row(at::IntArrayRef(shape), ops, 4 * n, [&](int64_t row, const std::array<int64_t, 4>& off) {
+    rotary_row(xp + off[0], cp + off[1], sp + off[2], op + off[3], n);
   });
   return out;
 }
 
 at::Tensor rotary_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return at::empty(rotary_shape(x, cos, sin), x.options().dtype(c10::promoteTypes(at::result_type(x, cos), sin.scalar_type())));
+  return rotary_output(x, rotary_shape(x, cos, sin), c10::promoteTypes(at::result_type(x, cos), sin.scalar_type()));
 }
 
 }  // namespace

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import threading
 from typing import Any, Callable
 
+import torch
 import torch.fx
+import torch.utils._pytree as pytree
+from torch._guards import detect_fake_mode
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass
 
 from .. import _log
@@ -36,15 +40,56 @@ def pattern_pass() -> PatternMatcherPass:
     return _pass
 
 
-def counting(name: str, extra_check: Callable[[Match], bool]) -> Callable[[Match], bool]:
-    """`extra_check` that also counts a fired match under `name` (a match is applied when this says yes)."""
+def checked(name: str, search_fn: Callable[..., Any], replace_fn: Callable[..., Any],
+            extra_check: Callable[[Match], bool]) -> Callable[[Match], bool]:
+    """The check a match passes before it is replaced: the pattern's own `extra_check`, then
+    Note [A replacement keeps the layout]; a match that passes is counted under `name`."""
+    argnames = list(inspect.signature(search_fn).parameters)
+
     def check(match: Match) -> bool:
-        ok = bool(extra_check(match))
-        if ok and _current is not None:
+        if not extra_check(match):
+            return False
+        why = _layout_differs(match, argnames, replace_fn)
+        if why:
+            _log.detail("pattern fusion: %s not applied at %s: %s", name, match.output_nodes()[0], why)
+            return False
+        if _current is not None:
             _current.fired[name] += 1
-        return ok
+        return True
 
     return check
+
+
+# Note [A replacement keeps the layout]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The nodes after a match were traced with the strides eager's ops gave the matched outputs, and
+# some of them depend on it (a `view` of a transposed result is only valid for one layout). A
+# replacement whose outputs are laid out differently (an op returning contiguous memory where eager
+# kept its input's layout) would make such a view fail at run time. So the replacement is run on
+# the match's fake inputs first, and a match is skipped when an output's shape, dtype or strides
+# (over dimensions longer than 1) differ from the original's.
+def _layout_differs(match: Match, argnames: list[str], replace_fn: Callable[..., Any]) -> str:
+    def val(a: Any) -> Any:
+        return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
+    args = [pytree.tree_map(val, match.kwargs[n]) for n in argnames if n in match.kwargs]
+    fake_mode = detect_fake_mode(args)
+    if fake_mode is None or len(args) != len(argnames):
+        return ""
+    with fake_mode:
+        new = pytree.tree_leaves(replace_fn(*args))
+    old = [val(n) for n in match.output_nodes()]
+    if len(new) != len(old):
+        return ""  # one packed output replaced by several (torch's matcher handles that case itself)
+    for i, (a, b) in enumerate(zip(new, old)):
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"output {i}: the replacement gives {a.dtype}{list(a.shape)}, the graph has {b.dtype}{list(b.shape)}"
+        if any(sa != sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n > 1):
+            return (f"output {i}: the replacement's strides {list(a.stride())} differ from the graph's "
+                    f"{list(b.stride())} (Note [A replacement keeps the layout])")
+    return ""
 
 
 def note_registered(name: str, identity: str) -> None:

@@ -62,7 +62,7 @@ def register_named(name: str, search_fn: Callable[..., Any], replace_fn: Callabl
             manager._ensure_builtins()  # built-ins first: at a shared anchor they are tried first
         registered = _torch_register_replacement(
             search_fn, replace_fn, list(example_inputs), trace_fn, manager.pattern_pass(),
-            extra_check=manager.counting(name, extra_check), scalar_workaround=scalar_workaround,
+            extra_check=manager.checked(name, search_fn, replace_fn, extra_check), scalar_workaround=scalar_workaround,
             search_fn_pattern=search_fn_pattern, skip_duplicates=skip_duplicates, pattern_name=name,
             get_decomp_fn=no_decompositions)
         if registered:

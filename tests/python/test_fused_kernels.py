@@ -1,0 +1,190 @@
+"""The graphex_fused C++ kernels (csrc/fused) against eager, within their stated tolerance.
+
+Note [Fused kernels are close, not bitwise] (csrc/fused/library.cpp): float32 results within
+abs(fused - eager) <= 1e-5 + 1e-5 * abs(eager). Each case id names the shapes, so a failure is
+re-runnable with -k. Meta kernels are checked for the shapes and dtypes their CPU kernels return.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import graphex  # noqa: F401  (links the graphex_fused ops)
+
+fused = torch.ops.graphex_fused
+TOL = dict(atol=1e-5, rtol=1e-5)  # the stated float32 tolerance
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    torch.testing.assert_close(actual, expected, **TOL, equal_nan=True)
+
+
+def rms_norm_eager(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotary_eager(x, cos, sin):
+    return x * cos + rotate_half(x) * sin
+
+
+def attention_eager(q, k, v, mask, scale):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    return torch.matmul(torch.softmax(scores.masked_fill(~mask, float("-inf")), -1), v)
+
+
+def test_ops_are_linked_into_graphex():
+    """Registrations in a static library are dropped by the linker; these come with `import graphex`."""
+    for name in ("rms_norm", "add_rms_norm", "silu_mul", "gated_mlp", "rotary", "decode_attention"):
+        op = getattr(fused, name).default
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU"), name
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"), name
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 256), (2, 3, 100), (5, 7), (4,), (0, 16), (3, 0, 8)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_rms_norm(shape):
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(shape, generator=g) * 3, torch.randn(shape[-1], generator=g)
+    close(fused.rms_norm(x, w, 1e-6), rms_norm_eager(x, w, 1e-6))
+    s, y = fused.add_rms_norm(x, x.flip(-1), w, 1e-5)
+    torch.testing.assert_close(s, x + x.flip(-1), atol=0, rtol=0)  # the sum is exact
+    close(y, rms_norm_eager(x + x.flip(-1), w, 1e-5))
+
+
+def test_rms_norm_strided_and_broadcast_inputs():
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(4, 64, 6, generator=g)
+    x = base.transpose(1, 2)  # last dimension of stride 6: made contiguous by the kernel
+    w = torch.randn(64, generator=g)
+    close(fused.rms_norm(x, w, 1e-6), rms_norm_eager(x, w, 1e-6))
+    w1 = torch.randn(1, generator=g)  # one weight for the whole row
+    close(fused.rms_norm(x, w1, 1e-6), rms_norm_eager(x, w1, 1e-6))
+    r = torch.randn(64, generator=g)  # residual broadcast over rows: eager's add, then the fused norm
+    s, y = fused.add_rms_norm(x, r, w, 1e-6)
+    close(s, x + r)
+    close(y, rms_norm_eager(x + r, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+def test_other_dtypes_run_eager_math(dtype):
+    """Not float32: the same math with ATen ops (the pattern pass never uses them there)."""
+    x, w = torch.randn(3, 32).to(dtype), torch.randn(32).to(dtype)
+    torch.testing.assert_close(fused.rms_norm(x, w, 1e-6), rms_norm_eager(x, w, 1e-6), atol=0, rtol=0)
+    g, u = torch.randn(3, 32).to(dtype), torch.randn(3, 32).to(dtype)
+    torch.testing.assert_close(fused.silu_mul(g, u), F.silu(g) * u, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 688), (2, 5, 37), (0, 8), (1,)], ids=lambda s: "x".join(map(str, s)))
+def test_silu_mul(shape):
+    g = torch.Generator().manual_seed(2)
+    gate, up = torch.randn(shape, generator=g) * 4, torch.randn(shape, generator=g)
+    close(fused.silu_mul(gate, up), F.silu(gate) * up)
+    close(fused.silu_mul(gate.t() if gate.dim() == 2 else gate, up.t() if up.dim() == 2 else up),
+          F.silu(gate.t() if gate.dim() == 2 else gate) * (up.t() if up.dim() == 2 else up))
+
+
+@pytest.mark.parametrize("x_shape", [(1, 1, 64), (2, 3, 64), (4, 64), (0, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_gated_mlp(x_shape):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(x_shape, generator=g)
+    wg, wu, wd = (torch.randn(s, generator=g) / 8 for s in ((96, 64), (96, 64), (48, 96)))
+    close(fused.gated_mlp(x, wg, wu, wd), F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd))
+
+
+def test_gated_mlp_rejects_shapes_that_do_not_chain():
+    with pytest.raises(RuntimeError, match="do not chain"):
+        fused.gated_mlp(torch.randn(2, 8), torch.randn(4, 8), torch.randn(4, 8), torch.randn(8, 5))
+
+
+@pytest.mark.parametrize("case", ["decoder", "llama", "strided", "batch_cos", "odd_rows", "empty"])
+def test_rotary(case):
+    g = torch.Generator().manual_seed(4)
+    if case == "decoder":  # q of [B, T, H, D] transposed; cos/sin [1, 1, 1, D]
+        x = torch.randn(1, 1, 4, 64, generator=g).transpose(1, 2)
+        cos, sin = torch.randn(1, 1, 1, 64, generator=g), torch.randn(1, 1, 1, 64, generator=g)
+    elif case == "llama":  # cos/sin [B, 1, T, D] (unsqueezed on the head dimension)
+        x = torch.randn(2, 5, 3, 16, generator=g).transpose(1, 2)
+        cos, sin = torch.randn(2, 1, 5, 16, generator=g), torch.randn(2, 1, 5, 16, generator=g)
+    elif case == "strided":  # last dimension not of stride 1
+        x = torch.randn(2, 8, 6, generator=g).transpose(1, 2)
+        cos, sin = torch.randn(8, generator=g), torch.randn(8, generator=g)
+    elif case == "batch_cos":  # cos and sin larger than x along a leading dimension: output is broadcast
+        x = torch.randn(1, 12, generator=g)
+        cos, sin = torch.randn(3, 12, generator=g), torch.randn(3, 12, generator=g)
+    elif case == "odd_rows":  # a row shorter than a vector
+        x = torch.randn(3, 6, generator=g)
+        cos, sin = torch.randn(3, 6, generator=g), torch.randn(3, 6, generator=g)
+    else:
+        x = torch.randn(0, 4, 8, generator=g)
+        cos, sin = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
+    close(fused.rotary(x, cos, sin), rotary_eager(x, cos, sin))
+
+
+def test_rotary_rejects_odd_rows():
+    with pytest.raises(RuntimeError, match="must be even"):
+        fused.rotary(torch.randn(2, 5), torch.randn(5), torch.randn(5))
+
+
+@pytest.mark.parametrize("case", ["mha", "gqa", "strided_cache", "per_batch_mask", "prefill_rows", "all_masked"])
+def test_decode_attention(case):
+    g = torch.Generator().manual_seed(5)
+    B, H, Hkv, T, S, D = 2, 4, 4, 1, 37, 64
+    if case == "gqa":
+        Hkv = 2
+    if case == "prefill_rows":
+        T = 3
+    q = torch.randn(B, H, T, D, generator=g)
+    k, v = torch.randn(B, Hkv, S, D, generator=g), torch.randn(B, Hkv, S, D, generator=g)
+    mask = (torch.arange(S) <= 20)[None, None, None, :]
+    if case == "strided_cache":  # a cache stored [B, S, H, D], seen as [B, H, S, D]
+        k = torch.randn(B, S, Hkv, D, generator=g).transpose(1, 2)
+        v = torch.randn(B, S, Hkv, D, generator=g).transpose(1, 2)
+    if case == "per_batch_mask":
+        mask = torch.rand(B, 1, T, S, generator=g) < 0.7
+        mask[..., 0] = True
+    if case == "all_masked":
+        mask = torch.zeros(1, 1, 1, S, dtype=torch.bool)
+    close(fused.decode_attention(q, k, v, mask, D ** -0.5), attention_eager(q, k, v, mask, D ** -0.5))
+
+
+def test_meta_kernels_give_the_cpu_shapes():
+    cases = [
+        (fused.rms_norm, (torch.randn(2, 3, 8), torch.randn(8), 1e-6)),
+        (fused.add_rms_norm, (torch.randn(2, 3, 8), torch.randn(2, 3, 8), torch.randn(8), 1e-6)),
+        (fused.silu_mul, (torch.randn(4, 6), torch.randn(4, 6))),
+        (fused.gated_mlp, (torch.randn(2, 1, 8), torch.randn(12, 8), torch.randn(12, 8), torch.randn(5, 12))),
+        (fused.rotary, (torch.randn(1, 4, 1, 8), torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8))),
+        (fused.decode_attention, (torch.randn(1, 4, 1, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8),
+                                  torch.ones(1, 1, 1, 9, dtype=torch.bool), 0.3)),
+    ]
+    for op, args in cases:
+        real = op(*args)
+        meta = op(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
+        real, meta = (real, meta) if isinstance(real, tuple) else ((real,), (meta,))
+        for r, m in zip(real, meta):
+            assert m.device.type == "meta" and m.shape == r.shape and m.dtype == r.dtype, op
+
+
+def test_opcheck():
+    """torch.library.opcheck: schemas, fake (Meta) kernels and dispatch are consistent."""
+    samples = [
+        (fused.rms_norm.default, (torch.randn(2, 8), torch.randn(8), 1e-6)),
+        (fused.add_rms_norm.default, (torch.randn(2, 8), torch.randn(2, 8), torch.randn(8), 1e-6)),
+        (fused.silu_mul.default, (torch.randn(2, 8), torch.randn(2, 8))),
+        (fused.gated_mlp.default, (torch.randn(2, 8), torch.randn(6, 8), torch.randn(6, 8), torch.randn(8, 6))),
+        (fused.rotary.default, (torch.randn(2, 8), torch.randn(8), torch.randn(8))),
+        (fused.decode_attention.default, (torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8),
+                                          torch.ones(1, 1, 1, 5, dtype=torch.bool), 0.5)),
+    ]
+    for op, args in samples:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
