@@ -11,7 +11,8 @@ order: a pattern that contains another comes first (Note in manager.py).
     gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x
     silu_mul       silu(gate) * up
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms
-    decode_attention  softmax(q k^T / s, masked) v for one query token  (this repo's decoder form)
+    decode_attention  softmax(q k^T / s, masked) v for one query token: this repo's decoder form, and
+                   transformers' SDPA call with a bool mask, after repeat_kv (GQA) or not
 """
 
 from __future__ import annotations
@@ -141,17 +142,42 @@ def decode_attention_fused(q, k, v, mask, inv_scale):
     return fused.decode_attention(q, k, v, mask, 1.0 / inv_scale)
 
 
+def _repeat_kv(x, n_rep):  # transformers' repeat_kv (grouped-query attention)
+    b, h, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
+
+
+def sdpa_repeat_kv(q, k, v, mask, scale):  # transformers' sdpa_attention_forward under torch.compile, GQA
+    n_rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), attn_mask=mask, scale=scale)
+
+
+def sdpa(q, k, v, mask, scale):  # the same with as many key/value heads as query heads
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def sdpa_fused(q, k, v, mask, scale):
+    return fused.decode_attention(q, k, v, mask, scale)
+
+
 def _one_token(match: Match) -> bool:
     q, k, v, mask = (_val(match, n) for n in ("q", "k", "v", "mask"))
     if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape) or mask.dtype != torch.bool:
         return False
-    if q.shape[2] != 1 or q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
+    if q.shape[2] != 1 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        return False
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         return False
     try:
         torch.broadcast_shapes(mask.shape, (q.shape[0], q.shape[1], 1, k.shape[2]))
     except RuntimeError:
         return False
     return mask.dim() <= 4
+
+
+def _bool_mask(match: Match) -> bool:
+    mask = _val(match, "mask")
+    return isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
 
 
 def register_builtins() -> None:
@@ -183,3 +209,10 @@ def register_builtins() -> None:
                    [t(1, 2, 1, 8), t(1, 2, 6, 8), t(1, 2, 6, 8), torch.ones(1, 1, 1, 6, dtype=torch.bool)],
                    extra_check=_all(_float32_cpu("q", "k", "v"), _one_token), scalar_workaround={"inv_scale": 7.25},
                    builtin=True)
+    # transformers' SDPA path: a bool mask becomes where(mask, 0, -inf) inside SDPA; GQA before MHA (a
+    # GQA match contains an MHA one). The default SDPA path (no repeat) needs as many k/v heads as q heads.
+    q, kv, mask = t(1, 4, 1, 8), t(1, 2, 6, 8), torch.ones(1, 1, 1, 6, dtype=torch.bool)
+    for search, k in ((sdpa_repeat_kv, kv), (sdpa, t(1, 4, 6, 8))):
+        register_named("decode_attention", search, sdpa_fused, [q, k, k.clone(), mask],
+                       extra_check=_all(_float32_cpu("q", "k", "v"), _one_token, _bool_mask),
+                       scalar_workaround={"scale": 0.3125}, builtin=True)

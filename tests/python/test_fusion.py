@@ -210,3 +210,35 @@ def test_transformers_llama_fuses():
     assert counts["rms_norm"] + counts["add_rms_norm"] == 2 * layers + 1
     torch.testing.assert_close(got, want, **MODEL_TOL)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # past_key_values renamed in newer transformers
+def test_transformers_llama_gqa_decode_with_a_static_cache():
+    """One-token steps over a StaticCache: repeat_kv + SDPA becomes one decode_attention per layer (no copy of
+    the repeated cache). Eager runs its own attention path (Note in issue 8: transformers picks another SDPA
+    path under torch.compile for GQA); both are compared within the model tolerance."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (a test-only dependency)")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    caches = {name: transformers.StaticCache(config=cfg, max_cache_len=16) for name in ("eager", "fused")}
+
+    def step(cache):
+        def run(tok, pos):
+            return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+        return run
+
+    eager = step(caches["eager"])
+    compiled = torch.compile(step(caches["fused"]), backend="graphex", fullgraph=True, dynamic=False, options=FUSED)
+    tok_e = tok_f = torch.tensor([[5]])
+    with torch.no_grad():
+        for i in range(8):
+            pos = torch.tensor([i])
+            got, want = compiled(tok_f, pos), eager(tok_e, pos)
+            torch.testing.assert_close(got, want, **MODEL_TOL, msg=lambda m: f"step {i}: {m}")
+            tok_f, tok_e = got[:, -1:].argmax(-1), want[:, -1:].argmax(-1)
+            assert torch.equal(tok_f, tok_e), f"step {i}: greedy token differs"
+    counts = fused_ops(captures()[-1].gm)
+    assert counts["decode_attention"] == cfg.num_hidden_layers
+    assert not any(n.target is torch.ops.aten.clone.default for n in captures()[-1].gm.graph.nodes)
