@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -242,3 +243,15 @@ def test_transformers_llama_gqa_decode_with_a_static_cache():
     counts = fused_ops(captures()[-1].gm)
     assert counts["decode_attention"] == cfg.num_hidden_layers
     assert not any(n.target is torch.ops.aten.clone.default for n in captures()[-1].gm.graph.nodes)
+
+
+def test_readme_example_runs():
+    """README "Fused mode": its register_replacement example runs as written (own process: its pattern
+    would be a duplicate of this file's)."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme[readme.index("## Fused mode"):]
+    code = section[section.index("```python\n") + len("```python\n"):section.index("\n```\n")]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "GRAPHEX_LOG": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "pattern fusion: search x1" in proc.stderr
