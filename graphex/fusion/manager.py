@@ -76,8 +76,11 @@ def _layout_differs(match: Match, argnames: list[str], replace_fn: Callable[...,
     fake_mode = detect_fake_mode(args)
     if fake_mode is None or len(args) != len(argnames):
         return ""
-    with fake_mode:
-        new = pytree.tree_leaves(replace_fn(*args))
+    try:
+        with fake_mode:
+            new = pytree.tree_leaves(replace_fn(*args))
+    except Exception as e:  # the replacement does not apply to these inputs: no match, the graph stays exact
+        return f"the replacement fails on the match's inputs: {type(e).__name__}: {str(e).splitlines()[0]}"
     old = [val(n) for n in match.output_nodes()]
     if len(new) != len(old):
         return ""  # one packed output replaced by several (torch's matcher handles that case itself)

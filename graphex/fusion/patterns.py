@@ -34,15 +34,24 @@ def _val(match: Match, name: str) -> Any:
 
 
 def _float32_cpu(*names: str) -> Callable[[Match], bool]:
-    """Admit a match when the named inputs are float32 CPU tensors (the fast paths of the kernels)."""
+    """Admit a match when the named inputs are float32 CPU tensors (the fast paths of the kernels) of
+    static shapes: the checks compare sizes, which on a dynamic=True graph's symbolic sizes would add
+    guards that the captured program does not check, so those graphs are left exact."""
     def check(match: Match) -> bool:
         for name in names:
             v = _val(match, name)
             if not isinstance(v, torch.Tensor) or v.dtype != torch.float32 or v.device.type != "cpu":
                 return False
+            if not all(type(d) is int for d in (*v.shape, *v.stride())):
+                return False
         return True
 
     return check
+
+
+def _number(name: str) -> Callable[[Match], bool]:
+    """A scalar argument is a number in the graph (with dynamic=True it may be a graph input instead)."""
+    return lambda match: type(match.kwargs.get(name)) in (float, int)
 
 
 def _all(*checks: Callable[[Match], bool]) -> Callable[[Match], bool]:
@@ -184,8 +193,8 @@ def register_builtins() -> None:
     t = torch.randn
     x3, r3, w = t(2, 3, 16), t(2, 3, 16), t(16)
     eps = {"eps": 1e-6}  # scalar_workaround values must differ from every other number in the pattern
-    norm_ok = _all(_float32_cpu("x", "weight"), _row_weight)
-    add_ok = _all(_float32_cpu("x", "residual", "weight"), _same_shape("x", "residual"), _row_weight)
+    norm_ok = _all(_float32_cpu("x", "weight"), _number("eps"), _row_weight)
+    add_ok = _all(_float32_cpu("x", "residual", "weight"), _number("eps"), _same_shape("x", "residual"), _row_weight)
     for search in (add_rms_norm, add_rms_norm_llama):
         register_named("add_rms_norm", search, add_rms_norm_fused, [x3, r3, w], extra_check=add_ok,
                        scalar_workaround=eps, builtin=True)
@@ -207,12 +216,13 @@ def register_builtins() -> None:
 
     register_named("decode_attention", decode_attention, decode_attention_fused,
                    [t(1, 2, 1, 8), t(1, 2, 6, 8), t(1, 2, 6, 8), torch.ones(1, 1, 1, 6, dtype=torch.bool)],
-                   extra_check=_all(_float32_cpu("q", "k", "v"), _one_token), scalar_workaround={"inv_scale": 7.25},
+                   extra_check=_all(_float32_cpu("q", "k", "v"), _number("inv_scale"), _one_token),
+                   scalar_workaround={"inv_scale": 7.25},
                    builtin=True)
     # transformers' SDPA path: a bool mask becomes where(mask, 0, -inf) inside SDPA; GQA before MHA (a
     # GQA match contains an MHA one). The default SDPA path (no repeat) needs as many k/v heads as q heads.
     q, kv, mask = t(1, 4, 1, 8), t(1, 2, 6, 8), torch.ones(1, 1, 1, 6, dtype=torch.bool)
     for search, k in ((sdpa_repeat_kv, kv), (sdpa, t(1, 4, 6, 8))):
         register_named("decode_attention", search, sdpa_fused, [q, k, k.clone(), mask],
-                       extra_check=_all(_float32_cpu("q", "k", "v"), _one_token, _bool_mask),
+                       extra_check=_all(_float32_cpu("q", "k", "v"), _number("scale"), _one_token, _bool_mask),
                        scalar_workaround={"scale": 0.3125}, builtin=True)

@@ -255,3 +255,20 @@ def test_readme_example_runs():
                           env={**os.environ, "GRAPHEX_LOG": "1"})
     assert proc.returncode == 0, proc.stderr
     assert "pattern fusion: search x1" in proc.stderr
+
+
+def test_symbolic_sizes_are_left_exact():
+    """dynamic=True: a graph with symbolic sizes is left exact (the patterns' checks compare sizes and would add
+    guards the program does not check); one whose sizes all came out static is fused as usual."""
+    model = build_decoder(DecoderConfig(layers=1))
+    compiled = torch.compile(model, backend="graphex", fullgraph=True, dynamic=True, options=FUSED)
+    with torch.no_grad():
+        for batch in (1, 3, 4):
+            k, v = model.new_cache(batch)
+            k2, v2 = model.new_cache(batch)
+            tokens = torch.full((batch, 1), 5)
+            got, want = compiled(tokens, torch.tensor([0]), k, v), model(tokens, torch.tensor([0]), k2, v2)
+            torch.testing.assert_close(got, want, **MODEL_TOL)
+    symbolic = [g for g in captures() if g.dynamic]
+    assert symbolic and all(not fused_ops(g.gm) for g in symbolic)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))  # batch 4 ran the symbolic (exact) graph
