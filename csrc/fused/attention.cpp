@@ -78,37 +78,44 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
   float* op = out.mutable_data_ptr<float>();
   const float fscale = static_cast<float>(scale);
   const int64_t rows = B * H * T;
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1), qs2 = q.stride(2);
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
+  const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
+  const int64_t ms0 = mask.stride(0), ms1 = mask.stride(1), ms2 = mask.stride(2), ms3 = mask.stride(3);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, S * D)), [&](int64_t begin, int64_t end) {
     std::vector<float> p(static_cast<size_t>(S));
     for (int64_t row = begin; row < end; ++row) {
       const int64_t t = row % T, h = (row / T) % H, b = row / (T * H), hk = h / group;
-      const float* qr = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
-      const float* kb = kp + b * k.stride(0) + hk * k.stride(1);
-      const float* vb = vp + b * v.stride(0) + hk * v.stride(1);
-      const bool* mr = mp + b * mask.stride(0) + h * mask.stride(1) + t * mask.stride(2);
-      float mx = -std::numeric_limits<float>::infinity();
+      const float* qr = qp + b * qs0 + h * qs1 + t * qs2;
+      const float* kb = kp + b * ks0 + hk * ks1;
+      const float* vb = vp + b * vs0 + hk * vs1;
+      const bool* mr = mp + b * ms0 + h * ms1 + t * ms2;
+      float mx = kNegInf;
       for (int64_t s = 0; s < S; ++s) {
-        p[s] = mr[s * mask.stride(3)] ? dot(qr, kb + s * k.stride(2), D) * fscale
-                                      : -std::numeric_limits<float>::infinity();
+        p[s] = mr[s * ms3] ? dot(qr, kb + s * ks2, D) * fscale : kNegInf;
         mx = std::max(mx, p[s]);
       }
       float sum = 0.f;
       for (int64_t s = 0; s < S; ++s) {
-        p[s] = std::exp(p[s] - mx);
+        p[s] = p[s] == kNegInf ? 0.f : std::exp(p[s] - mx);
         sum += p[s];
       }
       float* orow = op + row * D;
       std::fill(orow, orow + D, 0.f);
+      if (!(sum > 0.f)) {  // every position masked: NaN, as eager's softmax over all -inf
+        std::fill(orow, orow + D, std::numeric_limits<float>::quiet_NaN());
+        continue;
+      }
+      const float inv_sum = 1.f / sum;
       for (int64_t s = 0; s < S; ++s) {
-        const float w = p[s] / sum;
-        if (w == 0.f) continue;  // masked (exp(-inf) = 0): adds nothing
-        const float* vr = vb + s * v.stride(2);
-        const Vec vw(w);
+        if (p[s] == 0.f) continue;  // masked, or too small to count
+        const float* vr = vb + s * vs2;
+        const Vec vw(p[s] * inv_sum);
         int64_t d = 0;
         for (; d + Vec::size() <= D; d += Vec::size()) (Vec::loadu(orow + d) + vw * Vec::loadu(vr + d)).store(orow + d);
-        for (; d < D; ++d) orow[d] += w * vr[d];
+        for (; d < D; ++d) orow[d] += (p[s] * inv_sum) * vr[d];
       }
-      if (!(sum > 0.f)) std::fill(orow, orow + D, std::numeric_limits<float>::quiet_NaN());  // all masked
     }
   });
   return out;
