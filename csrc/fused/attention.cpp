@@ -8,8 +8,8 @@
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp): the dot products, the
 // softmax sum and the weighted sum add in another order than eager's bmm and softmax.
 #include "fused/rows.h"
+#include "fused/vec.h"
 
-#include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/bitwise_not.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/masked_fill.h>
@@ -24,8 +24,6 @@
 
 namespace graphex::fused {
 namespace {
-
-using Vec = at::vec::Vectorized<float>;
 
 void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -48,18 +46,6 @@ at::Tensor attention_eager(const at::Tensor& q, const at::Tensor& k, const at::T
   return at::matmul(at::softmax(at::masked_fill(scores, at::bitwise_not(mask), -INFINITY), -1), vv);
 }
 
-float dot(const float* a, const float* b, int64_t n) {
-  Vec acc(0.f);
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) acc = acc + Vec::loadu(a + i) * Vec::loadu(b + i);
-  float lanes[Vec::size()];
-  acc.store(lanes);
-  float sum = 0.f;
-  for (int64_t l = 0; l < Vec::size(); ++l) sum += lanes[l];
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
 at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                 const at::Tensor& mask_in, double scale) {
   check_attention(q_in, k_in, v_in, mask_in);
@@ -77,6 +63,7 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
   const bool* mp = mask.const_data_ptr<bool>();
   float* op = out.mutable_data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  const RowKernels& K = row_kernels();
   const int64_t rows = B * H * T;
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), qs2 = q.stride(2);
   const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
@@ -93,7 +80,7 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
       const bool* mr = mp + b * ms0 + h * ms1 + t * ms2;
       float mx = kNegInf;
       for (int64_t s = 0; s < S; ++s) {
-        p[s] = mr[s * ms3] ? dot(qr, kb + s * ks2, D) * fscale : kNegInf;
+        p[s] = mr[s * ms3] ? K.dot(qr, kb + s * ks2, D) * fscale : kNegInf;
         mx = std::max(mx, p[s]);
       }
       float sum = 0.f;
@@ -110,11 +97,7 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
       const float inv_sum = 1.f / sum;
       for (int64_t s = 0; s < S; ++s) {
         if (p[s] == 0.f) continue;  // masked, or too small to count
-        const float* vr = vb + s * vs2;
-        const Vec vw(p[s] * inv_sum);
-        int64_t d = 0;
-        for (; d + Vec::size() <= D; d += Vec::size()) (Vec::loadu(orow + d) + vw * Vec::loadu(vr + d)).store(orow + d);
-        for (; d < D; ++d) orow[d] += (p[s] * inv_sum) * vr[d];
+        K.axpy(p[s] * inv_sum, vb + s * vs2, orow, D);
       }
     }
   });

@@ -5,8 +5,8 @@
 //   silu * up done in place between them; one op where the graph has about 13 (t, view, mm, ...).
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp); only exp differs from eager's.
 #include "fused/rows.h"
+#include "fused/vec.h"
 
-#include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
@@ -15,19 +15,6 @@
 
 namespace graphex::fused {
 namespace {
-
-using Vec = at::vec::Vectorized<float>;
-
-// out[i] = silu(g[i]) * u[i], silu(v) = v / (1 + exp(-v)) as ATen computes it.
-void silu_mul_row(const float* g, const float* u, float* out, int64_t n) {
-  const Vec one(1.f);
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) {
-    Vec v = Vec::loadu(g + i);
-    ((v / (one + v.neg().exp())) * Vec::loadu(u + i)).store(out + i);
-  }
-  for (; i < n; ++i) out[i] = (g[i] / (1.f + std::exp(-g[i]))) * u[i];
-}
 
 // out (contiguous, `shape`) = silu(gate) * up; gate and up have `shape` (no broadcasting).
 void silu_mul_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
@@ -38,8 +25,9 @@ void silu_mul_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
   const float* g = ops[0].const_data_ptr<float>();
   const float* u = ops[1].const_data_ptr<float>();
   float* o = out.mutable_data_ptr<float>();
+  const RowKernels& K = row_kernels();
   for_each_row(shape, ops, 8 * n, [&](int64_t row, const std::array<int64_t, 2>& off) {
-    silu_mul_row(g + off[0], u + off[1], o + row * n, n);
+    K.silu_mul(g + off[0], u + off[1], o + row * n, n);
   });
 }
 

@@ -3,8 +3,8 @@
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp); only the sum of squares
 // adds in another order than eager's.
 #include "fused/rows.h"
+#include "fused/vec.h"
 
-#include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
@@ -17,40 +17,9 @@
 namespace graphex::fused {
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
-
 at::DimVector norm_shape(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.dim() >= 1, "graphex_fused::rms_norm: x must have at least one dimension, got a 0-d tensor");
   return at::infer_size_dimvector(x.sizes(), weight.sizes());
-}
-
-// One row: out[i] = (x[i] * inv) * w[i], with inv = 1 / sqrt(sum(x^2) / n + eps), as eager rounds it.
-void norm_row(const float* x, const float* w, bool w_broadcast, float* out, int64_t n, float eps) {
-  Vec acc0(0.f), acc1(0.f);
-  int64_t i = 0;
-  for (; i + 2 * Vec::size() <= n; i += 2 * Vec::size()) {
-    Vec a = Vec::loadu(x + i), b = Vec::loadu(x + i + Vec::size());
-    acc0 = acc0 + a * a;
-    acc1 = acc1 + b * b;
-  }
-  float lanes[Vec::size()];
-  (acc0 + acc1).store(lanes);
-  float sum = 0.f;
-  for (int64_t l = 0; l < Vec::size(); ++l) sum += lanes[l];
-  for (; i < n; ++i) sum += x[i] * x[i];
-  const float mean = sum / static_cast<float>(n);
-  const float inv = 1.f / std::sqrt(mean + eps);
-  const Vec vinv(inv);
-  i = 0;
-  if (!w_broadcast) {
-    for (; i + Vec::size() <= n; i += Vec::size())
-      ((Vec::loadu(x + i) * vinv) * Vec::loadu(w + i)).store(out + i);
-    for (; i < n; ++i) out[i] = (x[i] * inv) * w[i];
-  } else {
-    const Vec vw(w[0]);
-    for (; i + Vec::size() <= n; i += Vec::size()) ((Vec::loadu(x + i) * vinv) * vw).store(out + i);
-    for (; i < n; ++i) out[i] = (x[i] * inv) * w[0];
-  }
 }
 
 at::Tensor rms_norm_eager(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -67,8 +36,9 @@ void rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps, at
   const float* wp = ops[1].const_data_ptr<float>();
   const bool w_broadcast = ops[1].stride(-1) == 0 && n > 1;
   float* op = out.mutable_data_ptr<float>();
+  const RowKernels& K = row_kernels();
   for_each_row(shape, ops, 3 * n, [&](int64_t row, const std::array<int64_t, 2>& off) {
-    norm_row(xp + off[0], wp + off[1], w_broadcast, op + row * n, n, static_cast<float>(eps));
+    K.rms_norm(xp + off[0], wp + off[1], w_broadcast, op + row * n, n, static_cast<float>(eps));
   });
 }
 
@@ -102,13 +72,9 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x, const a
     const float* a = ops[0].const_data_ptr<float>();
     const float* b = ops[1].const_data_ptr<float>();
     float* s = sum.mutable_data_ptr<float>();
+    const RowKernels& K = row_kernels();
     for_each_row(shape, ops, n, [&](int64_t row, const std::array<int64_t, 2>& off) {
-      const float* ar = a + off[0];
-      const float* br = b + off[1];
-      float* sr = s + row * n;
-      int64_t i = 0;
-      for (; i + Vec::size() <= n; i += Vec::size()) (Vec::loadu(ar + i) + Vec::loadu(br + i)).store(sr + i);
-      for (; i < n; ++i) sr[i] = ar[i] + br[i];
+      K.add(a + off[0], b + off[1], s + row * n, n);
     });
   } else {
     sum = at::add(x, residual).contiguous();

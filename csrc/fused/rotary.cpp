@@ -4,8 +4,8 @@
 // contraction off, so on float32 the result is bitwise eager's (tested against the stated
 // tolerance all the same: Note [Fused kernels are close, not bitwise], library.cpp).
 #include "fused/rows.h"
+#include "fused/vec.h"
 
-#include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -16,8 +16,6 @@
 
 namespace graphex::fused {
 namespace {
-
-using Vec = at::vec::Vectorized<float>;
 
 at::DimVector rotary_shape(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "graphex_fused::rotary: x's last dimension must be even, got x ",
@@ -38,22 +36,6 @@ at::Tensor rotary_output(const at::Tensor& x, at::IntArrayRef shape, at::ScalarT
   return at::empty(shape, x.options().dtype(dtype));
 }
 
-// One row of n = 2h: out[j] = x[j]*c[j] + (-x[j+h])*s[j] (j < h); x[j]*c[j] + x[j-h]*s[j] (j >= h).
-void rotary_row(const float* x, const float* c, const float* s, float* out, int64_t n) {
-  const int64_t h = n / 2;
-  int64_t j = 0;
-  for (; j + Vec::size() <= h; j += Vec::size()) {
-    Vec x1 = Vec::loadu(x + j), x2 = Vec::loadu(x + h + j);
-    (x1 * Vec::loadu(c + j) + x2.neg() * Vec::loadu(s + j)).store(out + j);
-    (x2 * Vec::loadu(c + h + j) + x1 * Vec::loadu(s + h + j)).store(out + h + j);
-  }
-  for (; j < h; ++j) {
-    const float x1 = x[j], x2 = x[h + j];
-    out[j] = x1 * c[j] + (-x2) * s[j];
-    out[h + j] = x2 * c[h + j] + x1 * s[h + j];
-  }
-}
-
 at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const auto shape = rotary_shape(x, cos, sin);
   const int64_t n = shape.back();
@@ -67,8 +49,9 @@ at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   const float* cp = ops[1].const_data_ptr<float>();
   const float* sp = ops[2].const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
+  const RowKernels& K = row_kernels();
   for_each_row(at::IntArrayRef(shape), ops, 4 * n, [&](int64_t row, const std::array<int64_t, 4>& off) {
-    rotary_row(xp + off[0], cp + off[1], sp + off[2], op + off[3], n);
+    K.rotary(xp + off[0], cp + off[1], sp + off[2], op + off[3], n);
   });
   return out;
 }

@@ -188,3 +188,29 @@ def test_opcheck():
     ]
     for op, args in samples:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_baseline_row_kernels(tmp_path):
+    """The row kernels exist once per CPU capability (Note [One row kernel per CPU capability]); this process
+    runs the widest, a child with ATEN_CPU_CAPABILITY=default runs the baseline one, to the same tolerance."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "baseline.py"
+    script.write_text(
+        "import torch, graphex, torch.nn.functional as F\n"
+        "assert torch.backends.cpu.get_cpu_capability() == 'DEFAULT'\n"
+        "f = torch.ops.graphex_fused\n"
+        "tol = dict(atol=1e-5, rtol=1e-5)\n"
+        "x, w = torch.randn(3, 37) * 3, torch.randn(37)\n"
+        "torch.testing.assert_close(f.rms_norm(x, w, 1e-6), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, **tol)\n"
+        "g, u = torch.randn(3, 37) * 4, torch.randn(3, 37)\n"
+        "torch.testing.assert_close(f.silu_mul(g, u), F.silu(g) * u, **tol)\n"
+        "q, k, v = torch.randn(1, 2, 1, 20), torch.randn(1, 2, 9, 20), torch.randn(1, 2, 9, 20)\n"
+        "m = torch.ones(1, 1, 1, 9, dtype=torch.bool)\n"
+        "ref = torch.softmax(q @ k.transpose(2, 3) * 0.2, -1) @ v\n"
+        "torch.testing.assert_close(f.decode_attention(q, k, v, m, 0.2), ref, **tol)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
+    assert proc.returncode == 0, proc.stderr

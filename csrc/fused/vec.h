@@ -1,0 +1,30 @@
+// The row kernels of the fused ops, compiled once per CPU capability and picked at run time.
+//
+// Note [One row kernel per CPU capability]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// at::vec::Vectorized<float> is as wide as the flags its file is compiled with. As ATen does for its
+// own kernels, vec_kernels.h is compiled twice: vec_default.cpp (the baseline instruction set) and
+// vec_avx2.cpp (-mavx2 -mfma, CPU_CAPABILITY=AVX2, so its symbols live in another namespace);
+// row_kernels() picks the table ATen itself would (at::get_cpu_capability(), which honours
+// ATEN_CPU_CAPABILITY=default). Both keep eager's per-element order of operations, with FMA
+// contraction off (Note [Fused kernels are close, not bitwise], library.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace graphex::fused {
+
+struct RowKernels {
+  // out[i] = (x[i] * inv) * w[i] (w[0] when w_broadcast), inv = 1 / sqrt(sum(x^2) / n + eps)
+  void (*rms_norm)(const float* x, const float* w, bool w_broadcast, float* out, int64_t n, float eps);
+  void (*add)(const float* a, const float* b, float* out, int64_t n);                  // out = a + b
+  void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);             // silu(g) * u
+  void (*rotary)(const float* x, const float* c, const float* s, float* out, int64_t n);
+  float (*dot)(const float* a, const float* b, int64_t n);
+  void (*axpy)(float a, const float* x, float* y, int64_t n);                          // y += a * x
+  const char* capability;
+};
+
+const RowKernels& row_kernels();
+
+}  // namespace graphex::fused

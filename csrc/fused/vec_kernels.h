@@ -1,0 +1,104 @@
+// The row kernels' bodies: included by vec_default.cpp and vec_avx2.cpp only, each compiling them for
+// its CPU capability (Note [One row kernel per CPU capability], vec.h).
+#pragma once
+
+#include "fused/vec.h"
+
+#include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
+
+namespace graphex::fused {
+namespace CPU_CAPABILITY {
+
+using Vec = at::vec::Vectorized<float>;
+
+inline float sum_lanes(const Vec& v) {
+  float lanes[Vec::size()];
+  v.store(lanes);
+  float sum = 0.f;
+  for (int64_t l = 0; l < Vec::size(); ++l) sum += lanes[l];
+  return sum;
+}
+
+inline void rms_norm_row(const float* x, const float* w, bool w_broadcast, float* out, int64_t n, float eps) {
+  Vec acc0(0.f), acc1(0.f);
+  int64_t i = 0;
+  for (; i + 2 * Vec::size() <= n; i += 2 * Vec::size()) {
+    Vec a = Vec::loadu(x + i), b = Vec::loadu(x + i + Vec::size());
+    acc0 = acc0 + a * a;
+    acc1 = acc1 + b * b;
+  }
+  float sum = sum_lanes(acc0 + acc1);
+  for (; i < n; ++i) sum += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
+  const Vec vinv(inv);
+  i = 0;
+  if (!w_broadcast) {
+    for (; i + Vec::size() <= n; i += Vec::size()) ((Vec::loadu(x + i) * vinv) * Vec::loadu(w + i)).store(out + i);
+    for (; i < n; ++i) out[i] = (x[i] * inv) * w[i];
+  } else {
+    const Vec vw(w[0]);
+    for (; i + Vec::size() <= n; i += Vec::size()) ((Vec::loadu(x + i) * vinv) * vw).store(out + i);
+    for (; i < n; ++i) out[i] = (x[i] * inv) * w[0];
+  }
+}
+
+inline void add_row(const float* a, const float* b, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) (Vec::loadu(a + i) + Vec::loadu(b + i)).store(out + i);
+  for (; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// silu(v) = v / (1 + exp(-v)), as ATen's vectorized silu computes it.
+inline void silu_mul_row(const float* g, const float* u, float* out, int64_t n) {
+  const Vec one(1.f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    Vec v = Vec::loadu(g + i);
+    ((v / (one + v.neg().exp())) * Vec::loadu(u + i)).store(out + i);
+  }
+  for (; i < n; ++i) out[i] = (g[i] / (1.f + std::exp(-g[i]))) * u[i];
+}
+
+// n = 2h: out[j] = x[j]*c[j] + (-x[j+h])*s[j] (j < h); x[j]*c[j] + x[j-h]*s[j] (j >= h).
+inline void rotary_row(const float* x, const float* c, const float* s, float* out, int64_t n) {
+  const int64_t h = n / 2;
+  int64_t j = 0;
+  for (; j + Vec::size() <= h; j += Vec::size()) {
+    Vec x1 = Vec::loadu(x + j), x2 = Vec::loadu(x + h + j);
+    (x1 * Vec::loadu(c + j) + x2.neg() * Vec::loadu(s + j)).store(out + j);
+    (x2 * Vec::loadu(c + h + j) + x1 * Vec::loadu(s + h + j)).store(out + h + j);
+  }
+  for (; j < h; ++j) {
+    const float x1 = x[j], x2 = x[h + j];
+    out[j] = x1 * c[j] + (-x2) * s[j];
+    out[h + j] = x2 * c[h + j] + x1 * s[h + j];
+  }
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  Vec acc(0.f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) acc = acc + Vec::loadu(a + i) * Vec::loadu(b + i);
+  float sum = sum_lanes(acc);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+inline void axpy(float a, const float* x, float* y, int64_t n) {
+  const Vec va(a);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) (Vec::loadu(y + i) + va * Vec::loadu(x + i)).store(y + i);
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+#define GRAPHEX_STR2(x) #x
+#define GRAPHEX_STR(x) GRAPHEX_STR2(x)
+
+inline RowKernels table() {
+  return RowKernels{&rms_norm_row, &add_row, &silu_mul_row, &rotary_row, &dot, &axpy, GRAPHEX_STR(CPU_CAPABILITY)};
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace graphex::fused
