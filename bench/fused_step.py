@@ -1,6 +1,6 @@
 """Exact vs fused mode on the shipped decoder's one-token step: eager, graphex, graphex fused.
 
-    python -m bench.fused_step [--rounds 10] [--round-s 0.5] [--threads 1] [--position 100]
+    python -m bench.fused_step [--rounds 10] [--round-s 0.5] [--threads 1] [--position 100] [--inductor]
 
 One process, interleaved rounds (bench/measure.py), medians of every call. The step decodes one
 token at `position` with a KV cache filled up to there (so attention reads a realistic prefix).
@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--round-s", type=float, default=0.5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--position", type=int, default=100)
+    ap.add_argument("--inductor", action="store_true", help="also time inductor (cold compile, not bitwise)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         "graphex_fused": torch.compile(model, backend="graphex", fullgraph=True, dynamic=False,
                                        options={"pattern_fusion_pass": True}),
     }
+    if args.inductor:
+        measure.configure_cold_inductor()
+        fns["inductor"] = torch.compile(model, backend="inductor", fullgraph=True, dynamic=False)
     ops, outs = {}, {}
     with torch.no_grad():
         for name, fn in fns.items():
@@ -72,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:14s} median {us:8.1f} us  {us / medians['eager']:.2f}x eager"
               f"  ops {ops[name] if ops[name] is not None else '-'}")
     print(f"  graphex bitwise equal to eager: {torch.equal(outs['graphex'], outs['eager'])}")
-    print(f"  graphex_fused max |logits - eager|: {(outs['graphex_fused'] - outs['eager']).abs().max().item():.3g}")
+    for name in ("graphex_fused", "inductor"):
+        if name in outs:
+            print(f"  {name} max |logits - eager|: {(outs[name] - outs['eager']).abs().max().item():.3g}")
     return 0
 
 
