@@ -10,6 +10,9 @@
 //   rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor                        rotary.cpp
 //   decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor   attention.cpp
 //
+// Their float32 inner loops are the row kernels of vec_kernels.h, built once per CPU capability
+// (Note [One row kernel per CPU capability], vec.h); rows.h walks the rows of broadcast operands.
+//
 // Note [Fused kernels are close, not bitwise]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Exact mode replays eager's own kernels and is bit for bit equal to eager. These kernels are

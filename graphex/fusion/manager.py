@@ -135,6 +135,3 @@ def _ensure_builtins() -> None:
         _builtins_registered = True
         register_builtins()
 
-
-def _state_for_tests() -> dict[str, Any]:
-    return {"builtins_registered": _builtins_registered, "patterns": sum(len(v) for v in _pass.patterns.values())}
