@@ -272,3 +272,36 @@ def test_symbolic_sizes_are_left_exact():
     symbolic = [g for g in captures() if g.dynamic]
     assert symbolic and all(not fused_ops(g.gm) for g in symbolic)
     assert all(torch.equal(a, b) for a, b in zip(got, want))  # batch 4 ran the symbolic (exact) graph
+
+
+@torch.library.custom_op("graphex_test_fusion::sigmoid_mul", mutates_args=())
+def sigmoid_mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (torch.sigmoid(x) * y).contiguous()
+
+
+@sigmoid_mul.register_fake
+def _(x, y):
+    return torch.empty(x.shape, dtype=x.dtype)  # contiguous, whatever x's layout
+
+
+def test_a_replacement_that_changes_the_layout_is_declined(capsys, monkeypatch):
+    """Note [A replacement keeps the layout]: eager's sigmoid(x) * y of transposed inputs is transposed;
+    a replacement returning contiguous memory is not applied there (later views were traced with eager's
+    strides), and GRAPHEX_LOG=2 says why. On contiguous inputs the same pattern applies."""
+    graphex.register_replacement(lambda x, y: torch.sigmoid(x) * y,
+                                 lambda x, y: torch.ops.graphex_test_fusion.sigmoid_mul(x, y),
+                                 [torch.randn(4, 4), torch.randn(4, 4)])
+    monkeypatch.setenv("GRAPHEX_LOG", "2")
+
+    def f(a, b):
+        return torch.sigmoid(a) * b
+
+    a, b = torch.randn(6, 4), torch.randn(6, 4)
+    for x, y, fused_expected in ((a.t(), b.t(), False), (a, b, True)):
+        torch._dynamo.reset()
+        out = torch.compile(f, backend="graphex", fullgraph=True, dynamic=False, options=FUSED)(x, y)
+        torch.testing.assert_close(out, f(x, y), atol=0, rtol=0)
+        fused_here = any(n.target is torch.ops.graphex_test_fusion.sigmoid_mul.default
+                         for n in captures()[-1].gm.graph.nodes)
+        assert fused_here == fused_expected
+    assert "differ from the graph's" in capsys.readouterr().err
