@@ -305,3 +305,27 @@ def test_a_replacement_that_changes_the_layout_is_declined(capsys, monkeypatch):
                          for n in captures()[-1].gm.graph.nodes)
         assert fused_here == fused_expected
     assert "differ from the graph's" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["frozen_parameter", "cache_compile"])
+def test_fused_mode_with_frozen_parameters_and_cache_compile(how, tmp_path):
+    model = build_decoder(DecoderConfig(layers=2))
+    if how == "frozen_parameter":
+        step = compile_decoder(model, frozen_parameter=True, **FUSED)
+    else:  # the guard-free path; the patterns registered are part of its cache key
+        step = graphex.inference.cache_compile(model.forward, cache_dir=tmp_path, options=FUSED)
+    with torch.no_grad():
+        got = decode(step, 8, cache=model.new_cache())
+        want = decode(model, 8)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **MODEL_TOL)
+        assert torch.equal(g.argmax(-1), w.argmax(-1))
+    assert sum(fused_ops(g.gm)["gated_mlp"] for g in captures()) >= 2
+    # A weight a fused op reads, updated in place, is seen (the fused ops read parameters on every call).
+    with torch.no_grad():
+        model.layers[0].mlp.down.weight.mul_(0.5)
+        model.layers[1].mlp_norm.weight.add_(1.0)
+        got = decode(step, 2, cache=model.new_cache())
+        want = decode(model, 2)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **MODEL_TOL)
