@@ -214,6 +214,21 @@ class OrtStep:
         return pytree.tree_unflatten([torch.from_numpy(o) for o in outs[:self.visible]], self.spec)
 
 
+def _export_failure(e: BaseException) -> str:
+    """The reason in torch.onnx's error: its "Exception summary" (e.g. "DispatchError: No ONNX function found for
+    <OpOverload(op='...')>. ..."), else the first line; terminal colours dropped."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "## Exception summary" in lines:
+        for line in lines[lines.index("## Exception summary") + 1:]:
+            m = re.match(r"<class '(?:[\w.]+\.)?(\w+)'>: (.*)", line)
+            if m:
+                return f"{m.group(1)}: {m.group(2)}"[:300]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 def onnxruntime_step(fn: Callable[..., Any], args: tuple[Any, ...] | None, case: Any = None) -> OrtStep:
     """Export with torch.onnx.export(dynamo=True) and run with ONNX Runtime; Unavailable says why it cannot."""
     import contextlib
@@ -249,8 +264,7 @@ def onnxruntime_step(fn: Callable[..., Any], args: tuple[Any, ...] | None, case:
             warnings.simplefilter("ignore")
             torch.onnx.export(module, (*_copies(args), *extra), path, dynamo=True, verbose=False)
     except Exception as e:  # noqa: BLE001  (the row says why)
-        first = next((line for line in str(e).splitlines() if line.strip()), "")
-        raise Unavailable(f"torch.onnx.export(dynamo=True) failed: {type(e).__name__}: {first[:300]}") from e
+        raise Unavailable(f"torch.onnx.export(dynamo=True) failed: {_export_failure(e)}") from e
     try:
         return OrtStep(path, spec, len(leaves), extra, note)
     except Exception as e:  # noqa: BLE001
@@ -318,15 +332,23 @@ def interleaved(runners: dict[str, Runner], rounds: int, round_s: float) -> dict
     """All samples per runner, the runners alternating in `rounds` rounds of `round_s` seconds each."""
     names = list(runners)
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds if names else 0):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            gc.collect()
-            gc.disable()  # no collection pause inside a timed call
-            try:
-                samples[name].extend(runners[name](round_s))
-            finally:
-                gc.enable()
+    # Everything alive now (torch, transformers, Dynamo's caches, the models) goes to the permanent generation,
+    # so the collection before each turn walks only what the calls made: a full collection of a heap with
+    # transformers and Dynamo in it takes a good part of a second on 2 cores, every turn.
+    gc.collect()
+    gc.freeze()
+    try:
+        for r in range(rounds if names else 0):
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                gc.collect()
+                gc.disable()  # no collection pause inside a timed call
+                try:
+                    samples[name].extend(runners[name](round_s))
+                finally:
+                    gc.enable()
+    finally:
+        gc.unfreeze()
     return samples
 
 

@@ -237,7 +237,7 @@ def markdown(results: dict[str, Any]) -> str:
             described.add(case["name"])
             step = case["results"]["graphex"].get("median_us")
             top = ", ".join(f"{r['op']} {r['share']:.0%} ({r['calls_per_step']}x)" for r in bd["top"][:4])
-            lines += ["", f"Where a graphex {case['name']} goes ({_thread_word(case.get('threads'))}; engine's "
+            lines += ["", f"Where a graphex {case['name']} goes ({_thread_word(bd.get('threads', case.get('threads')))}; engine's "
                       f"per-instruction clock, {bd['instructions_us_per_step']:.0f} us of operator time"
                       + (f" in a {step:.0f} us step" if step else "") + f"): {top}."]
     warm = results.get("warm_start")
@@ -268,9 +268,10 @@ def markdown(results: dict[str, Any]) -> str:
         ops = case["results"].get("graphex", {}).get("graphex_ops")
         lines.append(f"- {case['name']}: {case['description']}" + (f" (graphex replays {ops} ATen ops)" if ops else "") + ".")
     lines += ["", "First call: compile + first run, in a fresh process per backend (imports excluded; inductor with "
-              "an empty cache dir and its FX graph / AOTAutograd caches off), at the largest thread count; * marks "
-              "backends measured in the bench process instead (TorchScript trace + freeze, ONNX export + session, "
-              "graphex fused; Dynamo reset before, no compile cache applies to them). Peak step memory: the most bytes "
+              "an empty cache dir and its FX graph / AOTAutograd caches off) for inductor and graphex, at the largest thread "
+              "count; * marks backends measured in the bench process, at the same thread count, when first compiled "
+              "(TorchScript trace + freeze, ONNX export + session, graphex fused, cache_compile into an empty cache; "
+              "Dynamo reset before, no compile cache applies to them). Peak step memory: the most bytes "
               "live at once among the CPU allocations made during one steady-state step (torch.profiler memory events), "
               "outputs included; memory held before the step (weights, KV cache, constants) is not counted; ONNX "
               "Runtime's arena is not seen by the profiler. == eager: bitwise, or the largest absolute difference "

@@ -58,7 +58,8 @@ class Settings:
 
     def describe(self) -> str:
         return (f"median / p10 / p90 of every call in {self.rounds} interleaved rounds of {self.round_s} s per "
-                f"backend, after {self.warmup} warm-up calls; first call and memory in a fresh process each")
+                f"backend per thread count, after {self.warmup} warm-up calls; first call and memory once per "
+                "workload (inductor and graphex in a fresh process each)")
 
 
 FULL = Settings(rounds=8, round_s=0.15)  # per thread count; ~20 min in all on 2 cores (bench/README.md)
@@ -132,7 +133,11 @@ def prepare(case: Case, backend: str, warmup: int, *, in_process_first_call: boo
                 info.update(measure.step_peak_bytes(fn, args))
     runners: dict[str, measure.Runner] = {}
     if backend == "graphex_cached":
-        info["engine_ran"] = fn.stats["compiles"] == 1  # every later call replayed the cached program
+        info["engine_ran"] = fn.stats["compiles"] == 1  # every later call replayed the program
+        info["cached"] = fn.stats["writes"] >= 1
+        if not info["cached"]:
+            info["how"] = ("cache_compile could not cache this program (the note says why), so it runs through "
+                           "torch.compile with graphex: Dynamo's guards on every call, not the guard-free path")
     if backend in ("graphex", "graphex_fused"):
         graphs = [g for g in measure.graphex_graphs() if id(g) not in graphs_before]
         info["engine_ran"] = measure.engine_runs(graphs) >= warmup + 1
@@ -144,6 +149,7 @@ def prepare(case: Case, backend: str, warmup: int, *, in_process_first_call: boo
                 engine_args = capture_args(graphs[0], lambda: fn(*args))
                 if with_breakdown and backend == "graphex":
                     info["breakdown"] = breakdown(graphs[0], engine_args)
+                    info["breakdown"]["threads"] = torch.get_num_threads()
             engine = measure.engine_runner(graphs[0], engine_args)
 
             def run_engine(seconds: float) -> list[float]:
