@@ -1,7 +1,10 @@
 # graphex: every target sets up what it needs on a fresh machine.
 #   make demo    build, then run the shipped decoder with graphex vs eager
 #   make test    build, then the C++ (ctest) and Python (pytest) tests
-#   make bench   build, then eager / inductor / aot_eager / graphex side by side
+#   make bench   build, then eager / TorchScript / ONNX Runtime / inductor / aot_eager / graphex (exact, fused,
+#                cache_compile) side by side at 1 and 2 threads, on this repo's decoder and chain and on workloads
+#                users run (transformers Llama / GPT-2 decode and prefill, BERT, a conv net, PyTorch's attention
+#                blocks); installs bench/requirements.txt (transformers, onnxruntime, onnx, onnxscript) first
 #   make opinfo  build, then every OpInfo through graphex vs eager, classified (sweeps/results/opinfo.md)
 #   make fuzz    build, then 10,000 random programs through graphex vs eager, failures shrunk to reproducers
 #   make soak    build, then 100,000 replays with memory flat and 4 threads on one model
@@ -19,6 +22,7 @@ PIP := $(PY) -m pip
 BUILD_DIR := build/py
 STAMP_VENV := $(VENV)/.graphex-venv
 STAMP_SYS := build/.graphex-system-deps
+STAMP_BENCH := $(VENV)/.graphex-bench-deps
 TORCH_VERSION := 2.13.0
 
 .PHONY: all build schema demo test test-cpp test-python test-torch bench soak clean distclean
@@ -63,7 +67,13 @@ $(STAMP_VENV): pyproject.toml
 build: $(STAMP_SYS) $(STAMP_VENV)
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 
-test: build test-cpp test-python
+# The benchmark's dependencies (bench/requirements.txt: transformers, onnxruntime, onnx, onnxscript), pinned; for
+# make bench and the bench tests only (tests/python/test_bench_peers.py skips without them). About 30 s.
+$(STAMP_BENCH): $(STAMP_VENV) bench/requirements.txt
+	$(PIP) install -q -r bench/requirements.txt
+	@touch $@
+
+test: build $(STAMP_BENCH) test-cpp test-python
 
 test-cpp:
 	@if [ -x $(BUILD_DIR)/graphex_cpp_tests ]; then \
@@ -128,7 +138,7 @@ fuzz-loader: build
 
 .PHONY: fuzz-loader
 
-bench: build
+bench: build $(STAMP_BENCH)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
 # 100,000 decode steps with resident memory flat, then 4 threads on one compiled model (SOAK_ARGS).

@@ -7,8 +7,9 @@ the report) works on any case.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -33,6 +34,15 @@ class Case:
     build(): the module or function to compile (fresh, deterministic).
     inputs(built): the positional arguments of one step, for the object build() returned.
     ops: ATen ops in one step, when known (for per-op figures).
+    unavailable(): None, or why the case cannot run here (a missing package): the case is skipped
+      with that reason instead of failing.
+    reference_path(kind): a context under which eager takes the code path that a tracer of `kind`
+      ("dynamo", "export", "jit") takes, for models whose Python picks another path when traced
+      (transformers); backends are compared with eager run on their own path.
+    onnx_adapter(built, args): (module, extra inputs) for ONNX export when the step keeps state in
+      place in its module (ONNX has no in-place inputs): the module takes (*args, *extra) and
+      returns (*outputs, *new state). Without it, tensor inputs the step writes in place become
+      explicit inputs and outputs automatically (bench/measure.py).
     """
 
     name: str
@@ -41,6 +51,15 @@ class Case:
     inputs: Callable[[Any], tuple[Any, ...]]
     ops: int | None = None
     handwritten: Handwritten | None = None
+    unavailable: Callable[[], str | None] | None = None
+    reference_path: Callable[[str], ContextManager[None]] | None = None
+    onnx_adapter: Callable[[Any, tuple[Any, ...]], tuple[Any, tuple[Any, ...]]] | None = None
+
+    def reference_context(self, kind: str | None) -> ContextManager[None]:
+        """Where eager runs for a backend that traces with `kind` (None: eager's own path)."""
+        if kind is None or self.reference_path is None:
+            return contextlib.nullcontext()
+        return self.reference_path(kind)
 
 
 # -- the decoder decode step ----------------------------------------------------------
@@ -120,7 +139,108 @@ CHAIN = Case(
     ),
 )
 
-CASES: list[Case] = [DECODER, DECODER_OPS, CHAIN]
+# -- workloads users run (bench/models.py) ---------------------------------------------------------
+def _models() -> Any:
+    from . import models
+
+    return models
+
+
+def _need_transformers() -> str | None:
+    return _models().have_transformers()
+
+
+def _code_path(kind: str) -> ContextManager[None]:
+    return _models().code_path(kind)
+
+
+def _explicit_cache(built: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+    return _models().explicit_cache(built, args)
+
+
+HF_PATH_NOTE = ("; transformers picks its attention path with is_torchdynamo_compiling(), so each backend is "
+                "compared with eager run on the path it traced (bench/models.py code_path)")
+
+
+def hf_decoder_case(arch: str, tokens: int, size: str = "bench", name: str | None = None) -> Case:
+    """A transformers decoder (arch "llama" or "gpt2"), random weights, one step of `tokens` tokens over a
+    static KV cache: a decode step (tokens=1, at position 7) or a prefill (from position 0)."""
+    position = 7 if tokens == 1 else 0
+    shape = {"llama": "LlamaForCausalLM (hidden 512, 4 layers, 8 query / 2 key-value heads, vocab 4096)",
+             "gpt2": "GPT2LMHeadModel (hidden 512, 4 layers, 8 heads, vocab 4096)"}[arch]
+    what = "one-token decode step at position 7" if tokens == 1 else f"{tokens}-token prefill"
+    return Case(
+        name=name or f"{arch}_{'decode' if tokens == 1 else f'prefill{tokens}'}",
+        description=f"transformers {shape if size == 'bench' else arch + ' (' + size + ')'}, random weights: {what} "
+                    f"with a StaticCache of {_cache_len(size)} positions updated in place, logits of the last token"
+                    + HF_PATH_NOTE,
+        build=lambda: _models().build_hf_decoder(arch, size),
+        inputs=lambda built: _models().hf_step_inputs(tokens, position, built.model.config.vocab_size),
+        unavailable=_need_transformers,
+        reference_path=_code_path,
+        onnx_adapter=_explicit_cache,
+    )
+
+
+def _cache_len(size: str) -> int:
+    return {"bench": 256, "tiny": 32}[size]
+
+
+def bert_case(size: str = "bench", seq: int = 128, name: str = "bert_encoder") -> Case:
+    def inputs(_built: Any) -> tuple[Any, ...]:
+        vocab = _models().BERT[size]["vocab_size"]
+        return ((torch.arange(seq, dtype=torch.long) * 13 + 5).remainder(vocab).view(1, seq),)
+
+    return Case(
+        name=name,
+        description=f"transformers BertModel ({'hidden 256, 4 layers, 4 heads' if size == 'bench' else size}), random "
+                    f"weights, one sequence of {seq} tokens, no mask: last hidden state and pooled output" + HF_PATH_NOTE,
+        build=lambda: _models().BertEncoder(size).eval(),
+        inputs=inputs,
+        unavailable=_need_transformers,
+        reference_path=_code_path,
+    )
+
+
+def convnet_case(width: int = 32, image: int = 64, name: str = "convnet") -> Case:
+    return Case(
+        name=name,
+        description=f"a small ResNet, eval mode: conv-bn-relu stem and max pool, 5 basic blocks ({width}/{2 * width}/"
+                    f"{4 * width} channels, conv / batchnorm / relu, 1x1 conv shortcuts), average pool, linear; "
+                    f"one 1x3x{image}x{image} image",
+        build=lambda: _models().build_convnet(width),
+        inputs=lambda _b: (torch.randn(1, 3, image, image, generator=torch.Generator().manual_seed(3)),),
+    )
+
+
+def mha_case(dim: int = 256, heads: int = 8, seq: int = 64, name: str = "mha_block") -> Case:
+    return Case(
+        name=name,
+        description=f"nn.MultiheadAttention({dim}, {heads}, batch_first=True), eval, self-attention on 1x{seq}x{dim}, "
+                    "need_weights=False: eager runs its fused fast path (torch._native_multi_head_attention)",
+        build=lambda: _models().MHABlock(dim, heads).eval(),
+        inputs=lambda _b: (torch.randn(1, seq, dim, generator=torch.Generator().manual_seed(4)),),
+    )
+
+
+def transformer_encoder_case(dim: int = 256, heads: int = 8, ffn: int = 1024, layers: int = 2, seq: int = 64,
+                             name: str = "transformer_encoder") -> Case:
+    return Case(
+        name=name,
+        description=f"nn.TransformerEncoder, {layers} x TransformerEncoderLayer({dim}, {heads}, {ffn}, batch_first=True), "
+                    f"eval, 1x{seq}x{dim}: eager runs the fused fast path (torch._transformer_encoder_layer_fwd)",
+        build=lambda: _models().build_transformer_encoder(dim, heads, ffn, layers),
+        inputs=lambda _b: (torch.randn(1, seq, dim, generator=torch.Generator().manual_seed(5)),),
+    )
+
+
+USER_CASES: list[Case] = [
+    hf_decoder_case("llama", 1), hf_decoder_case("llama", 128),
+    hf_decoder_case("gpt2", 1), hf_decoder_case("gpt2", 128),
+    bert_case(), convnet_case(), mha_case(), transformer_encoder_case(),
+]
+
+CASES: list[Case] = [DECODER, DECODER_OPS, CHAIN, *USER_CASES]
 
 
 def find(name: str, cases: list[Case] | None = None) -> Case:

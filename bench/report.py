@@ -18,9 +18,13 @@ from typing import Any, Callable
 
 from .cases import CHAIN, DECODER
 
-ORDER = ("eager", "inductor", "aot_eager", "graphex", "graphex_cached", "handwritten")
-LABELS = {"eager": "eager", "inductor": "inductor (torch.compile default)", "aot_eager": "aot_eager",
-          "graphex": "graphex", "graphex_cached": "graphex via cache_compile (no Dynamo per call)", "handwritten": "hand-written C++ (ATen)"}
+ORDER = ("eager", "torchscript", "torchscript_ofi", "onnxruntime", "inductor", "aot_eager", "graphex", "graphex_fused",
+         "graphex_cached", "handwritten")
+LABELS = {"eager": "eager", "torchscript": "TorchScript (trace + freeze)",
+          "torchscript_ofi": "TorchScript optimize_for_inference", "onnxruntime": "ONNX Runtime (CPU EP)",
+          "inductor": "inductor (torch.compile default)", "aot_eager": "aot_eager",
+          "graphex": "graphex", "graphex_fused": "graphex fused (pattern_fusion_pass)",
+          "graphex_cached": "graphex via cache_compile (no Dynamo per call)", "handwritten": "hand-written C++ (ATen)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +36,7 @@ class Target:
     unit: str
     compute: Callable[[dict[str, Any]], float | None]
     cases: tuple[str, ...] | None = None  # None: every case
+    per_threads: bool = True  # False: measured once per case (first call, memory), reported once
 
 
 def _get(case: dict[str, Any], backend: str, key: str) -> float | None:
@@ -55,8 +60,9 @@ def _overhead_per_op(case: dict[str, Any]) -> float | None:
 TARGETS = (
     Target("step latency, graphex / eager", 0.5, "x", _ratio("graphex", "eager", "median_us"), (DECODER.name,)),
     Target("engine overhead per op, (graphex - hand-written) / ops", 0.5, "us", _overhead_per_op, (CHAIN.name,)),
-    Target("first call, graphex / inductor", 0.2, "x", _ratio("graphex", "inductor", "first_call_s")),
-    Target("peak step memory, graphex / eager", 1.1, "x", _ratio("graphex", "eager", "peak_step_bytes")),
+    Target("first call, graphex / inductor", 0.2, "x", _ratio("graphex", "inductor", "first_call_s"), per_threads=False),
+    Target("peak step memory, graphex / eager", 1.1, "x", _ratio("graphex", "eager", "peak_step_bytes"),
+           per_threads=False),
 )
 
 
@@ -69,13 +75,17 @@ def derive(results: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"figure": "cache_compile first output, warm / cold process", "case": DECODER.name,
                      "value": value, "limit": 0.1, "unit": "x",
                      "passed": None if value is None else bool(value <= 0.1)})
+    last = {case["name"]: i for i, case in enumerate(results["cases"])}  # a case's entry at its last thread count
     for target in TARGETS:
-        for case in results["cases"]:
+        for i, case in enumerate(results["cases"]):
             if target.cases is not None and case["name"] not in target.cases:
                 continue
+            if not target.per_threads and last[case["name"]] != i:
+                continue
             value = target.compute(case)
-            rows.append({"figure": target.figure, "case": case["name"], "value": value, "limit": target.limit,
-                         "unit": target.unit, "passed": None if value is None else bool(value <= target.limit)})
+            rows.append({"figure": target.figure, "case": case["name"], "threads": case.get("threads"), "value": value,
+                         "limit": target.limit, "unit": target.unit,
+                         "passed": None if value is None else bool(value <= target.limit)})
     return rows
 
 
@@ -129,39 +139,106 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def markdown(results: dict[str, Any]) -> str:
-    """The machine line, the per-backend table, the targets table and the notes."""
-    meta = results["meta"]
-    lines = [
-        f"Machine: {meta['cpu']} ({meta['cores']} cores, {meta['torch_threads']} torch threads), "
-        f"torch {meta['torch']}, Python {meta['python']}, {meta['date']}"
-        + (f", graphex {meta['commit']}" if meta.get("commit") else "") + ".",
-        f"Latency: {meta['settings']}." + (" Quick run: a smoke test, not a measurement." if meta.get("quick") else ""),
-        *_busy(meta),
-        "",
-        "| workload | backend | median step | p10 - p90 | vs eager | first call | peak step memory |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
+def equality(r: dict[str, Any]) -> str:
+    """The row's "== eager" cell: bitwise, or the largest difference (against eager on the backend's code path)."""
+    if "unavailable" in r:
+        return "-"
+    diff = r.get("max_abs_diff_vs_eager")
+    if diff is None:
+        return "-"
+    cell = "bitwise" if diff == 0 else f"max diff {diff:.1e}"
+    if "reference" in r:
+        cell += "\u2020"
+        plain = r.get("max_abs_diff_vs_plain_eager")
+        if plain is not None and plain != diff:
+            cell += f" (eager's own path: {'bitwise' if plain == 0 else f'{plain:.1e}'})"
+    return cell
+
+
+def _outside(r: dict[str, Any]) -> str:
+    out, median = r.get("outside_engine_us"), r.get("median_us")
+    if out is None or not median:
+        return "-"
+    return f"{_num(out) if out >= 0 else '-' + _num(-out)} us ({out / median:.0%})"
+
+
+def _first(r: dict[str, Any]) -> str:
+    cell = _seconds(r.get("first_call_s"))
+    return cell + "*" if r.get("first_call_in_process") and cell != "-" else cell
+
+
+def _memory(r: dict[str, Any]) -> str:
+    if r.get("peak_step_bytes") is None and r.get("peak_step_note"):
+        return "not seen"
+    return _bytes(r.get("peak_step_bytes"))
+
+
+def thread_counts(results: dict[str, Any]) -> list[int | None]:
+    seen: list[int | None] = []
     for case in results["cases"]:
+        if case.get("threads") not in seen:
+            seen.append(case.get("threads"))
+    return seen
+
+
+def _thread_word(n: int | None) -> str:
+    return "torch's default threads" if n is None else f"{n} torch thread{'s' if n != 1 else ''}"
+
+
+def step_table(results: dict[str, Any], threads: int | None) -> list[str]:
+    """The per-backend table for one thread count."""
+    lines = ["| workload | backend | median step | p10 - p90 | vs eager | == eager | outside engine | first call "
+             "| peak step memory |", "|---|---|---:|---:|---:|---|---:|---:|---:|"]
+    for case in results["cases"]:
+        if case.get("threads") != threads:
+            continue
+        if case.get("skipped"):
+            lines.append(f"| {case['name']} | - | skipped: {_one_line(case['skipped'], 120)} | | | | | | |")
+            continue
         eager = _get(case, "eager", "median_us")
         for name in [b for b in ORDER if b in case["results"]] + [b for b in case["results"] if b not in ORDER]:
             r = case["results"][name]
+            if "unavailable" in r:
+                lines.append(f"| {case['name']} | {LABELS.get(name, name)} | not run: {_one_line(r['unavailable'], 160)} "
+                             f"| - | - | - | - | - | - |")
+                continue
             median = r.get("median_us")
             spread = f"{_num(r['p10_us'])} - {_us(r['p90_us'])}" if "p10_us" in r else "-"
             vs = f"{median / eager:.2f}x" if median is not None and eager else "-"
             lines.append(f"| {case['name']} | {LABELS.get(name, name)} | {_us(median)} | {spread} | {vs} "
-                         f"| {_seconds(r.get('first_call_s'))} | {_bytes(r.get('peak_step_bytes'))} |")
-    lines += ["", "| target | workload | value | goal | result |", "|---|---|---:|---:|:---:|"]
+                         f"| {equality(r) if name not in ('eager', 'handwritten') else '-'} | {_outside(r)} "
+                         f"| {_first(r)} | {_memory(r)} |")
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The machine line, the per-backend tables (one per thread count), the targets table and the notes."""
+    meta = results["meta"]
+    lines = [
+        f"Machine: {meta['cpu']} ({meta['cores']} cores), "
+        f"torch {meta['torch']}, Python {meta['python']}, {meta['date']}"
+        + (f", graphex {meta['commit']}" if meta.get("commit") else "") + ".",
+        f"Latency: {meta['settings']}." + (" Quick run: a smoke test, not a measurement." if meta.get("quick") else ""),
+        *_busy(meta),
+    ]
+    for n in thread_counts(results):
+        lines += ["", f"### {_thread_word(n)}" + (" (ONNX Runtime: intra-op threads the same, inter-op 1)" if n else ""),
+                  "", *step_table(results, n)]
+    lines += ["", "| target | workload | threads | value | goal | result |", "|---|---|---:|---:|---:|:---:|"]
     for row in results.get("targets", []):
         goal = f"<= {row['limit']} us" if row["unit"] == "us" else f"<= {row['limit']}x"
-        lines.append(f"| {row['figure']} | {row['case']} | {_value(row)} | {goal} | {_verdict(row)} |")
+        threads = row.get("threads")
+        lines.append(f"| {row['figure']} | {row['case']} | {'-' if threads is None else threads} | {_value(row)} "
+                     f"| {goal} | {_verdict(row)} |")
+    described: set[str] = set()
     for case in results["cases"]:
         bd = case["results"].get("graphex", {}).get("breakdown")
-        if bd and case["name"].startswith("decoder"):
+        if bd and case["name"].startswith("decoder") and case["name"] not in described:
+            described.add(case["name"])
             step = case["results"]["graphex"].get("median_us")
             top = ", ".join(f"{r['op']} {r['share']:.0%} ({r['calls_per_step']}x)" for r in bd["top"][:4])
-            lines += ["", f"Where a graphex {case['name']} goes (engine's per-instruction clock, "
-                      f"{bd['instructions_us_per_step']:.0f} us of operator time"
+            lines += ["", f"Where a graphex {case['name']} goes ({_thread_word(bd.get('threads', case.get('threads')))}; engine's "
+                      f"per-instruction clock, {bd['instructions_us_per_step']:.0f} us of operator time"
                       + (f" in a {step:.0f} us step" if step else "") + f"): {top}."]
     warm = results.get("warm_start")
     if warm is not None:
@@ -180,49 +257,77 @@ def markdown(results: dict[str, Any]) -> str:
     lines += tp_decode_lines(results.get("tp_decode"))
     from .cpp_runner import markdown_lines as cpp_runner_lines
 
-    lines += cpp_runner_lines(results.get("cpp_runner"), results["cases"])
+    most = max((c.get("threads") or 0 for c in results["cases"]), default=0)
+    lines += cpp_runner_lines(results.get("cpp_runner"), [c for c in results["cases"] if (c.get("threads") or 0) == most])
     lines += ["", "Workloads:"]
+    listed: set[str] = set()
     for case in results["cases"]:
+        if case["name"] in listed:
+            continue
+        listed.add(case["name"])
         ops = case["results"].get("graphex", {}).get("graphex_ops")
         lines.append(f"- {case['name']}: {case['description']}" + (f" (graphex replays {ops} ATen ops)" if ops else "") + ".")
     lines += ["", "First call: compile + first run, in a fresh process per backend (imports excluded; inductor with "
-              "an empty cache dir and its FX graph / AOTAutograd caches off). Peak step memory: the most bytes live "
-              "at once among the CPU allocations made during one steady-state step (torch.profiler memory events), "
-              "outputs included; memory held before the step (weights, KV cache, constants) is not counted."]
-    notes = [f"{case['name']}: {note}" for case in results["cases"] for note in case.get("notes", [])]
+              "an empty cache dir and its FX graph / AOTAutograd caches off) for inductor and graphex, at the largest thread "
+              "count; * marks backends measured in the bench process, at the same thread count, when first compiled "
+              "(TorchScript trace + freeze, ONNX export + session, graphex fused, cache_compile into an empty cache; "
+              "Dynamo reset before, no compile cache applies to them). Peak step memory: the most bytes "
+              "live at once among the CPU allocations made during one steady-state step (torch.profiler memory events), "
+              "outputs included; memory held before the step (weights, KV cache, constants) is not counted; ONNX "
+              "Runtime's arena is not seen by the profiler. == eager: bitwise, or the largest absolute difference "
+              "from eager's output; \u2020 marks a comparison with eager run on the code path the backend traced "
+              "(transformers decides its attention path with is_torchdynamo_compiling() and friends; bench/models.py "
+              "code_path patches them for the reference run only), with eager's own path in brackets where that differs. "
+              "Outside engine: graphex's median step minus its bare C++ engine's (CompiledGraph.executor on the "
+              "arguments of a real call, timed in the same rounds): Dynamo's guards, AOTAutograd's wrapper, Python."]
+    notes = []
+    for case in results["cases"]:
+        for note in case.get("notes", []):
+            line = f"{case['name']}: {note}"
+            if line not in notes:
+                notes.append(line)
+        for name in ORDER:
+            how = case["results"].get(name, {}).get("how")
+            line = f"{case['name']}, {LABELS.get(name, name)}: {how}" if how else None
+            if line and line not in notes:
+                notes.append(line)
     if notes:
         lines += [""] + [f"- {_one_line(note)}" for note in notes]
     return "\n".join(lines) + "\n"
 
 
 def plot(results: dict[str, Any], path: str) -> None:
-    """Grouped bars: median step latency per workload and backend, log scale, p10-p90 whiskers."""
+    """Grouped bars, one panel per thread count: median step latency per workload and backend, log scale,
+    p10-p90 whiskers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    cases = results["cases"]
-    backends = [b for b in ORDER if any(b in c["results"] and "median_us" in c["results"][b] for c in cases)]
-    width = 0.8 / max(len(backends), 1)
-    fig, ax = plt.subplots(figsize=(4.6 + 2.4 * len(cases), 4.2))
-    x = np.arange(len(cases))
-    for i, backend in enumerate(backends):
-        rows = [c["results"].get(backend, {}) for c in cases]
-        med = np.array([r.get("median_us", np.nan) for r in rows], dtype=float)
-        lo = np.array([r.get("p10_us", np.nan) for r in rows], dtype=float)
-        hi = np.array([r.get("p90_us", np.nan) for r in rows], dtype=float)
-        err = np.nan_to_num(np.vstack([med - lo, hi - med]))
-        ax.bar(x + (i - (len(backends) - 1) / 2) * width, med, width, yerr=err, capsize=2, label=LABELS[backend])
-    ax.set_xticks(x, [c["name"] for c in cases])
-    ax.set_yscale("log")
-    ax.set_ylabel("median step latency (us, log)")
-    ax.set_title(f"graphex benchmark - torch {results['meta']['torch']}, {results['meta']['cpu']}")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(axis="y", which="both", alpha=0.3)
+    counts = thread_counts(results)
+    names = list(dict.fromkeys(c["name"] for c in results["cases"]))
+    fig, axes = plt.subplots(len(counts), 1, figsize=(4.6 + 1.4 * len(names), 3.8 * len(counts)), squeeze=False)
+    for ax, n in zip(axes[:, 0], counts):
+        cases = {c["name"]: c for c in results["cases"] if c.get("threads") == n}
+        backends = [b for b in ORDER if any(b in c["results"] and "median_us" in c["results"][b] for c in cases.values())]
+        width = 0.8 / max(len(backends), 1)
+        x = np.arange(len(names))
+        for i, backend in enumerate(backends):
+            rows = [cases.get(name, {}).get("results", {}).get(backend, {}) for name in names]
+            med = np.array([r.get("median_us", np.nan) for r in rows], dtype=float)
+            lo = np.array([r.get("p10_us", np.nan) for r in rows], dtype=float)
+            hi = np.array([r.get("p90_us", np.nan) for r in rows], dtype=float)
+            err = np.nan_to_num(np.vstack([med - lo, hi - med]))
+            ax.bar(x + (i - (len(backends) - 1) / 2) * width, med, width, yerr=err, capsize=1, label=LABELS[backend])
+        ax.set_xticks(x, names, rotation=20, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("median step (us, log)")
+        ax.set_title(f"{_thread_word(n)} - torch {results['meta']['torch']}, {results['meta']['cpu']}", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
