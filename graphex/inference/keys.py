@@ -57,7 +57,7 @@ def versions() -> dict[str, Any]:
 
     from .entry import FORMAT_VERSION
 
-    return {"graphex": graphex.__version__, "torch": torch.__version__,
+    return {"graphex": graphex.__version__, "torch": torch.__version__, "python": sys.version,
             "spec_format": int(_C.SPEC_FORMAT_VERSION), "cache_format": FORMAT_VERSION}
 
 
@@ -205,6 +205,8 @@ def source_fingerprints(traced_code: list[types.CodeType], root: str) -> tuple[l
     """([{file, sha256, globals}], problem): `problem` names code whose source cannot be checked."""
     files: dict[str, set[str]] = {}
     for code in traced_code:
+        if code.co_filename.startswith("<frozen "):
+            continue  # the interpreter's own modules (collections.abc, ...): keyed by the Python version (versions())
         if code.co_filename.startswith("<"):
             return [], f"{code.co_qualname} is defined in {code.co_filename}, whose source cannot be checked later"
         if _is_user_file(code.co_filename):

@@ -105,3 +105,47 @@ def test_plain_and_structured_calls_of_one_function_each_find_their_entry(tmp_pa
             for args, kwargs in calls:
                 assert_same(cached(*args, **kwargs), model(*args, **kwargs), f"{len(args)} args, {kwargs}")
     assert cached.stats["compiles"] == len(calls), cached.stats
+
+
+class _Settings(__import__("collections").abc.Mapping):
+    """A Mapping: `in` runs Mapping.__contains__, whose code lives in Python's frozen _collections_abc."""
+
+    def __init__(self, **values: float) -> None:
+        self._values = dict(values)
+
+    def __getitem__(self, key: str) -> float:
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+_SETTINGS = _Settings(scale=3.0)
+
+
+class _UsesMapping(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        return y * _SETTINGS["scale"] if "scale" in _SETTINGS else y
+
+
+def test_code_of_pythons_frozen_modules_does_not_stop_caching(tmp_path):
+    """transformers' models trace through Mapping.__contains__ (<frozen _collections_abc>): its source is the
+    interpreter's, keyed by the Python version, so the entry is written and a fresh CachedFunction loads it."""
+    torch.manual_seed(4)
+    model = _UsesMapping().eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        first = graphex.inference.cache_compile(model.forward, cache_dir=str(tmp_path))
+        assert_same(first(x), model(x))
+        assert first.stats["writes"] == 1, first.stats
+        again = graphex.inference.cache_compile(model.forward, cache_dir=str(tmp_path))
+        assert_same(again(x), model(x))
+        assert again.stats["hits"] == 1 and again.stats["compiles"] == 0, again.stats
