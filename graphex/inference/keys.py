@@ -207,6 +207,12 @@ def source_fingerprints(traced_code: list[types.CodeType], root: str) -> tuple[l
     for code in traced_code:
         if code.co_filename.startswith("<frozen "):
             continue  # the interpreter's own modules (collections.abc, ...): keyed by the Python version (versions())
+        if code.co_filename == "<string>" and code.co_qualname.startswith("__create_fn__.<locals>."):
+            defined_in = _dataclass_module_file(code)  # Note [A dataclass method is its class's source]
+            if defined_in is not None:
+                if _is_user_file(defined_in):
+                    files.setdefault(os.path.abspath(defined_in), set())
+                continue
         if code.co_filename.startswith("<"):
             return [], f"{code.co_qualname} is defined in {code.co_filename}, whose source cannot be checked later"
         if _is_user_file(code.co_filename):
@@ -220,6 +226,23 @@ def source_fingerprints(traced_code: list[types.CodeType], root: str) -> tuple[l
         out.append({"file": _relative(path, root), "sha256": h, "module": module.__name__ if module else None,
                     "globals": _read_globals(module, names)})
     return out, None
+
+
+def _dataclass_module_file(code: types.CodeType) -> str | None:
+    """Note [A dataclass method is its class's source]
+    @dataclass writes `__init__`, `__eq__`, ... as source text and execs it (co_filename "<string>"), in the
+    globals of the class's module. That text is a function of the class's fields, written in the module's file,
+    and of the Python version (keyed in versions()). So such code is checked through the module's file: found
+    from the function object that runs this code (its __module__). Cold path only (a cache write)."""
+    import gc
+
+    modules = {fn.__module__ for fn in gc.get_referrers(code)
+               if isinstance(fn, types.FunctionType) and fn.__code__ is code}
+    if len(modules) != 1:
+        return None
+    module = sys.modules.get(next(iter(modules)) or "")
+    path = getattr(module, "__file__", None)
+    return path if path and os.path.exists(path) else None
 
 
 _NOT_FOUND = object()

@@ -149,3 +149,40 @@ def test_code_of_pythons_frozen_modules_does_not_stop_caching(tmp_path):
         again = graphex.inference.cache_compile(model.forward, cache_dir=str(tmp_path))
         assert_same(again(x), model(x))
         assert again.stats["hits"] == 1 and again.stats["compiles"] == 0, again.stats
+
+
+def test_a_dataclass_built_in_the_step_is_checked_through_its_module_file(tmp_path):
+    """Note [A dataclass method is its class's source]: transformers' ModelOutput dataclasses run an __init__ that
+    @dataclass wrote as text ("<string>"); the entry is written and depends on the file defining the class."""
+    import importlib.util
+
+    from graphex.inference.entry import read_header
+
+    source = tmp_path / "gx_dc_outputs.py"
+    source.write_text("import dataclasses, torch\n\n@dataclasses.dataclass\nclass Out:\n    y: torch.Tensor\n"
+                      "    scale: float = 2.0\n")
+    spec = importlib.util.spec_from_file_location("gx_dc_outputs", source)
+    module = importlib.util.module_from_spec(spec)
+    __import__("sys").modules["gx_dc_outputs"] = module
+    spec.loader.exec_module(module)
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = module.Out(self.fc(x))
+            return out.y * out.scale
+
+    torch.manual_seed(5)
+    model = Step().eval()
+    x = torch.randn(2, 4)
+    cache_dir = tmp_path / "cache"
+    with torch.no_grad():
+        cached = graphex.inference.cache_compile(model.forward, cache_dir=str(cache_dir))
+        assert_same(cached(x), model(x))
+    assert cached.stats["writes"] == 1, cached.stats
+    (entry,) = cache_dir.glob("*.gxc")
+    files = [s["file"] for s in read_header(str(entry))["sources"]]
+    assert any(f.endswith("gx_dc_outputs.py") for f in files), files
