@@ -37,6 +37,15 @@ def _compiled(model: torch.nn.Module):
     return compiled
 
 
+def _frozen_net(seed: int):
+    """A Net, an input and its frozen compile, called once (the program is lowered on the first call)."""
+    torch.manual_seed(seed)
+    model, x = Net().eval(), torch.randn(3, 4)
+    compiled = _compiled(model)
+    assert_same(compiled(x), model(x))
+    return model, x, compiled
+
+
 def test_replacing_a_parameter_object_relowers_and_matches_eager(monkeypatch, capfd):
     monkeypatch.setenv("GRAPHEX_LOG", "1")
     torch.manual_seed(0)
@@ -58,20 +67,14 @@ def test_replacing_a_parameter_object_relowers_and_matches_eager(monkeypatch, ca
 
 
 def test_replacing_a_buffer_relowers():
-    torch.manual_seed(1)
-    model, x = Net().eval(), torch.randn(3, 4)
-    compiled = _compiled(model)
-    assert_same(compiled(x), model(x))
+    model, x, compiled = _frozen_net(1)
     model.shift = torch.full((2,), -3.0)
     assert_same(compiled(x), model(x))
     assert captures()[-1].relowerings == 1
 
 
 def test_in_place_updates_and_data_assignment_are_seen_without_relowering():
-    torch.manual_seed(2)
-    model, x = Net().eval(), torch.randn(3, 4)
-    compiled = _compiled(model)
-    assert_same(compiled(x), model(x))
+    model, x, compiled = _frozen_net(2)
     model.fc2.weight.mul_(3)  # same tensor, new values
     assert_same(compiled(x), model(x))
     model.fc1.bias.data = torch.randn(4)  # same TensorImpl, new storage
@@ -82,10 +85,7 @@ def test_in_place_updates_and_data_assignment_are_seen_without_relowering():
 
 
 def test_repeated_replacement_warns_once_with_the_fix():
-    torch.manual_seed(3)
-    model, x = Net().eval(), torch.randn(3, 4)
-    compiled = _compiled(model)
-    compiled(x)
+    model, x, compiled = _frozen_net(3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(5):
@@ -203,10 +203,7 @@ def test_a_buffer_the_graph_mutates_is_not_folded():
 
 
 def test_a_bare_executor_refuses_a_replaced_parameter_by_name():
-    torch.manual_seed(5)
-    model, x = Net().eval(), torch.randn(3, 4)
-    compiled = _compiled(model)
-    compiled(x)
+    model, x, compiled = _frozen_net(5)
     graph = captures()[-1]
     args: list = []
     stop = graph.watch(lambda a, _outs: args.append(list(a)))
