@@ -97,6 +97,7 @@ def test_dynamic_shapes_leave_the_call_alone():
             assert torch.allclose(out, f(x), atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:`nn.functional.upsample_bilinear` is deprecated:UserWarning")
 def test_deprecated_upsample_bilinear_too():
     torch.manual_seed(5)
     x = torch.randn(1, 3, 4, 5)
