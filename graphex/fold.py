@@ -57,7 +57,7 @@ def fold_frozen(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> Fo
             value[node] = frozen[index]
             sources[node] = {index: WATCH_IDENTITY}
     for node in gm.graph.find_nodes(op="get_attr"):
-        attr = _fetch_attr(gm, str(node.target))
+        attr = operator.attrgetter(str(node.target))(gm)
         if isinstance(attr, torch.Tensor) and node not in written:
             value[node] = attr
             sources[node] = {}
@@ -157,9 +157,3 @@ def _output_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     flat = out if isinstance(out, (tuple, list)) else [out]
     return [n for n in flat if isinstance(n, torch.fx.Node)]
 
-
-def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj

@@ -176,7 +176,7 @@ class _Lowering:
         self.inputs.append(entry)
 
     def get_attr(self, node: torch.fx.Node) -> None:
-        value = _fetch_attr(self.gm, str(node.target))
+        value = operator.attrgetter(str(node.target))(self.gm)
         if isinstance(value, torch.Tensor):
             self.value_of[node] = self.const(value)
         else:
@@ -402,12 +402,6 @@ def _flatten_outputs(out: Any) -> list[Any]:
         return list(out)
     return [out]
 
-
-def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _op_text(op: torch._ops.OpOverload) -> str:
