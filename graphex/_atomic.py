@@ -10,8 +10,9 @@ import os
 import tempfile
 
 
-def write_atomic(path: str, data: bytes | str, *, durable: bool = False) -> None:
-    """Replace `path` with `data`. durable=True also fsyncs, for files other processes rely on."""
+def write_atomic(path: str, data: bytes | str, *, durable: bool = False, mode: int | None = None) -> None:
+    """Replace `path` with `data`. durable=True also fsyncs, for files other processes rely on. `mode`: the
+    file's permissions (default: the usual ones, 0666 less the umask)."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
     try:
@@ -20,7 +21,7 @@ def write_atomic(path: str, data: bytes | str, *, durable: bool = False) -> None
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         try:

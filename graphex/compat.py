@@ -198,3 +198,28 @@ def operator_registrations(qualname: str) -> dict[str, str] | None:
         where = rest.split(" :: ", 1)[0].strip()
         out["schema" if key == "debug" else key.removesuffix("[alias]")] = where.rsplit(":", 1)[0]
     return out
+
+
+# -- Dynamo's sources and guards (cache_compile: Note [cache_compile keys on what the trace read]) ----------------
+
+def source_name(source: Any) -> str:
+    """A Dynamo Source's access path (`L['func'].__self__.scale`). A method up to torch 2.11 (`source.name()`),
+    a cached property since 2.12."""
+    name = source.name
+    return name() if callable(name) else name
+
+
+def guard_recorder(on_guards: Callable[[list[Any]], None]) -> dict[str, Any]:
+    """torch.compile options that hand Dynamo's guards (GuardFilterEntry: name, value, guard_type, orig_guard)
+    to `on_guards` and keep every one. `guard_filter_fn` is torch.compile's public option (since 2.6)."""
+    def keep_all(entries: Any) -> list[bool]:
+        on_guards(list(entries))
+        return [True] * len(entries)
+
+    return {"guard_filter_fn": keep_all}
+
+
+def treespec_children(spec: Any) -> list[Any]:
+    """A TreeSpec's child specs: `children()` (2.13 deprecates the `children_specs` attribute)."""
+    children = getattr(spec, "children", None)
+    return list(children()) if callable(children) else list(spec.children_specs)

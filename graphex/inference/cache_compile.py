@@ -33,7 +33,8 @@ from ..distributed import describe_world, world_key, world_mismatch
 from ..errors import OptionsError
 from ..options import Options
 from . import keys
-from .capture import compile_cold
+from .capture import compile_cold, guards_scope
+from .guards import GuardSet
 from .entry import SUFFIX, Entry, EntryError, read_entry, write_entry
 
 DEFAULT_DIR = ".graphex_cache"
@@ -61,16 +62,19 @@ def cache_compile(func: Callable[..., Any], *, dynamic: bool = False, cache_dir:
 class _Loaded:
     """A cache entry bound to this process: an executor plus how to feed it and read it."""
 
-    def __init__(self, entry: Entry, module: torch.nn.Module | None, path: str) -> None:
+    def __init__(self, entry: Entry, func: Callable[..., Any], path: str) -> None:
         self.path = path
         self.header = entry.header
+        self.func = func
         self.executor = _C.Executor(entry.program, [])
         self.validate_next = bool(entry.header.get("validate_fake"))
         self.out_spec = pytree.treespec_loads(entry.header["outputs"]["spec"])
-        self.binders = [_binder(b, module) for b in entry.header["inputs"]]
         self.leaves = [(o["kind"], o.get("index"), o.get("value")) for o in entry.header["outputs"]["leaves"]]
-        guards = entry.header.get("guards")
-        self.guards = compile(guards, f"<guards of {path}>", "eval") if guards else None
+        self.guard_set = GuardSet(entry.header["dynamo_guards"])
+        self.bind: Callable[[list[Any], Any], list[Any] | None] | None = None
+        self.why = ""  # the guard that failed, for the cache-miss message
+        shape_guards = entry.header.get("guards")
+        self.guards = compile(shape_guards, f"<shape guards of {path}>", "eval") if shape_guards else None
 
     def try_run(self, flat: list[Any]) -> Any:
         """The call's result, or MISS (nothing run) if this entry does not fit the call.
@@ -78,15 +82,30 @@ class _Loaded:
         Note [Entries are found by signature, not by exceptions]
         A call key (argument structure and non-tensor values) can have several entries (one per
         shape, dtype or stride signature, or per set of shape guards). Each is asked in turn
-        whether the call fits (its shape guards in Python, then the program's input signature
-        in C++ with Executor.try_run, which answers None instead of raising), so finding the
-        k-th entry costs k-1 signature checks and no exception.
+        whether the call fits: its Dynamo guards and input bindings (one generated function,
+        Note [One function checks the guards and binds the inputs]), its shape guards, then the
+        program's input signature in C++ with Executor.try_run, which answers None instead of
+        raising; so finding the k-th entry costs k-1 checks and no exception.
         """
-        inputs = [bind(flat) for bind in self.binders]
+        bind = self.bind
+        if bind is None:  # the first call in this process: every guard resolved and compared (guards.py)
+            problem = self.guard_set.bind(*guards_scope(self.func, flat), inputs=self.header["inputs"])
+            if problem is not None:
+                self.why = f"guard failed: {problem}"
+                return MISS
+            bind = self.bind = self.guard_set.run
+        inputs = bind(flat, self.func)
+        if inputs is None:
+            self.why = "a guard failed: the state the trace read changed since (Note [cache_compile keys on what " \
+                       "the trace read])"
+            return MISS
         if self.guards is not None and not _guards_hold(self.guards, inputs):
+            self.why = (f"{keys.describe_signature(flat)} fails the shape guards of {self.path} "
+                        "(Note [A dynamic entry carries its shape guards])")
             return MISS
         if self.validate_next:
             if not self.executor.fits(inputs):
+                self.why = f"{keys.describe_signature(flat)}, the entry was built for {self.header.get('signature')}"
                 return MISS
             from ..custom_ops import explain_fake_mismatch
             from ..errors import FakeMismatch
@@ -99,6 +118,7 @@ class _Loaded:
         else:
             outs = self.executor.try_run(inputs)
             if outs is None:
+                self.why = f"{keys.describe_signature(flat)}, the entry was built for {self.header.get('signature')}"
                 return MISS
         leaves = [outs[i] if kind == "graph" else flat[i] if kind == "arg" else value
                   for kind, i, value in self.leaves]
@@ -109,41 +129,10 @@ MISS = object()  # _Loaded.try_run: the entry does not fit this call
 _LEAF_TYPES = (torch.Tensor, int, float, bool)  # pytree leaves (Note [A plain call skips pytree])
 
 
-def _mismatch(loaded: "_Loaded", flat: list[Any]) -> str:
-    """Why `loaded` does not fit this call (cold path: for the cache-miss message only)."""
-    inputs = [bind(flat) for bind in loaded.binders]
-    if loaded.guards is not None and not _guards_hold(loaded.guards, inputs):
-        return (f"{keys.describe_signature(flat)} fails the shape guards of {loaded.path} "
-                "(Note [A dynamic entry carries its shape guards])")
-    return f"{keys.describe_signature(flat)}, the entry was built for {loaded.header.get('signature')}"
-
-
 def _guards_hold(code: Any, inputs: list[Any]) -> bool:
     from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
     return bool(eval(code, SYMPY_INTERP, {"L": {f"t{i}": v for i, v in enumerate(inputs)}}))
-
-
-def _binder(binding: dict[str, Any], module: torch.nn.Module | None) -> Callable[[list[Any]], Any]:
-    kind = binding["kind"]
-    if kind == "arg":
-        i = binding["index"]
-        return lambda flat: flat[i]
-    if kind in ("size", "stride"):
-        i, d = binding["arg"], binding["dim"]
-        return (lambda flat: flat[i].size(d)) if kind == "size" else (lambda flat: flat[i].stride(d))
-    if kind == "storage_offset":
-        i = binding["arg"]
-        return lambda flat: flat[i].storage_offset()
-    if module is None:
-        raise EntryError(f"entry binds a {kind} but the function is not a module method")
-    owner = module.get_submodule(binding["owner"]) if binding["owner"] else module
-    table = owner._parameters if kind == "param" else owner._buffers
-    name = binding["name"]
-    if table.get(name) is None:
-        raise EntryError(f"module has no {kind} {binding['owner']}.{name}".replace(" .", " "))
-    # Looked up on every call, so a parameter replaced after loading is still the one used.
-    return lambda flat: table[name]
 
 
 def _fake_mismatch_details(loaded: _Loaded, e: Any) -> tuple[Any, ...]:
@@ -166,7 +155,6 @@ class CachedFunction:
         self.cache_dir = os.fspath(cache_dir or os.environ.get("GRAPHEX_CACHE_DIR") or DEFAULT_DIR)
         self._by_call: dict[Any, list[_Loaded]] = {}
         self._plain_specs: dict[int, pytree.TreeSpec] = {}  # Note [A plain call skips pytree]
-        self._static_parts: dict[str, Any] | None = None
         self._uncacheable: dict[Any, Callable[..., Any]] = {}
         self.stats = {"hits": 0, "misses": 0, "compiles": 0, "writes": 0}
         identity = keys.function_identity(func)
@@ -189,7 +177,7 @@ class CachedFunction:
         if torch.is_grad_enabled() and self._needs_autograd(flat):
             return self._plain_compiled(flat, in_spec)
         call_key = (spec_key, tuple(None if isinstance(a, torch.Tensor) else (type(a), a) for a in flat))
-        for loaded in self._by_call.get(call_key, ()):
+        for loaded in self._by_call.get(call_key, ()):  # newest first
             result = loaded.try_run(flat)  # Note [Entries are found by signature, not by exceptions]
             if result is not MISS:
                 return result
@@ -226,15 +214,14 @@ class CachedFunction:
 
     # -- disk ---------------------------------------------------------------------------------------
     def _key_parts(self, flat: list[Any], in_spec: pytree.TreeSpec) -> dict[str, Any]:
-        if self._static_parts is None:
-            self._static_parts = {
-                **keys.versions(),
+        # Computed on every miss, never remembered: the module's attributes may have changed since the last one,
+        # and an entry traced with the new values must not be written under the old values' key.
+        return {**keys.versions(),
                 "function": keys.function_identity(self._func),
                 "module": keys.module_structure(self._module) if isinstance(self._module, torch.nn.Module) else None,
                 "options": self._options.cache_key(),
                 "dynamic": self._dynamic,
-            }
-        return {**self._static_parts, "in_spec": pytree.treespec_dumps(in_spec),
+                "in_spec": pytree.treespec_dumps(in_spec),
                 "signature": keys.input_signature(flat, self._dynamic), "grad": torch.is_grad_enabled(),
                 "world": world_key()}  # Note [A program belongs to its world] (graphex/distributed.py)
 
@@ -254,10 +241,10 @@ class CachedFunction:
                 continue
             result = loaded.try_run(flat)
             if result is MISS:
-                why = f"the entry does not fit this call ({_mismatch(loaded, flat)})"
+                why = f"the entry does not fit this call ({loaded.why})"
                 continue
             self.stats["hits"] += 1
-            self._by_call.setdefault(call_key, []).append(loaded)
+            self._by_call.setdefault(call_key, []).insert(0, loaded)
             _log.info("cache hit: %s (%.1f ms to first output)", path, (time.perf_counter() - start) * 1e3)
             return result
         self.stats["misses"] += 1
@@ -303,7 +290,7 @@ class CachedFunction:
                      or keys.check_custom_ops(header.get("custom_ops", [])))
             if stale:
                 return None, f"stale: {stale}"
-            return _Loaded(entry, self._module if isinstance(self._module, torch.nn.Module) else None, path), ""
+            return _Loaded(entry, self._func, path), ""
         except (EntryError, KeyError, TypeError, ValueError, RuntimeError) as e:
             warn_once(f"cache-bad:{path}", f"graphex cache: ignoring {path}: {e}. It will be rebuilt and replaced.")
             return None, f"unusable entry ({e})"
@@ -327,16 +314,16 @@ class CachedFunction:
                 if old != path:
                     with contextlib.suppress(OSError):
                         os.remove(old)
-        loaded = _Loaded(entry, self._module if isinstance(self._module, torch.nn.Module) else None, path)
+        loaded = _Loaded(entry, self._func, path)
         loaded.validate_next = False  # the cold run already validated custom ops' fakes
-        self._by_call.setdefault(call_key, []).append(loaded)
+        self._by_call.setdefault(call_key, []).insert(0, loaded)
         _log.info("cache: compiled %s %s in %.2f s -> %s", self._name, entry.header["signature"],
                   time.perf_counter() - start, path)
         return result
 
     def _write(self, path: str, entry: Entry) -> bool:
         try:
-            os.makedirs(self.cache_dir, exist_ok=True)
+            os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)  # Note [A cache file is loaded only when ...]
             write_entry(path, entry)
             return True
         except OSError as e:

@@ -19,11 +19,11 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from .. import _spec
+from .. import _spec, compat
 from ..compile import compile_dynamo_graph
 from ..options import Options
 from ..runtime import CompiledGraph
-from . import keys
+from . import guards, keys
 from .entry import Entry
 
 
@@ -40,6 +40,8 @@ class _Recording:
     graph_outputs: list[Any] | None = None
     placeholders: list[Any] = dataclasses.field(default_factory=list)  # fake values, symbolic with dynamic=True
     shape_env: Any = None
+    guard_entries: list[Any] | None = None  # Dynamo's guards (Note [cache_compile keys on what the trace read])
+    flat_call: Callable[..., Any] | None = None
 
 
 def make_flat(func: Callable[..., Any], in_spec: pytree.TreeSpec) -> Callable[..., Any]:
@@ -52,13 +54,28 @@ def make_flat(func: Callable[..., Any], in_spec: pytree.TreeSpec) -> Callable[..
     for it (hits replay the entry), so each cold compile gets a copy of `flat_call`'s
     code (`code.replace()` makes a new object): every copy holds one cache entry and
     is freed with the function, and a 9th batch size compiles like the first.
+
+    A call of positional tensors and numbers only (the common one) is passed on as it is, so
+    the trace does not go through pytree (whose internals Dynamo would guard, and every
+    replay would check: Note [cache_compile keys on what the trace read]).
     """
-    def flat_call(*flat_args: Any) -> Any:
-        args, kwargs = pytree.tree_unflatten(list(flat_args), in_spec)
-        return func(*args, **kwargs)
+    if _positional_leaves(in_spec):
+        def flat_call(*flat_args: Any) -> Any:
+            return func(*flat_args)
+    else:
+        def flat_call(*flat_args: Any) -> Any:
+            args, kwargs = pytree.tree_unflatten(list(flat_args), in_spec)
+            return func(*args, **kwargs)
 
     flat_call.__code__ = flat_call.__code__.replace()
     return flat_call
+
+
+def _positional_leaves(in_spec: pytree.TreeSpec) -> bool:
+    """(args, kwargs) with no kwargs and every arg a leaf."""
+    children = compat.treespec_children(in_spec)
+    return (len(children) == 2 and children[1].num_leaves == 0 and children[1].num_nodes == 1
+            and all(c.is_leaf() for c in compat.treespec_children(children[0])))
 
 
 def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree.TreeSpec, options: Options,
@@ -92,7 +109,12 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
 
     backend._graphex_backend = True  # type: ignore[attr-defined]  (compat.in_graphex_trace)
 
-    compiled_fn = torch.compile(make_flat(func, in_spec), backend=backend, fullgraph=True, dynamic=dynamic)
+    def on_guards(entries: list[Any]) -> None:
+        rec.guard_entries = entries
+
+    rec.flat_call = make_flat(func, in_spec)
+    compiled_fn = torch.compile(rec.flat_call, backend=backend, fullgraph=True, dynamic=dynamic,
+                                options=compat.guard_recorder(on_guards))
     result = compiled_fn(*flat_args)
     try:
         entry = _describe(func, flat_args, result, rec, options, key_parts, dynamic)
@@ -157,6 +179,7 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     lowered = graph.lowered  # Note [A cache entry is lowered once]: no frozen inputs
     assert lowered is not None and not lowered.frozen_inputs, "compile_cold turns frozen_parameter off"
     custom = [op for op in lowered.node_ops if op is not None and is_custom(op)]
+    dynamo_guards = _dynamo_guards(rec, func, flat_args, inputs)
     header = {
         **keys.versions(),
         "key_parts": key_parts,
@@ -170,6 +193,8 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         "num_ops": lowered.num_ops,
         "validate_fake": options.validate_fake and lowered.validates_fakes,
         "guards": _shape_guards(rec) if dynamic else None,
+        "dynamo_guards": dynamo_guards,
+        "guard_format": guards.GUARD_FORMAT,
     }
     # The program carries its bindings and result leaves too: the same bytes load in C++ (graphex/exporting.py).
     info = {key: header[key] for key in ("graphex", "torch", "spec_format", "function", "signature", "created")
@@ -178,6 +203,36 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     program = _spec.encode(lowered.spec, lowered.constants, bindings=inputs, leaves=outputs,
                            tree=pytree.treespec_dumps(out_spec), info=info)
     return Entry(header, program)
+
+
+def _dynamo_guards(rec: _Recording, func: Callable[..., Any], flat_args: list[Any],
+                   inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Note [cache_compile keys on what the trace read]: Dynamo's guards as typed records, each checked here
+    against the traced values; a parameter or buffer binding also records its source, resolved per call."""
+    if rec.guard_entries is None:
+        raise NotCacheable("Dynamo handed over no guards for this trace")
+    names = [compat.source_name(s) if s is not None else None for s in rec.sources]
+    for binding, name in zip(inputs, names):
+        if binding["kind"] in ("param", "buffer"):
+            if name is None:
+                raise NotCacheable(f"graph input {binding['owner']}.{binding['name']} has no Dynamo source")
+            binding["source"] = name
+    try:
+        locals_, globals_ = guards_scope(func, flat_args, rec.flat_call)
+        records = guards.record(rec.guard_entries, input_sources={n for n in names if n}, locals_=locals_,
+                                globals_=globals_)
+        problem = guards.GuardSet(records).bind(locals_, globals_, inputs=inputs)
+        if problem is not None:
+            raise guards.NotCheckable(f"it does not hold right after the trace: {problem}")
+    except guards.NotCheckable as e:
+        raise NotCacheable(f"a guard of the trace cannot be checked by a cache entry: {e}") from None
+    return records
+
+
+def guards_scope(func: Callable[..., Any], flat_args: list[Any],
+                 flat_call: Callable[..., Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The frame Dynamo traced, as guards name it: L is flat_call's locals, G its module's globals."""
+    return {"flat_args": flat_args, "func": func}, (flat_call or make_flat).__globals__
 
 
 def _check_aot_wrappers_are_trivial(graph: CompiledGraph, num_dynamo_inputs: int) -> None:

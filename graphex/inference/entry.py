@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import stat
 import struct
 from typing import Any
 
@@ -28,7 +30,7 @@ from .._atomic import write_atomic
 
 MAGIC = b"GXCACHE\x00"
 FORMAT_VERSION = 2  # 2: the program is the export artifact's; the header names HEADER_SCHEMA
-HEADER_SCHEMA = "graphex.cache_header/1"
+HEADER_SCHEMA = "graphex.cache_header/2"  # 2: Dynamo's guards (dynamo_guards, guard_format)
 PROGRAM_IDENTIFIER = b"GXPG"  # csrc/schema/program.fbs: bytes 8-12 (after the size prefix and root offset)
 
 # Note [A cache header is schema'd]
@@ -41,7 +43,7 @@ PROGRAM_IDENTIFIER = b"GXPG"  # csrc/schema/program.fbs: bytes 8-12 (after the s
 HEADER_FIELDS: dict[str, type | tuple[type, ...]] = {
     "header_schema": str, "key_parts": dict, "function": dict, "created": str, "signature": str,
     "inputs": list, "outputs": dict, "sources": list, "custom_ops": list, "num_ops": int,
-    "graphex": str, "torch": str,
+    "graphex": str, "torch": str, "dynamo_guards": list, "guard_format": int,
 }
 SUFFIX = ".gxc"
 
@@ -105,7 +107,31 @@ def decode_entry(data: bytes) -> Entry:
     return Entry(header, program)
 
 
+def check_owned(path: str) -> None:
+    """Note [A cache file is loaded only when it is the user's own]
+    An entry's shape guards are a Python expression and its Dynamo guards become a generated check
+    function (guards.py), so an entry is code. It is read only when the file and the directory it
+    lies in belong to this user and nobody else can write them: a regular file (not a symlink), owned
+    by this process's user, not writable by group or others, in a directory with the same rules.
+    Entries are written 0600 in a directory made 0700. Anything else is refused, naming why."""
+    me = os.geteuid()
+    for what, where in (("cache directory", os.path.dirname(os.path.abspath(path))), ("cache file", path)):
+        try:
+            st = os.lstat(where)
+        except OSError as e:
+            raise EntryError(f"cannot read: {e.strerror}") from None
+        if what == "cache file" and not stat.S_ISREG(st.st_mode):
+            raise EntryError("refused: not a regular file (a symlink or a device)")
+        if st.st_uid != me:
+            raise EntryError(f"refused: the {what} {where} belongs to uid {st.st_uid}, not to this user ({me}); "
+                             "graphex loads only entries that are the user's own")
+        if st.st_mode & 0o022:
+            raise EntryError(f"refused: the {what} {where} is writable by group or others (mode "
+                             f"{stat.S_IMODE(st.st_mode):o}); run `chmod go-w {where}` if it is yours")
+
+
 def read_entry(path: str) -> Entry:
+    check_owned(path)  # Note [A cache file is loaded only when it is the user's own]
     try:
         with open(path, "rb") as f:
             return decode_entry(f.read())
@@ -120,4 +146,4 @@ def read_header(path: str) -> dict[str, Any]:
 
 def write_entry(path: str, entry: Entry) -> None:
     """Atomically replace `path` with `entry` (Note [Cache files are written whole or not at all])."""
-    write_atomic(path, encode_entry(entry), durable=True)
+    write_atomic(path, encode_entry(entry), durable=True, mode=0o600)

@@ -1,0 +1,624 @@
+"""What a cache entry's trace read, as Dynamo guarded it: recorded at compile, checked before every replay.
+
+Note [cache_compile keys on what the trace read]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Dynamo records every piece of Python state a trace depended on as a guard: a module attribute
+read (`self.scale == 2.0`), a config object's field, a dict's value, the function stored on a
+module (`self.fn is torch.tanh`), a global, the type of every object walked through, the
+hooks dicts of every submodule, the global torch state. Keying the cache on a list of things
+we thought of missed each one we did not (three rounds of stale results); Dynamo's list is
+what the trace actually read. So:
+
+  * at compile (capture.py), a `guard_filter_fn` (torch.compile's public option) sees every
+    guard with its source (an access path such as `L['func'].__self__.cfg.mult`) and the value
+    found there; `record` turns each into a typed record {kind, source, expect, arg}, with the
+    value fingerprinted portably (constants by value, types, modules, classes and functions by
+    qualified name, functions also by their code). A guard that cannot be checked from another
+    process (an object by identity, a weak reference, a dict version, an unknown guard type)
+    makes the entry uncacheable, logged with the guard; the call still runs compiled.
+  * at load (cache_compile.py), `GuardSet.bind` resolves every source again in this process
+    and compares fingerprints: a mismatch is a miss naming the guard, never a stale hit. What
+    it found (the type, the module, the function's code object) is then held, and one check
+    function is generated from the typed records, run before every replay: identity and type
+    by `is`, constants by type and value, lengths, hooks dicts empty, the global state through
+    torch's own GlobalStateGuard. A change after the first call (`m.scale = 3.0`,
+    `m.proj = nn.Linear(...)`, `m.fn = torch.relu`) fails it, and the call recompiles.
+
+A source is parsed with `ast` and interpreted from a small grammar (a root `L[...]` or `G[...]`,
+attributes, constant subscripts, `type(x)`, `list(dict.keys(x))[i]`); the check function is
+generated from the parsed records only: names checked as identifiers, constants written with
+`repr` of ints and strings. Nothing read from a cache file is evaluated as it is.
+
+Left out, with their reasons: guards on `L['in_spec']` (the call's argument structure: the
+entry is found by exactly that structure, so they hold by construction); TENSOR_MATCH on a
+graph input (the engine checks dtype, shape, stride and device of every input on every call,
+Note [Entries are found by signature, not by exceptions]); GRAD_MODE and
+DETERMINISTIC_ALGORITHMS (part of GLOBAL_STATE); SHAPE_ENV (Note [A dynamic entry carries its
+shape guards]); the thread count in GLOBAL_STATE (it changes inductor's code, not the ATen
+program graphex replays).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import keyword
+import sys
+import types
+from typing import Any, Callable
+
+import torch
+
+GUARD_FORMAT = 1  # the record layout below; a new kind or field means a new number
+
+
+class NotCheckable(Exception):
+    """A guard that a cache entry cannot check in another process; the message names it."""
+
+
+# -- sources ---------------------------------------------------------------------------------------
+# A path is a root and steps: ("L", name) or ("G", name), then ("attr", name), ("item", key), ("type",),
+# ("key", i) (the i-th key of a dict: Dynamo's `list(dict.keys(x))[i]`).
+Path = tuple[tuple[Any, ...], ...]
+
+
+def parse_source(name: str) -> Path:
+    """Dynamo's source name as a path, or NotCheckable. Never evaluates `name`."""
+    try:
+        tree = ast.parse(name, mode="eval").body
+    except SyntaxError:
+        raise NotCheckable(f"source {name!r} is not an access path") from None
+    steps: list[tuple[Any, ...]] = []
+
+    def walk(node: ast.AST) -> None:
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in ("L", "G") \
+                and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+            steps.append((node.value.id, node.slice.value))
+        elif isinstance(node, ast.Attribute):
+            walk(node.value)
+            if not node.attr.isidentifier() or keyword.iskeyword(node.attr):
+                raise NotCheckable(f"source {name!r}: attribute {node.attr!r}")
+            steps.append(("attr", node.attr))
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                and type(node.slice.value) in (int, str):
+            if _is_dict_keys(node.value):
+                walk(node.value.args[0].args[0])  # type: ignore[attr-defined]
+                if type(node.slice.value) is not int:
+                    raise NotCheckable(f"source {name!r}: a dict key by a non-int index")
+                steps.append(("key", node.slice.value))
+            else:
+                walk(node.value)
+                steps.append(("item", node.slice.value))
+        elif isinstance(node, ast.Subscript) and not isinstance(node.slice, (ast.Constant, ast.UnaryOp)):
+            walk(node.value)  # a dict item keyed by an object read through another path (a class, a key)
+            steps.append(("item_at", parse_source(ast.unparse(node.slice))))
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.UnaryOp) \
+                and isinstance(node.slice.op, ast.USub) and isinstance(node.slice.operand, ast.Constant) \
+                and type(node.slice.operand.value) is int:
+            walk(node.value)
+            steps.append(("item", -node.slice.operand.value))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type" \
+                and len(node.args) == 1 and not node.keywords:
+            walk(node.args[0])
+            steps.append(("type",))
+        else:
+            raise NotCheckable(f"source {name!r} is not an access path graphex can check ({ast.dump(node)[:80]})")
+
+    walk(tree)
+    return tuple(steps)
+
+
+def _is_dict_keys(node: ast.AST) -> bool:
+    """`list(dict.keys(x))`."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "list"
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Call)
+            and isinstance(node.args[0].func, ast.Attribute) and node.args[0].func.attr == "keys"
+            and isinstance(node.args[0].func.value, ast.Name) and node.args[0].func.value.id == "dict"
+            and len(node.args[0].args) == 1)
+
+
+_MISSING = object()
+
+
+def resolve_global(name: str, globals_: dict[str, Any]) -> Any:
+    """A `G[name]` root: Dynamo's injected names (`__import_a_dot_b` for module a.b, `__builtins_dict___N`)
+    or a global of the traced frame (graphex/inference/capture.py's `flat_call`)."""
+    if name.startswith("__import_"):
+        return sys.modules.get(name[len("__import_"):].replace("_dot_", "."), _MISSING)
+    if name.startswith("__builtins_dict__"):
+        return builtins.__dict__
+    return globals_.get(name, _MISSING)
+
+
+def resolve(path: Path, locals_: dict[str, Any], globals_: dict[str, Any]) -> Any:
+    """The value at `path` now, or _MISSING."""
+    kind, name = path[0]
+    value = locals_.get(name, _MISSING) if kind == "L" else resolve_global(name, globals_)
+    try:
+        for step in path[1:]:
+            if value is _MISSING:
+                return _MISSING
+            if step[0] == "attr":
+                value = getattr(value, step[1])
+            elif step[0] == "item":
+                value = value[step[1]]
+            elif step[0] == "type":
+                value = type(value)
+            elif step[0] == "item_at":
+                key = resolve(step[1], locals_, globals_)
+                if key is _MISSING:
+                    return _MISSING
+                value = value[key]
+            else:
+                value = list(dict.keys(value))[step[1]]
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return _MISSING
+    return value
+
+
+# -- fingerprints --------------------------------------------------------------------------------
+_CONSTANT_TYPES = (int, float, bool, str, bytes, type(None))
+
+
+def constant(value: Any) -> Any:
+    """A JSON rendering of a constant that compares exactly (floats by hex), or NotCheckable."""
+    t = type(value)
+    if t in (int, bool, str, type(None)):
+        return [t.__name__, value]
+    if t is float:
+        return ["float", value.hex()]
+    if t is bytes:
+        return ["bytes", value.hex()]
+    if t in (tuple, list, frozenset) and len(value) <= 64:
+        items = sorted(value, key=repr) if t is frozenset else value
+        return [t.__name__, [constant(v) for v in items]]
+    if t is torch.dtype:
+        return ["dtype", str(value)]
+    if t is torch.device:
+        return ["device", str(value)]
+    if isinstance(value, torch.Size):
+        return ["Size", list(value)]
+    raise NotCheckable(f"a constant of type {t.__qualname__}")
+
+
+def from_constant(rendered: Any) -> Any:
+    kind, v = rendered
+    if kind in ("int", "bool", "str", "NoneType"):
+        return v
+    if kind == "float":
+        return float.fromhex(v)
+    if kind == "bytes":
+        return bytes.fromhex(v)
+    if kind in ("tuple", "list", "frozenset"):
+        return {"tuple": tuple, "list": list, "frozenset": frozenset}[kind](from_constant(x) for x in v)
+    if kind == "dtype":
+        return getattr(torch, v.removeprefix("torch."))
+    if kind == "device":
+        return torch.device(v)
+    if kind == "Size":
+        return torch.Size(v)
+    raise ValueError(f"unknown constant kind {kind!r}")
+
+
+def _code_digest(code: types.CodeType) -> str:
+    h = hashlib.sha256()
+
+    def add(c: types.CodeType) -> None:
+        h.update(c.co_code)
+        h.update(repr((c.co_qualname, c.co_names, c.co_varnames, c.co_freevars, c.co_argcount,
+                       c.co_kwonlyargcount, c.co_flags)).encode())
+        for k in c.co_consts:
+            if isinstance(k, types.CodeType):
+                add(k)
+            else:
+                h.update(repr(k).encode())
+
+    add(code)
+    return h.hexdigest()[:32]
+
+
+def identity(value: Any) -> Any:
+    """What an object compared by identity is, portably: a module by name, a class or function by qualified
+    name (a Python function also by its code), a singleton by value; NotCheckable for anything else."""
+    if value is None or value is True or value is False or value is Ellipsis or value is NotImplemented:
+        return ["singleton", repr(value)]
+    if isinstance(value, types.ModuleType):
+        return ["module", value.__name__]
+    if isinstance(value, type):
+        return ["class", value.__module__, value.__qualname__]
+    if isinstance(value, types.FunctionType):
+        return ["function", value.__module__, value.__qualname__, _code_digest(value.__code__)]
+    if isinstance(value, types.CodeType):
+        return ["code", value.co_qualname, _code_digest(value)]
+    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType, types.WrapperDescriptorType,
+                          types.MethodDescriptorType, types.MethodWrapperType, types.ClassMethodDescriptorType)):
+        owner = getattr(value, "__self__", None)
+        where = owner.__name__ if isinstance(owner, (types.ModuleType, type)) else (
+            getattr(value, "__module__", None) or type(owner).__qualname__)
+        return ["builtin", where, getattr(value, "__qualname__", getattr(value, "__name__", "?"))]
+    if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return ["op", str(value)]
+    if isinstance(value, torch.dtype):
+        return ["dtype", str(value)]
+    raise NotCheckable(f"an object of type {type(value).__qualname__} compared by identity, which another "
+                       "process cannot check")
+
+
+def type_name(t: type) -> list[str]:
+    return [t.__module__, t.__qualname__]
+
+
+def _global_state() -> dict[str, Any]:
+    import json
+
+    state = json.loads(torch._C._dynamo.guards.GlobalStateGuard().__getstate__())
+    state.pop("num_threads", None)  # Note [cache_compile keys on what the trace read]: not the program's
+    return state
+
+
+def _saved_tensors_hooks() -> Any:
+    return torch._functorch._aot_autograd.utils.top_saved_tensors_hooks()
+
+
+# -- recording (compile time) ---------------------------------------------------------------------
+_STATE_KINDS = {"GLOBAL_STATE": "global_state", "TORCH_FUNCTION_STATE": "torch_function",
+                "DEFAULT_DEVICE": "default_device", "AUTOGRAD_SAVED_TENSORS_HOOKS": "saved_tensors_hooks"}
+_SKIPPED = {"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "SHAPE_ENV"}
+_IDENTITY = {"ID_MATCH", "BUILTIN_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH", "NN_MODULE",
+             "NONE_MATCH", "BOOL_MATCH"}
+
+
+def record(entries: list[Any], *, input_sources: set[str], locals_: dict[str, Any],
+           globals_: dict[str, Any]) -> list[dict[str, Any]]:
+    """Dynamo's GuardFilterEntry list as typed records (Note [cache_compile keys on what the trace read]).
+    `input_sources`: the source names of the graph's inputs (their tensors are checked by the engine);
+    `locals_`, `globals_`: the traced frame's, to check that every source reads the object Dynamo saw."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for e in entries:
+        rec = _record_one(e, input_sources)
+        if rec is not None and "source" in rec and resolve(parse_source(rec["source"]), locals_, globals_) \
+                is not e.value:
+            raise NotCheckable(f"graphex reads {rec['source']} as another object than Dynamo saw")
+        if rec is None:
+            continue
+        key = repr(sorted(rec.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(rec)
+    return out
+
+
+def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
+    kind, guard = e.guard_type, e.orig_guard
+    name = guard.name
+    if kind in _SKIPPED:
+        return None
+    if kind in _STATE_KINDS:
+        state = _STATE_KINDS[kind]
+        if state == "global_state":
+            return {"kind": state, "expect": _global_state()}
+        if state == "torch_function":
+            if torch._C._len_torch_function_stack() != 0:
+                raise NotCheckable("the trace ran under a TorchFunctionMode")
+            return {"kind": state}
+        if state == "default_device":
+            device = torch.utils._device.CURRENT_DEVICE
+            return {"kind": state, "expect": None if device is None else str(device)}
+        if _saved_tensors_hooks() is not None:
+            raise NotCheckable("the trace ran under saved-tensors hooks")
+        return {"kind": state}
+    path = parse_source(name)
+    if path[0] == ("L", "in_spec") or path == (("L", "flat_args"),):
+        return None  # Note [cache_compile keys on what the trace read]: the call's own structure
+    if not e.has_value:
+        raise NotCheckable(f"{kind} guard on {name} has no value")
+    value = e.value
+    keywords = getattr(guard.create_fn, "keywords", None) or {}
+    rec: dict[str, Any] = {"kind": "", "source": name}
+    if kind == "TYPE_MATCH":
+        rec.update(kind="type", expect=type_name(type(value)))
+    elif kind in _IDENTITY:
+        rec.update(kind="id", expect=identity(value))
+    elif kind == "CLOSURE_MATCH":
+        if type(value) is types.FunctionType:
+            rec.update(kind="code", expect=identity(value.__code__))
+        else:
+            rec.update(kind="id", expect=identity(value))
+    elif kind in ("CONSTANT_MATCH", "EQUALS_MATCH"):
+        rec.update(kind="equals", expect=constant(value))
+    elif kind in ("SEQUENCE_LENGTH", "EMPTY_NN_MODULE_HOOKS_DICT", "LIST_LENGTH"):
+        rec.update(kind="len", expect=[type_name(type(value)), len(value)])
+    elif kind == "NOT_NONE_MATCH":
+        rec.update(kind="not_none")
+    elif kind == "NOT_PRESENT_IN_GENERIC_DICT":
+        rec.update(kind="not_in_dict", arg=_attr_name(keywords.get("attr"), name))
+    elif kind == "HASATTR":
+        attr = _attr_name(keywords.get("attr"), name)
+        rec.update(kind="hasattr", arg=attr, expect=hasattr(value, attr))
+    elif kind in ("DICT_CONTAINS", "DICT_NOT_CONTAINS"):
+        rec.update(kind="contains", arg=constant(keywords.get("key")), expect=kind == "DICT_CONTAINS")
+    elif kind in ("DICT_KEYS_MATCH", "MAPPING_KEYS_CHECK", "DICT_KEYS"):
+        rec.update(kind="keys", expect=[constant(k) for k in dict.keys(value)])
+    elif kind == "DUPLICATE_INPUT":
+        other = keywords.get("source_b")
+        rec.update(kind="same", arg=getattr(other, "name", other))
+        parse_source(rec["arg"])
+    elif kind == "TENSOR_MATCH":
+        if name in input_sources:
+            return None  # checked by the engine on every call
+        if not isinstance(value, torch.Tensor):
+            raise NotCheckable(f"TENSOR_MATCH guard on {name} holds a {type(value).__qualname__}")
+        rec.update(kind="tensor", expect=_tensor_meta(value))
+    else:
+        raise NotCheckable(f"Dynamo's {kind} guard on {name}")
+    return rec
+
+
+def _attr_name(attr: Any, where: str) -> str:
+    if not isinstance(attr, str) or not attr.isidentifier():
+        raise NotCheckable(f"a guard on {where} names attribute {attr!r}")
+    return attr
+
+
+def _tensor_meta(t: torch.Tensor) -> list[Any]:
+    return [type_name(type(t)), str(t.dtype), str(t.device), list(t.shape), list(t.stride()), t.requires_grad]
+
+
+# -- checking (load time and every call) ---------------------------------------------------------------
+class GuardSet:
+    """The records of one entry. `bind` checks them in this process and builds `run`, called before each
+    replay: `run(flat_args, func)` is the engine's input list when every guard holds, else None.
+
+    Note [One function checks the guards and binds the inputs]
+    The generated function first checks every guard, then reads the program's inputs: arguments by
+    position, sizes and strides of arguments, parameters and buffers through the source Dynamo read
+    them from (`L['func'].__self__._modules['proj']._parameters['weight']`), so a submodule or
+    parameter replaced after the first call is the one used. Common prefixes of the paths are read
+    once per call.
+    """
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+        self.run: Callable[[Any, Any], list[Any] | None] | None = None
+        self.source = ""
+        self.count = len(records)
+
+    def bind(self, locals_: dict[str, Any], globals_: dict[str, Any],
+             inputs: list[dict[str, Any]] | None = None) -> str | None:
+        """None when every record holds now (and `run` is built), else which guard fails and how."""
+        held: list[Any] = []  # objects the generated check compares with
+        lines: list[str] = []
+        names: dict[Path, str] = {}
+        roots: dict[str, Any] = {}
+
+        def var(path: Path) -> str:
+            if path in names:
+                return names[path]
+            if len(path) == 1:
+                kind, name = path[0]
+                if kind == "L":
+                    if name not in ("flat_args", "func"):
+                        raise NotCheckable(f"local {name!r}")
+                    expr = name
+                else:
+                    obj = resolve_global(name, globals_)
+                    if obj is _MISSING:
+                        raise _Fails(f"global {name} is not defined in this process")
+                    expr = _hold(held, obj)
+                    roots[name] = obj
+            else:
+                base = var(path[:-1])
+                step = path[-1]
+                if step[0] == "attr":
+                    expr = f"{base}.{step[1]}"
+                elif step[0] == "item":
+                    expr = f"{base}[{step[1]!r}]"
+                elif step[0] == "type":
+                    expr = f"type({base})"
+                elif step[0] == "item_at":
+                    expr = f"{base}[{var(step[1])}]"
+                else:
+                    expr = f"list(dict.keys({base}))[{int(step[1])!r}]"
+            v = f"v{len(names)}"
+            lines.append(f"    {v} = {expr}")
+            names[path] = v
+            return v
+
+        try:
+            for rec in self.records:
+                kind = rec["kind"]
+                if kind in ("global_state", "torch_function", "default_device", "saved_tensors_hooks"):
+                    lines.append(f"    if not {_state_check(kind, rec.get('expect'), held)}: return False")
+                    if not _state_holds(kind, rec.get("expect")):
+                        return f"the global torch state differs ({kind})"
+                    continue
+                path = parse_source(rec["source"])
+                value = resolve(path, locals_, globals_)
+                if value is _MISSING:
+                    return f"{rec['source']} does not exist"
+                v = var(path)
+                cond, why = _condition(rec, value, v, held, locals_, globals_, var)
+                if why is not None:
+                    return f"{rec['source']}: {why}"
+                lines.append(f"    if not ({cond}): return False")
+            reads = [self._input(b, locals_, globals_, var) for b in (inputs or [])]
+        except _Fails as e:
+            return str(e)
+        lines = [ln.replace("return False", "return None") for ln in lines]
+        source = ("def run(flat_args, func):\n  try:\n" + "\n".join("  " + ln for ln in lines) +
+                  f"\n      return [{', '.join(reads)}]\n  except Exception:\n    return None\n")
+        namespace: dict[str, Any] = {"H": tuple(held), "__builtins__": {"type": type, "len": len, "list": list,
+                                                                         "dict": dict, "hasattr": hasattr,
+                                                                         "Exception": Exception}}
+        exec(compile(source, "<graphex guards>", "exec"), namespace)  # generated from typed records only
+        self.run = namespace["run"]
+        self.source = source
+        return None
+
+    @staticmethod
+    def _input(binding: dict[str, Any], locals_: dict[str, Any], globals_: dict[str, Any],
+               var: Callable[[Path], str]) -> str:
+        kind = binding["kind"]
+        if kind == "arg":
+            return f"flat_args[{int(binding['index'])!r}]"
+        if kind in ("size", "stride"):
+            return f"flat_args[{int(binding['arg'])!r}].{kind}({int(binding['dim'])!r})"
+        if kind == "storage_offset":
+            return f"flat_args[{int(binding['arg'])!r}].storage_offset()"
+        if kind in ("param", "buffer") and "source" in binding:
+            path = parse_source(binding["source"])
+            if not isinstance(resolve(path, locals_, globals_), torch.Tensor):
+                raise _Fails(f"the {kind} read from {binding['source']} is gone")
+            return var(path)
+        raise NotCheckable(f"an input binding of kind {kind!r}")
+
+
+class _Fails(Exception):
+    pass
+
+
+def _hold(held: list[Any], obj: Any) -> str:
+    held.append(obj)
+    return f"H[{len(held) - 1}]"
+
+
+def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_: dict[str, Any],
+               globals_: dict[str, Any], var: Callable[[Path], str]) -> tuple[str, str | None]:
+    kind, expect = rec["kind"], rec.get("expect")
+    if kind == "type":
+        if type_name(type(value)) != expect:
+            return "", f"built for a {'.'.join(expect)}, now a {'.'.join(type_name(type(value)))}"
+        return f"type({v}) is {_hold(held, type(value))}", None
+    if kind == "id":
+        try:
+            now = identity(value)
+        except NotCheckable:
+            now = ["object", type(value).__qualname__]
+        if now != expect:
+            return "", f"built for {_show(expect)}, now {_show(now)}"
+        return f"{v} is {_hold(held, value)}", None
+    if kind == "code":
+        code = getattr(value, "__code__", None)
+        if not isinstance(code, types.CodeType) or identity(code) != expect:
+            return "", "the function is another one (its code differs)"
+        return f"{v}.__code__ is {_hold(held, code)}", None
+    if kind == "equals":
+        c = from_constant(expect)
+        if type(value) is not type(c) or not _equal(value, c):
+            return "", f"built with {c!r}, now {value!r}"
+        if type(c) is float and c != c:
+            return f"type({v}) is float and {v} != {v}", None
+        return f"type({v}) is {_hold(held, type(c))} and {v} == {_hold(held, c)}", None
+    if kind == "len":
+        tname, n = expect
+        if type_name(type(value)) != tname or len(value) != n:
+            return "", f"built with {n} items, now {len(value)}"
+        return f"type({v}) is {_hold(held, type(value))} and len({v}) == {int(n)!r}", None
+    if kind == "not_none":
+        return (f"{v} is not None", None) if value is not None else ("", "is None")
+    if kind == "not_in_dict":
+        attr = _attr_name(rec["arg"], rec["source"])
+        if attr in getattr(value, "__dict__", {}):
+            return "", f"has its own attribute {attr!r} now"
+        return f"{attr!r} not in {v}.__dict__", None
+    if kind == "hasattr":
+        attr = _attr_name(rec["arg"], rec["source"])
+        if hasattr(value, attr) is not bool(expect):
+            return "", f"hasattr {attr!r} is {not expect} now"
+        return f"hasattr({v}, {attr!r}) is {bool(expect)!r}", None
+    if kind == "contains":
+        key = from_constant(rec["arg"])
+        if (key in value) is not bool(expect):
+            return "", f"{key!r} {'is no longer' if expect else 'is now'} a key"
+        return f"({_hold(held, key)} in {v}) is {bool(expect)!r}", None
+    if kind == "keys":
+        keys_now = list(dict.keys(value))
+        if keys_now != [from_constant(k) for k in expect]:
+            return "", f"its keys changed ({keys_now!r})"
+        return f"list(dict.keys({v})) == {_hold(held, keys_now)}", None
+    if kind == "same":
+        other = parse_source(rec["arg"])
+        if resolve(other, locals_, globals_) is not value:
+            return "", f"is no longer the same object as {rec['arg']}"
+        return f"{v} is {var(other)}", None
+    if kind == "tensor":
+        if not isinstance(value, torch.Tensor) or _tensor_meta(value) != expect:
+            return "", "the tensor's type, dtype, device, shape, strides or requires_grad changed"
+        return f"{_hold(held, _tensor_is(expect))}({v})", None
+    raise NotCheckable(f"a guard record of kind {kind!r}")
+
+
+def _tensor_is(expect: list[Any]) -> Callable[[Any], bool]:
+    def check(t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and _tensor_meta(t) == expect
+
+    return check
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if type(a) is float and a != a:
+        return b != b
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _show(fingerprint: Any) -> str:
+    return ".".join(str(p) for p in fingerprint[1:3]) if isinstance(fingerprint, list) else repr(fingerprint)
+
+
+def _state_holds(kind: str, expect: Any) -> bool:
+    if kind == "global_state":
+        return _global_state() == expect
+    if kind == "torch_function":
+        return torch._C._len_torch_function_stack() == 0
+    if kind == "default_device":
+        device = torch.utils._device.CURRENT_DEVICE
+        return (None if device is None else str(device)) == expect
+    return _saved_tensors_hooks() is None
+
+
+def _state_check(kind: str, expect: Any, held: list[Any]) -> str:
+    if kind == "global_state":
+        import json
+
+        guard = torch._C._dynamo.guards.GlobalStateGuard()
+        state = dict(expect, num_threads=torch.get_num_threads())
+        guard.__setstate__(json.dumps(state, separators=(",", ":")))
+        return f"{_hold(held, _ThreadsAware(guard, state))}()"
+    if kind == "torch_function":
+        return f"{_hold(held, torch._C._len_torch_function_stack)}() == 0"
+    if kind == "default_device":
+        return f"{_hold(held, _default_device_is(expect))}()"
+    return f"{_hold(held, _saved_tensors_hooks)}() is None"
+
+
+class _ThreadsAware:
+    """GlobalStateGuard.check with the thread count of this process (Note [cache_compile keys on what the
+    trace read]): re-armed when torch.set_num_threads changes it."""
+
+    def __init__(self, guard: Any, state: dict[str, Any]) -> None:
+        self.guard, self.state, self.threads = guard, state, state["num_threads"]
+
+    def __call__(self) -> bool:
+        if self.guard.check():
+            return True
+        threads = torch.get_num_threads()
+        if threads == self.threads:
+            return False
+        import json
+
+        self.threads = self.state["num_threads"] = threads
+        self.guard.__setstate__(json.dumps(self.state, separators=(",", ":")))
+        return self.guard.check()
+
+
+def _default_device_is(expect: Any) -> Callable[[], bool]:
+    def check() -> bool:
+        device = torch.utils._device.CURRENT_DEVICE
+        return (None if device is None else str(device)) == expect
+
+    return check
