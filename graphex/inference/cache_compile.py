@@ -306,8 +306,9 @@ class CachedFunction:
             self._uncacheable[call_key] = _remember_compiled(self._func, in_spec, self._options, self._dynamic)
             return result
         entry.header["compile_seconds"] = round(time.perf_counter() - start, 3)
-        guards = entry.header.get("guards")
-        path = prefix + (f"-{keys.digest(guards)[:8]}" if guards else "") + SUFFIX
+        # One file per set of guards: entries of one key traced with other values sit side by side
+        # (Note [cache_compile keys on what the trace read]; with dynamic=True, also its shape guards).
+        path = f"{prefix}-{keys.digest([entry.header.get('guards'), entry.header['dynamo_guards']])[:12]}{SUFFIX}"
         if self._write(path, entry):
             self.stats["writes"] += 1
             for old in stale:  # entries of this key built from other sources: never loadable again here
@@ -342,10 +343,17 @@ def _same_world_or_sibling(built: Any, here: Any) -> bool:
 
 
 def _candidates(prefix: str) -> list[str]:
-    """The entries of one key: `prefix.gxc`, and with dynamic=True one per set of shape guards
-    (`prefix-<guards digest>.gxc`, Note [A dynamic entry carries its shape guards])."""
-    found = sorted(glob.glob(glob.escape(prefix) + "-*" + SUFFIX))
-    return [prefix + SUFFIX] + found
+    """The entries of one key, one per set of guards: `prefix-<guards digest>.gxc` (Note [cache_compile keys on
+    what the trace read], Note [A dynamic entry carries its shape guards])."""
+    found = glob.glob(glob.escape(prefix) + "-*" + SUFFIX)
+    return sorted(found, key=lambda p: -_mtime(p))  # the newest first, as Dynamo tries its newest cache entry first
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
 def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec, options: Options,

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import enum
 import hashlib
 import keyword
 import sys
@@ -59,7 +60,9 @@ class NotCheckable(Exception):
 
 # -- sources ---------------------------------------------------------------------------------------
 # A path is a root and steps: ("L", name) or ("G", name), then ("attr", name), ("item", key), ("type",),
-# ("key", i) (the i-th key of a dict: Dynamo's `list(dict.keys(x))[i]`).
+# ("key", i) (the i-th key of a dict: Dynamo's `list(dict.keys(x))[i]`), ("dict",) (`dict(x)`, of a class's
+# __dict__), ("item_at", path) (`x[<the object at path>]`), ("dict_item", k) / ("dict_item_at", path)
+# (`dict.__getitem__(x, k)`).
 Path = tuple[tuple[Any, ...], ...]
 
 
@@ -98,10 +101,19 @@ def parse_source(name: str) -> Path:
                 and type(node.slice.operand.value) is int:
             walk(node.value)
             steps.append(("item", -node.slice.operand.value))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type" \
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__getitem__" \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "dict" and len(node.args) == 2 \
+                and not node.keywords:
+            walk(node.args[0])  # dict.__getitem__(x, key): the dict's own item, past a subclass's __getitem__
+            key = node.args[1]
+            if isinstance(key, ast.Constant) and type(key.value) in (int, str):
+                steps.append(("dict_item", key.value))
+            else:
+                steps.append(("dict_item_at", parse_source(ast.unparse(key))))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("type", "dict") \
                 and len(node.args) == 1 and not node.keywords:
             walk(node.args[0])
-            steps.append(("type",))
+            steps.append((node.func.id,))
         else:
             raise NotCheckable(f"source {name!r} is not an access path graphex can check ({ast.dump(node)[:80]})")
 
@@ -145,11 +157,15 @@ def resolve(path: Path, locals_: dict[str, Any], globals_: dict[str, Any]) -> An
                 value = value[step[1]]
             elif step[0] == "type":
                 value = type(value)
-            elif step[0] == "item_at":
+            elif step[0] == "dict":
+                value = dict(value)
+            elif step[0] == "dict_item":
+                value = dict.__getitem__(value, step[1])
+            elif step[0] in ("item_at", "dict_item_at"):
                 key = resolve(step[1], locals_, globals_)
                 if key is _MISSING:
                     return _MISSING
-                value = value[key]
+                value = value[key] if step[0] == "item_at" else dict.__getitem__(value, key)
             else:
                 value = list(dict.keys(value))[step[1]]
     except (AttributeError, KeyError, IndexError, TypeError):
@@ -212,10 +228,20 @@ def _code_digest(code: types.CodeType) -> str:
             if isinstance(k, types.CodeType):
                 add(k)
             else:
-                h.update(repr(k).encode())
+                h.update(_stable_repr(k).encode())
 
     add(code)
     return h.hexdigest()[:32]
+
+
+def _stable_repr(k: Any) -> str:
+    """repr, but the same in every process: a frozenset constant (`x in {"a", "b"}`) iterates in an order that
+    depends on string hashing, which Python randomizes per process."""
+    if isinstance(k, (frozenset, set)):
+        return "frozenset(" + ",".join(sorted(_stable_repr(x) for x in k)) + ")"
+    if isinstance(k, tuple):
+        return "(" + ",".join(_stable_repr(x) for x in k) + ")"
+    return repr(k)
 
 
 def identity(value: Any) -> Any:
@@ -241,12 +267,58 @@ def identity(value: Any) -> Any:
         return ["op", str(value)]
     if isinstance(value, torch.dtype):
         return ["dtype", str(value)]
+    if isinstance(value, enum.Enum):
+        return ["enum", type(value).__module__, type(value).__qualname__, value.name]
     raise NotCheckable(f"an object of type {type(value).__qualname__} compared by identity, which another "
                        "process cannot check")
 
 
 def type_name(t: type) -> list[str]:
-    return [t.__module__, t.__qualname__]
+    """A type by qualified name and, for a class of the user's, by what its class bodies hold.
+
+    Note [A user's class is fingerprinted by its contents]
+    Dynamo guards an object's type by identity and reads a method through the type without a
+    guard of its own (`self.helper(x)`: TYPE_MATCH on self, `helper` not in its instance dict).
+    In one process that type object is the one traced; in another, `Model.helper = b.helper`
+    could have been assigned to the class from a module whose file the trace never read. So a
+    class from a user's file (Note [Library files are found by path], keys.py) is named with a
+    digest of every attribute its MRO's user classes define: functions by module, name and code,
+    plain values by value, anything else by its type. Checked when an entry is loaded, not per
+    call: replacing a class's method after the first call in the same process is not seen
+    (Dynamo does not see it either)."""
+    return [t.__module__, t.__qualname__] + ([_class_digest(t)] if _is_users_class(t) else [])
+
+
+def _is_users_class(t: type) -> bool:
+    from .keys import _is_user_file
+
+    module = sys.modules.get(t.__module__)
+    path = getattr(module, "__file__", None)
+    return bool(path) and _is_user_file(path)
+
+
+def _class_digest(t: type) -> str:
+    h = hashlib.sha256()
+    for cls in t.__mro__:
+        if not _is_users_class(cls):
+            continue
+        h.update(f"{cls.__module__}.{cls.__qualname__}".encode())
+        for name, value in sorted(vars(cls).items()):
+            if name in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__"):
+                continue
+            h.update(name.encode())
+            target = getattr(value, "__func__", value)  # classmethod / staticmethod
+            if isinstance(target, types.FunctionType):
+                h.update(f"{target.__module__}.{target.__qualname__}:{_code_digest(target.__code__)}".encode())
+            elif isinstance(target, property):
+                for f in (target.fget, target.fset):
+                    if isinstance(f, types.FunctionType):
+                        h.update(_code_digest(f.__code__).encode())
+            elif type(value) in _CONSTANT_TYPES:
+                h.update(repr(value).encode())
+            else:
+                h.update(f"{type(value).__module__}.{type(value).__qualname__}".encode())
+    return h.hexdigest()[:24]
 
 
 def _global_state() -> dict[str, Any]:
@@ -276,11 +348,20 @@ def record(entries: list[Any], *, input_sources: set[str], locals_: dict[str, An
     `locals_`, `globals_`: the traced frame's, to check that every source reads the object Dynamo saw."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
+    for e in entries:  # Note [A global installed by id is found by what it is]
+        name = getattr(e.orig_guard, "name", "")
+        for root in _BY_ID.findall(name):
+            if root not in seen and root in globals_:
+                seen.add(root)
+                out.append({"kind": "root", "name": root, "expect": identity(globals_[root])})
     for e in entries:
         rec = _record_one(e, input_sources)
-        if rec is not None and "source" in rec and resolve(parse_source(rec["source"]), locals_, globals_) \
-                is not e.value:
-            raise NotCheckable(f"graphex reads {rec['source']} as another object than Dynamo saw")
+        if rec is not None and "source" in rec:
+            path = parse_source(rec["source"])
+            now = resolve(path, locals_, globals_)
+            fresh = path[-1] == ("dict",)  # `dict(x)` is a new copy each time it is read: equal, not identical
+            if not (now == e.value if fresh else now is e.value):
+                raise NotCheckable(f"graphex reads {rec['source']} as another object than Dynamo saw")
         if rec is None:
             continue
         key = repr(sorted(rec.items()))
@@ -326,6 +407,8 @@ def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
             rec.update(kind="code", expect=identity(value.__code__))
         else:
             rec.update(kind="id", expect=identity(value))
+    elif kind in ("CONSTANT_MATCH", "EQUALS_MATCH") and isinstance(value, types.CodeType):
+        rec.update(kind="id", expect=identity(value))  # a function's __code__ (CLOSURE_MATCH's own guard)
     elif kind in ("CONSTANT_MATCH", "EQUALS_MATCH"):
         rec.update(kind="equals", expect=constant(value))
     elif kind in ("SEQUENCE_LENGTH", "EMPTY_NN_MODULE_HOOKS_DICT", "LIST_LENGTH"):
@@ -354,6 +437,35 @@ def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
     else:
         raise NotCheckable(f"Dynamo's {kind} guard on {name}")
     return rec
+
+
+# Note [A global installed by id is found by what it is]
+# Dynamo puts some objects the trace uses into the traced frame's globals under a name made of
+# their id and the compile's number (`G['_140473466358656_c6']`), which no other process has.
+# Such a root is recorded by what the object is (a module, class or function by qualified name,
+# identity() above) and found again by that name in sys.modules when an entry is loaded.
+_BY_ID = __import__("re").compile(r"G\['(_\d+_c\d+)'\]")
+
+
+def _find_by_identity(fingerprint: Any) -> Any:
+    """The live object an identity() fingerprint names, or _MISSING (modules must already be imported)."""
+    kind = fingerprint[0]
+    if kind == "module":
+        return sys.modules.get(fingerprint[1], _MISSING)
+    if kind in ("class", "function", "enum"):
+        obj: Any = sys.modules.get(fingerprint[1], _MISSING)
+        for part in fingerprint[2].split("."):
+            obj = getattr(obj, part, _MISSING) if obj is not _MISSING else _MISSING
+        if kind == "enum" and obj is not _MISSING:
+            obj = getattr(obj, fingerprint[3], _MISSING)
+        if obj is not _MISSING:
+            try:
+                if identity(obj) != fingerprint:
+                    return _MISSING
+            except NotCheckable:
+                return _MISSING
+        return obj
+    return _MISSING
 
 
 def _attr_name(attr: Any, where: str) -> str:
@@ -391,7 +503,6 @@ class GuardSet:
         held: list[Any] = []  # objects the generated check compares with
         lines: list[str] = []
         names: dict[Path, str] = {}
-        roots: dict[str, Any] = {}
 
         def var(path: Path) -> str:
             if path in names:
@@ -407,7 +518,6 @@ class GuardSet:
                     if obj is _MISSING:
                         raise _Fails(f"global {name} is not defined in this process")
                     expr = _hold(held, obj)
-                    roots[name] = obj
             else:
                 base = var(path[:-1])
                 step = path[-1]
@@ -417,8 +527,14 @@ class GuardSet:
                     expr = f"{base}[{step[1]!r}]"
                 elif step[0] == "type":
                     expr = f"type({base})"
+                elif step[0] == "dict":
+                    expr = f"dict({base})"
                 elif step[0] == "item_at":
                     expr = f"{base}[{var(step[1])}]"
+                elif step[0] == "dict_item":
+                    expr = f"dict.__getitem__({base}, {step[1]!r})"
+                elif step[0] == "dict_item_at":
+                    expr = f"dict.__getitem__({base}, {var(step[1])})"
                 else:
                     expr = f"list(dict.keys({base}))[{int(step[1])!r}]"
             v = f"v{len(names)}"
@@ -429,6 +545,12 @@ class GuardSet:
         try:
             for rec in self.records:
                 kind = rec["kind"]
+                if kind == "root":  # Note [A global installed by id is found by what it is]
+                    obj = _find_by_identity(rec["expect"])
+                    if obj is _MISSING:
+                        return f"{_show(rec['expect'])} (a global the trace used) is not loaded in this process"
+                    globals_ = {**globals_, rec["name"]: obj}
+                    continue
                 if kind in ("global_state", "torch_function", "default_device", "saved_tensors_hooks"):
                     lines.append(f"    if not {_state_check(kind, rec.get('expect'), held)}: return False")
                     if not _state_holds(kind, rec.get("expect")):
@@ -446,6 +568,8 @@ class GuardSet:
             reads = [self._input(b, locals_, globals_, var) for b in (inputs or [])]
         except _Fails as e:
             return str(e)
+        except (NotCheckable, KeyError, IndexError, TypeError, ValueError) as e:  # a record graphex did not write
+            return f"an unusable guard record ({type(e).__name__}: {e})"
         lines = [ln.replace("return False", "return None") for ln in lines]
         source = ("def run(flat_args, func):\n  try:\n" + "\n".join("  " + ln for ln in lines) +
                   f"\n      return [{', '.join(reads)}]\n  except Exception:\n    return None\n")
@@ -488,8 +612,12 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
                globals_: dict[str, Any], var: Callable[[Path], str]) -> tuple[str, str | None]:
     kind, expect = rec["kind"], rec.get("expect")
     if kind == "type":
-        if type_name(type(value)) != expect:
-            return "", f"built for a {'.'.join(expect)}, now a {'.'.join(type_name(type(value)))}"
+        now = type_name(type(value))
+        if now != expect:
+            if now[:2] == expect[:2]:
+                return "", f"built for another version of class {'.'.join(expect[:2])} (its methods or class " \
+                           "attributes differ: Note [A user's class is fingerprinted by its contents])"
+            return "", f"built for a {'.'.join(expect[:2])}, now a {'.'.join(now[:2])}"
         return f"type({v}) is {_hold(held, type(value))}", None
     if kind == "id":
         try:

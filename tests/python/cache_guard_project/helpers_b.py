@@ -1,0 +1,2 @@
+def helper(self, x):
+    return x * 3

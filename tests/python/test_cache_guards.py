@@ -1,0 +1,195 @@
+"""cache_compile checks what the trace read (Note [cache_compile keys on what the trace read]): every change to
+state the trace depended on, in this process after the first call or in another process, recompiles and matches
+eager; nothing read from a cache file is run unless the file is the user's own, and then only through typed
+records (Note [A cache file is loaded only when it is the user's own]).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+from torch import nn
+
+import graphex
+from graphex.inference import entry as entry_mod
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROJECT = os.path.join(HERE, "cache_guard_project")
+SCALE = 2.0  # a global the traced code reads
+
+
+def _run_scenarios(cache_dir: str, variant: str) -> dict:
+    proc = subprocess.run([sys.executable, "scenarios.py", cache_dir, variant], cwd=PROJECT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "GRAPHEX_LOG": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "cannot be cached" not in proc.stderr, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def three_processes(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("guards"))
+    return [_run_scenarios(cache, v) for v in ("a", "b", "a")]
+
+
+SCENARIOS = ["Namespace", "DictAttr", "StoredFunction", "ReplacedMethod", "NewShapeAfterChange", "transformers"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_state_the_trace_read_is_checked_across_processes(three_processes, scenario):
+    """Process a compiles with one value; process b (another value: a SimpleNamespace config, a dict's values, a
+    function stored on the module, a method assigned to the class from another module, an attribute changed
+    in-process before a new shape compiled, transformers' config._attn_implementation) must miss and match
+    eager; a second process a hits the first one's entry."""
+    first, other, again = (run[scenario] for run in three_processes)
+    assert first["equal"] and other["equal"] and again["equal"], (first, other, again)
+    assert first["writes"] >= 1, first
+    assert other["hits"] == 0 and other["compiles"] >= 1, f"{scenario}: process b loaded a's entry: {other}"
+    assert again["hits"] >= 1 and again["compiles"] == 0, f"{scenario}: a's entry was not found again: {again}"
+
+
+# -- in one process ------------------------------------------------------------------------------------------
+class Model(nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+        self.scale = 2.0
+        self.table = {"shift": 1.0}
+        self.cfg = types.SimpleNamespace(mult=3.0)
+        self.act = torch.tanh
+        self.cached = graphex.inference.cache_compile(self._forward, cache_dir=cache_dir)
+
+    def _forward(self, x):
+        y = self.proj(x) * self.scale * self.cfg.mult * SCALE + self.table["shift"]
+        return self.act(y)
+
+
+CHANGES = {
+    "plain attribute": lambda m: setattr(m, "scale", 5.0),
+    "submodule replaced": lambda m: setattr(m, "proj", nn.Linear(6, 6)),
+    "parameter replaced": lambda m: setattr(m.proj, "weight", nn.Parameter(torch.randn(6, 6))),
+    "function stored on the module": lambda m: setattr(m, "act", torch.sigmoid),
+    "dict value": lambda m: m.table.__setitem__("shift", -4.0),
+    "config object": lambda m: setattr(m.cfg, "mult", 0.25),
+    "global": lambda m: setattr(sys.modules[__name__], "SCALE", 7.0),
+    "forward hook added": lambda m: m.proj.register_forward_hook(lambda mod, args, out: out * 10),
+}
+
+
+@pytest.fixture(autouse=True)
+def _restore_scale():
+    yield
+    global SCALE
+    SCALE = 2.0
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_change_after_the_first_call_is_seen(tmp_path, change):
+    torch.manual_seed(0)
+    m = Model(str(tmp_path))
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        assert torch.equal(m.cached(x), m._forward(x))
+        assert torch.equal(m.cached(x), m._forward(x))
+        CHANGES[change](m)
+        for _ in range(2):
+            out, ref = m.cached(x), m._forward(x)
+            assert torch.equal(out, ref), f"{change}: stale result after the change"
+
+
+def test_changing_back_finds_the_first_entry_again(tmp_path):
+    torch.manual_seed(0)
+    m = Model(str(tmp_path))
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        m.cached(x)
+        m.scale = 5.0
+        m.cached(x)
+        m.scale = 2.0
+        assert torch.equal(m.cached(x), m._forward(x))
+    assert m.cached.stats["compiles"] == 2, m.cached.stats
+
+
+def test_the_check_per_call_is_one_generated_function(tmp_path):
+    """Note [One function checks the guards and binds the inputs]: the steady call runs it and the engine."""
+    m = Model(str(tmp_path))
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        m.cached(x)
+        m.cached(x)
+    (loaded,) = [entry for entries in m.cached._by_call.values() for entry in entries]
+    assert loaded.bind is not None and loaded.guard_set.count > 10
+    assert "L['func']" not in loaded.guard_set.source  # sources are compiled to attribute reads, not evaluated
+    with torch.no_grad():
+        assert loaded.bind([x], m.cached._func) is not None
+        m.scale = 9.0
+        assert loaded.bind([x], m.cached._func) is None
+        m.scale = 2.0
+    assert loaded.bind([x], m.cached._func) is None  # grad mode is part of the global state the trace ran in
+
+
+# -- files that are not the user's own ----------------------------------------------------------------------------
+def _compiled_entry(cache_dir):
+    m = Model(str(cache_dir))
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        m.cached(x)
+    (path,) = [os.path.join(cache_dir, f) for f in os.listdir(cache_dir) if f.endswith(".gxc")]
+    return path, x
+
+
+def _fresh_model_run(cache_dir, x):
+    m = Model(str(cache_dir))
+    with torch.no_grad():
+        out = m.cached(x)
+        assert torch.equal(out, m._forward(x))
+    return m.cached.stats
+
+
+def test_entries_are_written_private(tmp_path):
+    cache = tmp_path / "cache"
+    path, _ = _compiled_entry(cache)
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o600)
+    assert os.stat(cache).st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize("planted", ["other owner", "group writable", "directory writable by others", "symlink"])
+def test_a_planted_entry_is_refused(tmp_path, planted):
+    cache = tmp_path / "cache"
+    path, x = _compiled_entry(cache)
+    assert _fresh_model_run(cache, x)["hits"] == 1  # the user's own entry loads
+    if planted == "other owner":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the file another owner")  # CI runs as root
+        os.chown(path, 12345, 12345)
+    elif planted == "group writable":
+        os.chmod(path, 0o664)
+    elif planted == "directory writable by others":
+        os.chmod(cache, 0o777)
+    else:
+        target = tmp_path / "elsewhere.gxc"
+        os.replace(path, target)
+        os.symlink(target, path)
+    with pytest.warns(UserWarning, match="refused"):
+        stats = _fresh_model_run(cache, x)
+    assert stats["hits"] == 0 and stats["compiles"] == 1, stats
+
+
+def test_a_guard_record_that_is_not_an_access_path_is_never_run(tmp_path):
+    """A forged record (valid checksum, the user's own file) with code in its source is refused, not run."""
+    cache = tmp_path / "cache"
+    path, x = _compiled_entry(cache)
+    marker = tmp_path / "ran"
+    entry = entry_mod.read_entry(path)
+    entry.header["dynamo_guards"].insert(0, {"kind": "type", "expect": ["builtins", "int"],
+                                             "source": f"__import__('pathlib').Path({str(marker)!r}).touch()"})
+    entry_mod.write_entry(path, entry)
+    stats = _fresh_model_run(cache, x)
+    assert not marker.exists()
+    assert stats["hits"] == 0 and stats["compiles"] == 1, stats
