@@ -16,11 +16,19 @@ graph itself mutates.
 
 A folded value goes stale if its parameter changes after lowering, so the engine watches
 each parameter a fold reads (Note [A frozen parameter is checked by identity]):
-- a view (`t`, `view`, `expand`, ...) shares the parameter's memory, so in-place updates are
-  seen for free; only `param.data = other` (new memory) invalidates it: its data pointer is
-  watched;
-- a computed value (a copy) is invalidated by any in-place update: the parameter's version
-  counter is watched too.
+- a view (`t`, `view`, `expand`, ...) shares the parameter's memory, so every write into it
+  is seen for free; only new memory (`param.data = other`) invalidates it: its data pointer
+  (with dtype, shape and strides) is watched (WATCH_DATA);
+- a computed value (a copy, e.g. the `1.0 + weight` of a Gemma-style RMSNorm) is invalidated
+  by any write into the parameter's bytes, however it is made: through the parameter, through
+  `param.data` (a new tensor with its own version counter, so the parameter's counter misses
+  it), through a view of it, by load_state_dict. No counter sees them all, so the engine keeps
+  a copy of the bytes at bind time and compares them on every run (WATCH_CONTENTS).
+The contents check costs a memcmp per run, so a computed value is folded only when the frozen
+inputs it reads by contents span at most FOLD_CONTENTS_LIMIT bytes together (64 KiB: a few
+microseconds; a norm weight or bias qualifies, a weight matrix does not) and are dense CPU
+tensors. Past the limit the op stays in the program and reads the live parameter on every
+call, which is always exact. Views are folded at any size (their check is a pointer compare).
 A change re-lowers the program, which folds again from the current values.
 """
 
@@ -35,7 +43,11 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 # What the engine watches on a frozen input (Note [Folding frozen parameters]); ordered by strength.
-WATCH_IDENTITY, WATCH_DATA, WATCH_VERSION = 0, 1, 2
+WATCH_IDENTITY, WATCH_DATA, WATCH_CONTENTS = 0, 1, 2
+
+# Note [Folding frozen parameters]: the most bytes of frozen inputs one computed fold may read by contents
+# (each run compares them with a copy).
+FOLD_CONTENTS_LIMIT = 64 * 1024
 
 
 @dataclasses.dataclass
@@ -74,8 +86,11 @@ def fold_frozen(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> Fo
         reads: dict[int, int] = {}
         for i in inputs:
             for index, level in sources[i].items():
-                need = max(level, WATCH_DATA if is_view else WATCH_VERSION)
+                need = max(level, WATCH_DATA if is_view else WATCH_CONTENTS)
                 reads[index] = max(reads.get(index, WATCH_IDENTITY), need)
+        by_contents = [frozen[index] for index, level in reads.items() if level == WATCH_CONTENTS]
+        if by_contents and not _contents_watchable(by_contents):
+            continue  # computed on every run from the live parameters instead
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: value[n])
         with _disable_current_modes(), torch.no_grad():
             result = node.target(*args, **kwargs)
@@ -92,6 +107,22 @@ def fold_frozen(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> Fo
         for index, level in sources[n].items():
             watch[index] = max(watch.get(index, WATCH_IDENTITY), level)
     return Folded(values=used, nodes=folded_set, watch=watch, count=len(folded))
+
+
+def contents_bytes(t: torch.Tensor) -> int:
+    """The bytes `t` spans from its data pointer: what the engine copies and compares (WATCH_CONTENTS)."""
+    if t.numel() == 0:
+        return 0
+    return (sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _contents_watchable(tensors: list[torch.Tensor]) -> bool:
+    """Whether the engine can watch these frozen inputs by contents within FOLD_CONTENTS_LIMIT."""
+    for t in tensors:
+        if (type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type != "cpu" or t.layout != torch.strided
+                or t.is_quantized):
+            return False
+    return sum(contents_bytes(t) for t in tensors) <= FOLD_CONTENTS_LIMIT
 
 
 def _foldable_op(node: torch.fx.Node) -> bool:

@@ -42,8 +42,10 @@ _SPECS: dict[str, _Spec] = {
         "once, on the first call, instead of on every call, and ops that read only them (the "
         "t() of each linear weight, products of parameters) are computed once, bit for bit. "
         "In-place updates and `.data =` are seen; replacing a parameter or buffer object, or "
-        "changing one a folded value came from, is detected on the next call (a pointer compare "
-        "per parameter) and the program is re-lowered (logged; a warning after 3)."),
+        "changing one a folded value came from (any write, `.data` and views included), is "
+        "detected on the next call (a pointer compare per parameter; a byte compare of the few "
+        "under 64 KiB that computed values were folded from) and the program is re-lowered "
+        "(logged; a warning after 3)."),
     "inplace_pass": _Spec(
         True, (bool,),
         "Reinplace functional ops on intermediates (auto_functionalized custom ops, "

@@ -284,8 +284,9 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("frozen"),
            "Note [A frozen parameter is checked by identity]: every run requires input i to be tensor t itself, "
-           "for each (i, t, watch); watch 1 also its data pointer, 2 also its version counter (values folded "
-           "from it, Note [Folding frozen parameters]). A change raises graphex.FrozenInputReplaced.")
+           "for each (i, t, watch); watch 1 also its data pointer, dtype, sizes, strides and key set, 2 also its "
+           "bytes, copied now and compared on every run (values folded from it, Note [Folding frozen parameters]). "
+           "A change raises graphex.FrozenInputReplaced.")
       .def("try_run", &tryRunBoxed, py::arg("args"),
            "Run if the inputs fit the captured signature; None (nothing run) if they do not.")
       .def("fits", [](const Executor& e, const py::list& args) { return e.fits(toIValues(args)); }, py::arg("args"),

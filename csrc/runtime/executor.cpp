@@ -2,11 +2,13 @@
 
 #include "runtime/sym_ops.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <unordered_set>
@@ -232,21 +234,42 @@ void Executor::bindFrozen(std::vector<FrozenInput> frozen) {
     if (f.index >= program_.inputs.size() || !f.tensor.defined())
       throw ProgramError("graphex: " + program_.name + ": frozen input " + std::to_string(f.index) +
                          " is not an input of the program or not a tensor");
-    f.data = f.tensor.unsafeGetTensorImpl()->has_storage() ? f.tensor.const_data_ptr() : nullptr;
-    f.version = f.tensor._version();
+    if (f.watch == Watch::Identity) continue;
+    const c10::TensorImpl* impl = f.tensor.unsafeGetTensorImpl();
+    f.data = impl->has_storage() ? f.tensor.const_data_ptr() : nullptr;
+    f.dtype = f.tensor.scalar_type();
+    f.sizes = f.tensor.sizes().vec();
+    f.strides = f.tensor.strides().vec();
+    f.key_set = f.tensor.key_set();
+    if (f.watch != Watch::Contents) continue;
+    // Note [A frozen parameter is checked by identity]: the bytes the values were folded from.
+    if (!f.data || f.tensor.device().type() != c10::DeviceType::CPU || f.tensor.layout() != c10::kStrided ||
+        f.tensor.is_quantized())
+      throw ProgramError("graphex: " + program_.name + ": frozen input " + std::to_string(f.index) +
+                         " is watched by contents, which needs a dense CPU tensor with storage");
+    size_t nbytes = f.tensor.numel() == 0 ? 0 : at::detail::computeStorageNbytes(f.sizes, f.strides, f.tensor.itemsize());
+    const auto* begin = static_cast<const unsigned char*>(f.data);
+    f.bytes.assign(begin, begin + nbytes);
   }
   frozen_ = std::move(frozen);
 }
 
 // Why input `value` no longer is the frozen input `f` the program was built with; nullptr if it still is.
+// Note [A frozen parameter is checked by identity].
 static const char* frozenChange(const c10::IValue& value, const Executor::FrozenInput& f) {
   if (!value.isTensor() || value.toTensor().unsafeGetTensorImpl() != f.tensor.unsafeGetTensorImpl())
     return "was replaced by another tensor after compiling";
   if (f.watch == Executor::Watch::Identity) return nullptr;
-  if (f.data != (f.tensor.unsafeGetTensorImpl()->has_storage() ? f.tensor.const_data_ptr() : nullptr))
-    return "was given new memory (`.data =`) after compiling, and values folded from it are stale";
-  if (f.watch == Executor::Watch::Version && f.version != f.tensor._version())
-    return "was updated in place after compiling, and values folded from it are stale";
+  const at::Tensor& t = f.tensor;
+  if (f.data != (t.unsafeGetTensorImpl()->has_storage() ? t.const_data_ptr() : nullptr) ||
+      t.scalar_type() != f.dtype || t.sizes() != c10::IntArrayRef(f.sizes) ||
+      t.strides() != c10::IntArrayRef(f.strides) || t.key_set() != f.key_set)
+    return "was given new memory or another dtype, shape or layout (`.data =`) after compiling, and values folded "
+           "from it are stale";
+  if (f.watch == Executor::Watch::Contents && !f.bytes.empty() &&
+      std::memcmp(f.data, f.bytes.data(), f.bytes.size()) != 0)
+    return "was updated in place after compiling (its bytes differ from those values were folded from: a write "
+           "through the parameter, `.data`, a view or load_state_dict), and values folded from it are stale";
   return nullptr;
 }
 

@@ -46,6 +46,21 @@ class SignatureError : public std::runtime_error {
 // pointer compare per frozen input) and throws FrozenInputReplaced on a mismatch; the Python
 // side re-lowers with the new tensors (graphex/runtime.py). In-place updates and `.data =`
 // keep the TensorImpl, and the program reads the constant through it, so they are seen.
+//
+// Values folded from a frozen input (graphex/fold.py, Note [Folding frozen parameters]) need
+// more, by how they were made (Watch):
+// - Data: a folded view (`t(weight)`) reads the parameter's memory, so every write into that
+//   memory is seen; only new memory (`.data = other`, `set_`) or another dtype, shape, stride or
+//   dispatch key set (a conj view, say) makes it stale: those are compared.
+// - Contents: a computed fold (`1.0 + weight`) is a copy, stale after any write into the
+//   parameter's bytes. The version counter does not see every write: `param.data` is a new
+//   TensorImpl with its own counter, so `param.data.copy_(...)` bumps nothing the parameter has,
+//   and storage has no counter. So bindFrozen keeps a copy of the bytes the parameter spans and
+//   every run compares them (memcmp), besides what Data compares: exact for every write, through
+//   the parameter, `.data`, a view or load_state_dict. fold.py folds a computed value only when
+//   the frozen inputs it reads by contents span at most 64 KiB together (fold.FOLD_CONTENTS_LIMIT),
+//   which bounds this check to a few microseconds per such input (an RMSNorm weight qualifies;
+//   a weight matrix does not, and what it feeds is computed per run from the live parameter).
 class FrozenInputReplaced : public SignatureError {
  public:
   FrozenInputReplaced(const std::string& msg, size_t input) : SignatureError(msg), input(input) {}
@@ -154,15 +169,20 @@ class Executor {
 
   // Note [A frozen parameter is checked by identity]: from now on every run (and fits())
   // requires input `index` to be `tensor` itself. Folded values (graphex/fold.py, Note [Folding
-  // frozen parameters]) also need its memory (Watch::Data: the data pointer it had now) or its
-  // values (Watch::Version: also its version counter) unchanged. Call before the first run.
-  enum class Watch : int { Identity = 0, Data = 1, Version = 2 };
+  // frozen parameters]) also need its memory, dtype, sizes, strides and key set unchanged
+  // (Watch::Data) and, for computed ones, also its bytes (Watch::Contents). Call before the first run.
+  // Contents needs a dense CPU tensor (throws ProgramError otherwise).
+  enum class Watch : int { Identity = 0, Data = 1, Contents = 2 };
   struct FrozenInput {
     size_t index;
     at::Tensor tensor;
     Watch watch = Watch::Identity;
-    const void* data = nullptr;  // recorded by bindFrozen
-    uint32_t version = 0;        // recorded by bindFrozen
+    // Recorded by bindFrozen (Watch::Data and Contents):
+    const void* data = nullptr;
+    c10::ScalarType dtype = c10::ScalarType::Undefined;
+    std::vector<int64_t> sizes, strides;
+    c10::DispatchKeySet key_set;
+    std::vector<unsigned char> bytes;  // Watch::Contents: the bytes the tensor spans from `data`
   };
   void bindFrozen(std::vector<FrozenInput> frozen);
 

@@ -218,3 +218,118 @@ def test_a_bare_executor_refuses_a_replaced_parameter_by_name():
         graph.executor(flat)
     assert info.value.input == index
     assert isinstance(info.value, graphex.SignatureError)
+
+
+# -- every in-place write is seen (Note [A frozen parameter is checked by identity]) -----------------
+class OffsetNorm(torch.nn.Module):
+    """Gemma-style RMSNorm: `(1.0 + weight)` reads only the parameter, so it is folded (a computed copy)."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(variance + 1e-6) * (1.0 + self.weight)
+
+
+def _write_through_parameter(w: torch.Tensor) -> None:
+    w.add_(1)
+
+
+def _copy_through_data(w: torch.Tensor) -> None:
+    w.data.copy_(torch.randn(w.shape))
+
+
+def _add_through_data(w: torch.Tensor) -> None:
+    w.data.add_(1)
+
+
+def _fill_a_row_view(w: torch.Tensor) -> None:
+    w[0].fill_(1)
+
+
+def _zero_a_flat_view(w: torch.Tensor) -> None:
+    w.view(-1)[:3].zero_()
+
+
+def _load_state_dict(w: torch.Tensor, model: torch.nn.Module) -> None:
+    model.load_state_dict({"weight": torch.randn(w.shape)})
+
+
+_WRITES = [_write_through_parameter, _copy_through_data, _add_through_data, _fill_a_row_view, _zero_a_flat_view,
+           _load_state_dict]
+
+
+def _write(write, model: torch.nn.Module) -> None:
+    if write is _load_state_dict:
+        write(model.weight, model)
+    else:
+        write(model.weight)
+
+
+def _frozen_with_weight_watch(model: torch.nn.Module, x: torch.Tensor):
+    compiled = _compiled(model)
+    assert_same(compiled(x), model(x))
+    graph = captures()[-1]
+    args: list = []
+    stop = graph.watch(lambda a, _outs: args.append(list(a)))
+    compiled(x)
+    stop()
+    (index,) = [i for i in graph.lowered.frozen_inputs if args[0][i] is model.weight]
+    return compiled, graph, graph.lowered.frozen_watch[index]
+
+
+@pytest.mark.parametrize("write", _WRITES, ids=lambda w: w.__name__.lstrip("_"))
+def test_a_folded_offset_norm_weight_sees_every_write(write):
+    torch.manual_seed(10)
+    model, x = OffsetNorm().eval(), torch.randn(3, 16)
+    compiled, graph, watch = _frozen_with_weight_watch(model, x)
+    assert graph.lowered.folded_ops >= 1 and watch == 2  # folded, watched by contents
+    _write(write, model)
+    assert_same(compiled(x), model(x))
+    assert graph.relowerings == 1
+    assert_same(compiled(x), model(x))  # the re-lowered program is kept
+    assert graph.relowerings == 1
+
+
+@pytest.mark.parametrize("write", _WRITES, ids=lambda w: w.__name__.lstrip("_"))
+def test_a_linear_weight_sees_every_write(write):
+    torch.manual_seed(11)
+    model, x = torch.nn.Linear(4, 3, bias=False).eval(), torch.randn(2, 4)
+    compiled, graph, watch = _frozen_with_weight_watch(model, x)
+    assert graph.lowered.folded_ops == 1 and watch == 1  # t(weight): a folded view, reads the memory
+    _write(write, model)
+    assert_same(compiled(x), model(x))
+    assert graph.relowerings == 0  # the view reads the written memory: nothing to re-lower
+
+
+def test_the_contents_watch_compares_bytes_not_write_counts():
+    torch.manual_seed(12)
+    model, x = OffsetNorm().eval(), torch.randn(3, 16)
+    compiled, graph, _ = _frozen_with_weight_watch(model, x)
+    model.weight.data.copy_(model.weight.detach().clone())  # written, with the same bytes: nothing is stale
+    model.weight.mul_(1.0)
+    assert_same(compiled(x), model(x))
+    assert graph.relowerings == 0
+    model.weight.data[5] = -model.weight.data[5]  # one element, through .data: seen
+    assert_same(compiled(x), model(x))
+    assert graph.relowerings == 1
+
+
+@pytest.mark.parametrize("dim, folded", [(16 * 1024, True), (16 * 1024 + 1, False)])
+def test_a_computed_fold_is_bounded_by_the_contents_limit(dim, folded):
+    """Note [Folding frozen parameters]: past FOLD_CONTENTS_LIMIT bytes (64 KiB) of sources, a computed value
+    is not folded; it is computed on every run from the live parameter, so a .data write is still exact."""
+    from graphex.fold import FOLD_CONTENTS_LIMIT
+
+    assert FOLD_CONTENTS_LIMIT == 16 * 1024 * 4
+    torch.manual_seed(13)
+    model, x = OffsetNorm(dim).eval(), torch.randn(2, dim)
+    compiled, graph, watch = _frozen_with_weight_watch(model, x)
+    adds = [t for _, t in graph.executor.node_names()].count("aten::add.Tensor")  # variance + eps, 1.0 + weight
+    assert graph.lowered.folded_ops == int(folded) and adds == (1 if folded else 2)
+    assert watch == (2 if folded else 0)
+    model.weight.data.copy_(torch.randn(dim))
+    assert_same(compiled(x), model(x))
+    assert graph.relowerings == (1 if folded else 0)
