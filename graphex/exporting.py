@@ -36,6 +36,11 @@ from .options import Options
 
 PROGRAM_FILE = "program.gxp"
 WEIGHTS_FILE = "weights.safetensors"
+# Where the data section and every tensor of a file safetensors_bytes writes start: Note [Weights are 64-byte
+# aligned] (csrc/deploy/safetensors.h, whose kWeightsAlignment is the same number). MKL/oneDNN pick their code
+# path by the operands' alignment and eager's weights come from c10's 64-aligned allocator, so a weight mapped
+# from the file at another alignment can round differently from eager.
+WEIGHTS_ALIGNMENT = 64
 
 _SAFETENSORS_DTYPES = {torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
                        torch.int32: "I32", torch.int64: "I64", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -149,21 +154,23 @@ def _refuse_collectives(program: bytes) -> None:
 
 
 def safetensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
-    """The safetensors layout: u64 header length, JSON header, data (each tensor 8-byte aligned)."""
+    """The safetensors layout: u64 header length, JSON header padded with spaces, data; the data section and every
+    tensor start at file offsets that are multiples of WEIGHTS_ALIGNMENT (zero bytes between tensors, none after
+    the last): Note [Weights are 64-byte aligned], csrc/deploy/safetensors.h."""
     header: dict[str, Any] = {}
-    blobs, offset = [], 0
+    blobs, end = [], 0
     for name in sorted(tensors):
         t = tensors[name].detach().to("cpu").contiguous()
         if t.dtype not in _SAFETENSORS_DTYPES:
             raise ExportError(f"weight {name} has dtype {t.dtype}, which safetensors cannot hold")
         data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        pad = (-len(data)) % 8
+        pad = (-end) % WEIGHTS_ALIGNMENT
         header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data + b"\0" * pad)
-        offset += len(data) + pad
+                        "data_offsets": [end + pad, end + pad + len(data)]}
+        blobs.append(b"\0" * pad + data)
+        end += pad + len(data)
     text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((-len(text)) % 8)
+    text += b" " * ((-(8 + len(text))) % WEIGHTS_ALIGNMENT)
     return struct.pack("<Q", len(text)) + text + b"".join(blobs)
 
 

@@ -1,5 +1,6 @@
 #include "deploy/safetensors.h"
 
+#include <ATen/ops/clone.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/ScalarType.h>
 
@@ -210,15 +211,26 @@ std::map<std::string, at::Tensor> loadSafetensors(const std::string& path) {
     void* ptr = const_cast<char*>(data + offsets[0].number);
     if (reinterpret_cast<uintptr_t>(ptr) % c10::elementSize(*dtype) != 0)
       throw WeightsError(what + ": data is not aligned to its element size");
-    out.emplace(name, at::from_blob(ptr, shape, [mapping](void*) {}, at::TensorOptions().dtype(*dtype)));
+    at::Tensor t = at::from_blob(ptr, shape, [mapping](void*) {}, at::TensorOptions().dtype(*dtype));
+    // Note [Weights are 64-byte aligned]: a tensor off the alignment eager's allocator gives (a file
+    // another tool wrote) is copied once, here, into an aligned one, so kernels take eager's path.
+    if (reinterpret_cast<uintptr_t>(ptr) % kWeightsAlignment != 0) t = t.clone();
+    out.emplace(name, std::move(t));
   }
   return out;
 }
 
+namespace {
+
+uint64_t alignUp(uint64_t n) { return (n + kWeightsAlignment - 1) / kWeightsAlignment * kWeightsAlignment; }
+
+}  // namespace
+
+// Note [Weights are 64-byte aligned]: the data section and every tensor start on kWeightsAlignment.
 void saveSafetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors) {
   std::string header = "{";
-  uint64_t offset = 0;
-  std::vector<at::Tensor> blobs;
+  uint64_t end = 0;  // of the data written so far
+  std::vector<std::pair<uint64_t, at::Tensor>> blobs;  // data offset, tensor
   for (const auto& [name, t0] : tensors) {
     at::Tensor t = t0.contiguous().cpu();
     const char* dname = nullptr;
@@ -226,24 +238,27 @@ void saveSafetensors(const std::string& path, const std::map<std::string, at::Te
       if (st == t.scalar_type()) dname = n;
     if (!dname) throw WeightsError("cannot save " + name + ": dtype " + c10::toString(t.scalar_type()));
     uint64_t nbytes = t.numel() * t.element_size();
+    uint64_t begin = alignUp(end);
     if (header.size() > 1) header += ",";
     header += "\"" + name + "\":{\"dtype\":\"" + dname + "\",\"shape\":[";
     for (int64_t i = 0; i < t.dim(); ++i) header += (i ? "," : "") + std::to_string(t.size(i));
-    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + nbytes) + "]}";
-    offset += nbytes + (-nbytes) % 8;  // each tensor starts 8-byte aligned, as the reader checks
-    blobs.push_back(t);
+    header += "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(begin + nbytes) + "]}";
+    end = begin + nbytes;
+    blobs.emplace_back(begin, t);
   }
   header += "}";
-  while ((8 + header.size()) % 8) header += ' ';
+  while ((8 + header.size()) % kWeightsAlignment) header += ' ';
   std::ofstream f(path, std::ios::binary);
   uint64_t n = header.size();
   f.write(reinterpret_cast<const char*>(&n), 8);
   f << header;
-  const char zeros[8] = {};
-  for (const at::Tensor& t : blobs) {
+  const char zeros[kWeightsAlignment] = {};
+  uint64_t written = 0;
+  for (const auto& [begin, t] : blobs) {
+    f.write(zeros, begin - written);  // < kWeightsAlignment
     uint64_t nbytes = t.numel() * t.element_size();
     f.write(static_cast<const char*>(t.const_data_ptr()), nbytes);
-    f.write(zeros, (-nbytes) % 8);
+    written = begin + nbytes;
   }
   if (!f) throw WeightsError("cannot write " + path);
 }

@@ -1,6 +1,9 @@
 """graphex.export writes program + safetensors weights; graphex::Module (C++, no Python) loads and runs them."""
 
+import json
 import os
+import shutil
+import struct
 import subprocess
 import sys
 
@@ -8,7 +11,7 @@ import pytest
 import torch
 
 import graphex
-from graphex.exporting import safetensors_bytes
+from graphex.exporting import WEIGHTS_FILE, safetensors_bytes
 from graphex import _C
 from graphex.errors import ProgramError
 
@@ -66,6 +69,44 @@ def test_weights_are_bound_by_name_and_checked(exported, tmp_path):
     (bad / "program.gxp").write_bytes(program[:-5])
     with pytest.raises(ProgramError, match="truncated"):
         _C.Module(str(bad))
+
+
+def misaligned_safetensors(tensors: dict[str, torch.Tensor], residue: int) -> tuple[bytes, list[int]]:
+    """A safetensors file as an 8-byte-aligned writer lays it out, with the data section at a file offset of
+    `residue` modulo 64; returns it and each tensor's file offset."""
+    header, blobs, end = {}, [], 0
+    for name, t in sorted(tensors.items()):
+        data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        pad = (-end) % 8
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [end + pad, end + pad + len(data)]}
+        blobs.append(b"\0" * pad + data)
+        end += pad + len(data)
+    text = json.dumps(header).encode()
+    text += b" " * ((residue - 8 - len(text)) % 64)
+    return (struct.pack("<Q", len(text)) + text + b"".join(blobs),
+            [8 + len(text) + v["data_offsets"][0] for v in header.values()])
+
+
+def test_weights_off_64_byte_alignment_are_copied_and_give_the_same_bits(tmp_path):
+    """Note [Weights are 64-byte aligned]: a weights file written by another tool, its tensors at every multiple of
+    8 modulo 64, loads and runs bit for bit as the aligned file export wrote (and as eager)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 256).eval()
+    x = torch.randn(1, 256)
+    path = graphex.export(model, (x,), tmp_path / "lin.graphex")
+    with torch.no_grad():
+        expected = model(x)
+    aligned = _C.Module(path)([x])[0]
+    assert torch.equal(aligned, expected)
+    for residue in range(8, 64, 8):
+        art = tmp_path / f"off{residue}"
+        art.mkdir()
+        shutil.copy(os.path.join(path, "program.gxp"), art / "program.gxp")
+        data, offsets = misaligned_safetensors({"weight": model.weight, "bias": model.bias}, residue)
+        assert [o % 64 for o in offsets] == [residue, residue]
+        (art / WEIGHTS_FILE).write_bytes(data)
+        out = _C.Module(str(art))([x])[0]
+        assert torch.equal(out, aligned), f"tensors at {residue} mod 64: max abs diff {(out - aligned).abs().max()}"
 
 
 def test_graphex_export_is_the_function_and_the_command(tmp_path):

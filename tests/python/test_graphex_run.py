@@ -1,14 +1,20 @@
 """graphex-run (C++, no Python): runs an exported artifact on a safetensors file of inputs and writes
-the flattened result as safetensors; its output is bitwise equal to eager (one subprocess test)."""
+the flattened result as safetensors; its output is bitwise equal to eager, under every CPU capability
+(Note [Weights are 64-byte aligned], csrc/deploy/safetensors.h)."""
 
+import collections
+import json
 import os
+import struct
 import subprocess
+import sys
 
 import pytest
 import torch
 
 import graphex
-from graphex.exporting import load_safetensors, safetensors_bytes
+from graphex.exporting import WEIGHTS_ALIGNMENT, WEIGHTS_FILE, load_safetensors, safetensors_bytes
+from examples.models.decoder import build_decoder
 
 from conftest import ROOT
 
@@ -52,3 +58,151 @@ def test_graphex_run_output_file_is_bitwise_equal_to_eager(tmp_path):
     proc = subprocess.run([GRAPHEX_RUN, path, "--inputs", str(tmp_path / "bad.safetensors")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and 'none named "1"' in proc.stderr
+
+
+def file_offsets(path) -> dict[str, int]:
+    """name -> the file offset where the tensor's bytes start (the header parsed here, not by graphex)."""
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    return {name: 8 + n + entry["data_offsets"][0] for name, entry in header.items() if name != "__metadata__"}
+
+
+def test_weights_and_outputs_start_every_tensor_on_64_bytes(tmp_path):
+    """Note [Weights are 64-byte aligned]: the header is padded with spaces (counted by the length field) and the
+    tensors with zeros, by the Python writer (export, safetensors_bytes) and the C++ one (graphex-run --output)."""
+    assert WEIGHTS_ALIGNMENT == 64
+    torch.manual_seed(0)
+    model = Net().eval()  # tensors of 16 and 128 bytes: padding after each but the last
+    x, mask = torch.randn(2, 8), torch.tensor([True, False, True])
+    path = graphex.export(model, (x, mask), tmp_path / "net.graphex")
+    weights = os.path.join(path, WEIGHTS_FILE)
+    data = open(weights, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    text = data[8:8 + n].decode()
+    assert (8 + n) % 64 == 0 and text.rstrip(" ").endswith("}"), text  # the length field counts the spaces
+    header = json.loads(text)
+    offsets = file_offsets(weights)
+    assert sorted(offsets) == ["fc.bias", "fc.weight", "scale"], offsets
+    assert all(offset % 64 == 0 for offset in offsets.values()), offsets
+    spans = sorted((8 + n + b, 8 + n + e) for b, e in (v["data_offsets"] for v in header.values()))
+    assert spans[-1][1] == len(data)  # nothing after the last tensor
+    assert all(data[end:begin] == bytes(begin - end) for (_, end), (begin, _) in zip(spans, spans[1:]))
+    named = dict(model.named_parameters()) | dict(model.named_buffers())
+    assert all(torch.equal(t, named[k]) for k, t in load_safetensors(weights).items())
+
+    inputs, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    inputs.write_bytes(safetensors_bytes({"0": x, "1": mask}))
+    assert all(offset % 64 == 0 for offset in file_offsets(inputs).values())
+    proc = subprocess.run([GRAPHEX_RUN, path, "--inputs", str(inputs), "--output", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    offsets = file_offsets(out)  # leaves of 32, 3 and 8 bytes
+    assert sorted(offsets) == ["0", "1", "2"] and all(offset % 64 == 0 for offset in offsets.values()), offsets
+    with torch.no_grad():
+        expected = model(x, mask)
+    result = load_safetensors(out)
+    assert torch.equal(result["0"], expected["y"]) and torch.equal(result["1"], expected["m"])
+
+
+# A name's length moves every tensor after the header: with the former 8-byte layout, names of 1-4 letters put
+# this Linear's weight and bias 24 bytes past a 64-byte boundary (8 off a 16-byte one, which MKL rounds differently
+# on AMD EPYC) and names of 5-8 letters 32 bytes past it. test_export.py loads tensors at every multiple of 8.
+LINEAR_NAMES = ["abcdefgh"[:n] for n in range(1, 9)]
+CAPABILITIES = {"default": None, "avx2": "avx2", "avx512": "avx512f"}  # ATEN_CPU_CAPABILITY -> the cpuinfo flag
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def linear_named(name: str) -> torch.nn.Module:
+    return torch.nn.Sequential(collections.OrderedDict([(name, torch.nn.Linear(256, 256))])).eval()
+
+
+# Eager in its own process, so that it runs under the ATEN_CPU_CAPABILITY graphex-run runs under; the models get
+# the exporting process's parameters and buffers (copied into tensors of their own, as eager allocates them).
+EAGER = """
+import collections, json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from graphex.exporting import load_safetensors, safetensors_bytes
+from examples.models.decoder import build_decoder
+cases, out = json.loads(sys.argv[2]), sys.argv[3]
+results = {}
+for case in cases:
+    if case["model"] == "decoder":
+        model = build_decoder()
+    else:  # linear_named
+        model = torch.nn.Sequential(collections.OrderedDict([(case["model"], torch.nn.Linear(256, 256))])).eval()
+    own = dict(model.named_parameters()) | dict(model.named_buffers())
+    state = load_safetensors(case["state"])
+    assert own.keys() == state.keys(), (sorted(own), sorted(state))
+    inputs = load_safetensors(case["inputs"])
+    with torch.no_grad():
+        for name, t in state.items():
+            own[name].copy_(t)
+        results[case["model"]] = model(*(inputs[str(i)] for i in range(len(inputs))))
+open(out, "wb").write(safetensors_bytes(results))
+print(torch.backends.cpu.get_cpu_capability())
+"""
+
+
+@pytest.fixture(scope="module")
+def bitwise_cases(tmp_path_factory):
+    """Exported artifacts, their inputs and the exporting process's weights: one Linear(256, 256) under each name
+    of LINEAR_NAMES, and the shipped decoder (examples/models/decoder.py) one step into a filled cache."""
+    d = tmp_path_factory.mktemp("bitwise")
+    cases = []
+
+    def add(key, model, args):
+        art = graphex.export(model, args, d / f"{key}.graphex")
+        (d / f"{key}.in.safetensors").write_bytes(safetensors_bytes({str(i): a for i, a in enumerate(args)}))
+        state = dict(model.named_parameters()) | dict(model.named_buffers())
+        (d / f"{key}.state.safetensors").write_bytes(safetensors_bytes(state))
+        cases.append({"model": key, "artifact": art, "inputs": str(d / f"{key}.in.safetensors"),
+                      "state": str(d / f"{key}.state.safetensors")})
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 256)
+    for i, name in enumerate(LINEAR_NAMES):
+        torch.manual_seed(i)
+        add(name, linear_named(name), (x,))
+    decoder = build_decoder()
+    torch.manual_seed(1)
+    k, v = (torch.randn_like(c) for c in decoder.new_cache())
+    add("decoder", decoder, (torch.tensor([[7]]), torch.tensor([5]), k, v))
+    return cases
+
+
+@pytest.mark.parametrize("capability", list(CAPABILITIES))
+def test_graphex_run_is_bitwise_equal_to_eager_under_every_cpu_capability(bitwise_cases, capability, tmp_path):
+    """Note [Weights are 64-byte aligned]: the mapped weights are aligned as eager's are, so graphex-run takes the
+    kernels' (MKL's) path eager takes, whatever the parameter names, under each ATEN_CPU_CAPABILITY this CPU has."""
+    flag = CAPABILITIES[capability]
+    if flag and flag not in cpu_flags():
+        pytest.skip(f"this CPU has no {flag} (/proc/cpuinfo), so ATEN_CPU_CAPABILITY={capability} is not its path")
+    assert os.path.exists(GRAPHEX_RUN), "graphex-run is not built (make build)"
+    cases = bitwise_cases
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
+    eager_file = tmp_path / "eager.safetensors"
+    proc = subprocess.run([sys.executable, "-c", EAGER, ROOT, json.dumps(cases), str(eager_file)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == capability.upper(), proc.stdout  # eager ran under that capability
+    eager = load_safetensors(eager_file)
+    differ = []
+    for case in cases:
+        out = tmp_path / f"{case['model']}.out.safetensors"
+        proc = subprocess.run([GRAPHEX_RUN, case["artifact"], "--inputs", case["inputs"], "--output", str(out)],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        got, expected = load_safetensors(out)["0"], eager[case["model"]]
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        if not torch.equal(got, expected):
+            differ.append(f"{case['model']}: max abs diff {(got - expected).abs().max().item():.3g}")
+    assert not differ, f"graphex-run differs from eager under ATEN_CPU_CAPABILITY={capability}: {differ}"
