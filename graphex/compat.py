@@ -223,3 +223,14 @@ def treespec_children(spec: Any) -> list[Any]:
     """A TreeSpec's child specs: `children()` (2.13 deprecates the `children_specs` attribute)."""
     children = getattr(spec, "children", None)
     return list(children()) if callable(children) else list(spec.children_specs)
+
+
+def opaque_guard_fn(cls: type) -> Callable[[Any], Any] | None:
+    """The guard_fn torch registered for an opaque object type (a ProcessGroup: OPAQUE_OBJ_GUARD_FN_MATCH guards
+    compare what it returns), or None. torch._library.opaque_object exists where Dynamo emits that guard."""
+    try:
+        from torch._library.opaque_object import get_opaque_obj_info
+    except ImportError:
+        return None
+    info = get_opaque_obj_info(cls)
+    return getattr(info, "guard_fn", None) if info else None

@@ -62,7 +62,8 @@ def export(model_or_fn: torch.nn.Module | Callable[..., Any], example_inputs: Se
     module = getattr(func, "__self__", None)
     flat, in_spec = pytree.tree_flatten((tuple(example_inputs), {}))
     with torch.no_grad():
-        _, entry, why = compile_cold(func, flat, in_spec, Options.from_user(options), bool(dynamic), {})
+        _, entry, why = compile_cold(func, flat, in_spec, Options.from_user(options), bool(dynamic), {},
+                                   with_guards=False)
     if entry is None:
         raise ExportError(finding=Finding(
             what=f"cannot export {getattr(func, '__qualname__', func)}: {why}", where="",

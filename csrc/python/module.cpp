@@ -9,6 +9,7 @@
 #include "plan/describe.h"
 #include "program/program.h"
 #include "program/format.h"
+#include "python/state_watch.h"
 #include "runtime/executor.h"
 
 #include <torch/csrc/Exceptions.h>
@@ -264,6 +265,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace graphex;
   m.doc() = "graphex C++ core: programs built from specs, run through the c10 dispatcher";
   registerErrors(m);
+  registerStateWatch(m);
 
   m.attr("SPEC_FORMAT_VERSION") = format::kFormatVersion;
 

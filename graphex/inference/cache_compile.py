@@ -70,6 +70,8 @@ class _Loaded:
         self.validate_next = bool(entry.header.get("validate_fake"))
         self.out_spec = pytree.treespec_loads(entry.header["outputs"]["spec"])
         self.leaves = [(o["kind"], o.get("index"), o.get("value")) for o in entry.header["outputs"]["leaves"]]
+        self.single_output = self.leaves[0][1] if (self.out_spec.is_leaf() and len(self.leaves) == 1
+                                                   and self.leaves[0][0] == "graph") else None
         self.guard_set = GuardSet(entry.header["dynamo_guards"])
         self.bind: Callable[[list[Any], Any], list[Any] | None] | None = None
         self.why = ""  # the guard that failed, for the cache-miss message
@@ -120,12 +122,15 @@ class _Loaded:
             if outs is None:
                 self.why = f"{keys.describe_signature(flat)}, the entry was built for {self.header.get('signature')}"
                 return MISS
+        if self.single_output is not None:  # one graph output returned as it is: no pytree per call
+            return outs[self.single_output]
         leaves = [outs[i] if kind == "graph" else flat[i] if kind == "arg" else value
                   for kind, i, value in self.leaves]
         return pytree.tree_unflatten(leaves, self.out_spec)
 
 
 MISS = object()  # _Loaded.try_run: the entry does not fit this call
+_NOT_A_LEAF = object()  # CachedFunction.__call__: an argument that pytree flattens further
 _LEAF_TYPES = (torch.Tensor, int, float, bool)  # pytree leaves (Note [A plain call skips pytree])
 
 
@@ -165,18 +170,19 @@ class CachedFunction:
         # Note [A plain call skips pytree]: positional tensors and numbers only (the common serving call)
         # flatten to themselves, so neither tree_flatten nor hashing a TreeSpec is paid per call; the key
         # (the argument count) cannot collide with a TreeSpec key, and one call shape always takes one path.
-        if not kwargs and all(isinstance(a, _LEAF_TYPES) for a in args):
+        values = None if kwargs else tuple(None if type(a) is torch.Tensor or isinstance(a, torch.Tensor) else
+                                           (type(a), a) if isinstance(a, _LEAF_TYPES) else _NOT_A_LEAF for a in args)
+        if values is not None and _NOT_A_LEAF not in values:
             flat = list(args)
             in_spec = self._plain_specs.get(len(args))
             if in_spec is None:
                 in_spec = self._plain_specs[len(args)] = pytree.tree_flatten((args, {}))[1]
-            spec_key: Any = len(args)
+            call_key: Any = (len(args), values)
         else:
             flat, in_spec = pytree.tree_flatten((args, kwargs))
-            spec_key = in_spec
+            call_key = (in_spec, tuple(None if isinstance(a, torch.Tensor) else (type(a), a) for a in flat))
         if torch.is_grad_enabled() and self._needs_autograd(flat):
             return self._plain_compiled(flat, in_spec)
-        call_key = (spec_key, tuple(None if isinstance(a, torch.Tensor) else (type(a), a) for a in flat))
         for loaded in self._by_call.get(call_key, ()):  # newest first
             result = loaded.try_run(flat)  # Note [Entries are found by signature, not by exceptions]
             if result is not MISS:

@@ -79,8 +79,10 @@ def _positional_leaves(in_spec: pytree.TreeSpec) -> bool:
 
 
 def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree.TreeSpec, options: Options,
-                 dynamic: bool, key_parts: dict[str, Any]) -> tuple[Any, Entry | None, str | None]:
-    """Compile and run once. Returns (result, entry or None, why not cacheable)."""
+                 dynamic: bool, key_parts: dict[str, Any], *, with_guards: bool = True
+                 ) -> tuple[Any, Entry | None, str | None]:
+    """Compile and run once. Returns (result, entry or None, why not cacheable). `with_guards`: record Dynamo's
+    guards (a cache entry needs them; an export artifact, run without Python, has no Python state to guard)."""
     rec = _Recording()
     # Note [A cache entry is lowered once]: entries never hold weights (they bind the module's
     # parameters by name), so the cold call runs the very program the entry stores: lowered once,
@@ -117,7 +119,7 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
                                 options=compat.guard_recorder(on_guards))
     result = compiled_fn(*flat_args)
     try:
-        entry = _describe(func, flat_args, result, rec, options, key_parts, dynamic)
+        entry = _describe(func, flat_args, result, rec, options, key_parts, dynamic, with_guards)
         return result, entry, None
     except NotCacheable as e:
         return result, None, str(e)
@@ -159,7 +161,7 @@ def _shape_guards(rec: _Recording) -> str | None:
 
 
 def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: _Recording, options: Options,
-              key_parts: dict[str, Any], dynamic: bool) -> Entry:
+              key_parts: dict[str, Any], dynamic: bool, with_guards: bool = True) -> Entry:
     if len(rec.graphs) != 1:
         raise NotCacheable("the call did not produce exactly one engine graph (autograd needed? run it under "
                            "torch.no_grad() or torch.inference_mode())")
@@ -179,7 +181,7 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     lowered = graph.lowered  # Note [A cache entry is lowered once]: no frozen inputs
     assert lowered is not None and not lowered.frozen_inputs, "compile_cold turns frozen_parameter off"
     custom = [op for op in lowered.node_ops if op is not None and is_custom(op)]
-    dynamo_guards = _dynamo_guards(rec, func, flat_args, inputs)
+    dynamo_guards = _dynamo_guards(rec, func, flat_args, inputs) if with_guards else []
     header = {
         **keys.versions(),
         "key_parts": key_parts,

@@ -269,6 +269,9 @@ def identity(value: Any) -> Any:
         return ["dtype", str(value)]
     if isinstance(value, enum.Enum):
         return ["enum", type(value).__module__, type(value).__qualname__, value.name]
+    if type(value).__name__ == "ProcessGroup" and hasattr(value, "group_name"):
+        # by its name (Note [A program belongs to its world], graphex/distributed.py: the key holds the world)
+        return ["process_group", value.group_name, value.size()]
     raise NotCheckable(f"an object of type {type(value).__qualname__} compared by identity, which another "
                        "process cannot check")
 
@@ -398,7 +401,7 @@ def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
     value = e.value
     keywords = getattr(guard.create_fn, "keywords", None) or {}
     rec: dict[str, Any] = {"kind": "", "source": name}
-    if kind == "TYPE_MATCH":
+    if kind in ("TYPE_MATCH", "FAKE_SCRIPT_TYPE_MATCH"):  # the latter: a script object's (a process group's) type
         rec.update(kind="type", expect=type_name(type(value)))
     elif kind in _IDENTITY:
         rec.update(kind="id", expect=identity(value))
@@ -428,6 +431,13 @@ def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
         other = keywords.get("source_b")
         rec.update(kind="same", arg=getattr(other, "name", other))
         parse_source(rec["arg"])
+    elif kind == "OPAQUE_OBJ_GUARD_FN_MATCH":
+        from .. import compat
+
+        fn = compat.opaque_guard_fn(type(value))
+        if fn is None:
+            return None  # Dynamo adds no check either
+        rec.update(kind="opaque", expect=constant(fn(value)))
     elif kind == "TENSOR_MATCH":
         if name in input_sources:
             return None  # checked by the engine on every call
@@ -484,11 +494,18 @@ class GuardSet:
     replay: `run(flat_args, func)` is the engine's input list when every guard holds, else None.
 
     Note [One function checks the guards and binds the inputs]
-    The generated function first checks every guard, then reads the program's inputs: arguments by
+    The generated function checks the guards, then reads the program's inputs: arguments by
     position, sizes and strides of arguments, parameters and buffers through the source Dynamo read
     them from (`L['func'].__self__._modules['proj']._parameters['weight']`), so a submodule or
-    parameter replaced after the first call is the one used. Common prefixes of the paths are read
-    once per call.
+    parameter replaced after the first call is the one used. It has two paths:
+      * full: every guard, every path read anew (common prefixes once per call);
+      * fast, taken while a StateWatch (Note [A watched dict proves its guards still hold],
+        csrc/python/state_watch.cpp) says that no dict the pinned guards read through has
+        changed and no watched object changed its type: only the "always" guards (those that
+        read through something no dict version covers), the arguments, and the parameters the
+        full path read last time.
+    The watch is snapshotted before a full check runs and invalidated if it fails, so a change
+    made at any moment is seen by the next call.
     """
 
     def __init__(self, records: list[dict[str, Any]]) -> None:
@@ -496,52 +513,17 @@ class GuardSet:
         self.run: Callable[[Any, Any], list[Any] | None] | None = None
         self.source = ""
         self.count = len(records)
+        self.always = 0  # records checked on every call (the rest: while the watch holds, by the watch)
+        self.watch: Any = None
 
     def bind(self, locals_: dict[str, Any], globals_: dict[str, Any],
              inputs: list[dict[str, Any]] | None = None) -> str | None:
         """None when every record holds now (and `run` is built), else which guard fails and how."""
-        held: list[Any] = []  # objects the generated check compares with
-        lines: list[str] = []
-        names: dict[Path, str] = {}
-
-        def var(path: Path) -> str:
-            if path in names:
-                return names[path]
-            if len(path) == 1:
-                kind, name = path[0]
-                if kind == "L":
-                    if name not in ("flat_args", "func"):
-                        raise NotCheckable(f"local {name!r}")
-                    expr = name
-                else:
-                    obj = resolve_global(name, globals_)
-                    if obj is _MISSING:
-                        raise _Fails(f"global {name} is not defined in this process")
-                    expr = _hold(held, obj)
-            else:
-                base = var(path[:-1])
-                step = path[-1]
-                if step[0] == "attr":
-                    expr = f"{base}.{step[1]}"
-                elif step[0] == "item":
-                    expr = f"{base}[{step[1]!r}]"
-                elif step[0] == "type":
-                    expr = f"type({base})"
-                elif step[0] == "dict":
-                    expr = f"dict({base})"
-                elif step[0] == "item_at":
-                    expr = f"{base}[{var(step[1])}]"
-                elif step[0] == "dict_item":
-                    expr = f"dict.__getitem__({base}, {step[1]!r})"
-                elif step[0] == "dict_item_at":
-                    expr = f"dict.__getitem__({base}, {var(step[1])})"
-                else:
-                    expr = f"list(dict.keys({base}))[{int(step[1])!r}]"
-            v = f"v{len(names)}"
-            lines.append(f"    {v} = {expr}")
-            names[path] = v
-            return v
-
+        held: list[Any] = []  # objects the generated code compares with
+        pins = _Pins()
+        full = _Emitter(held, pins, globals_)
+        fast = _Emitter(held, pins, globals_)
+        always = 0
         try:
             for rec in self.records:
                 kind = rec["kind"]
@@ -549,36 +531,59 @@ class GuardSet:
                     obj = _find_by_identity(rec["expect"])
                     if obj is _MISSING:
                         return f"{_show(rec['expect'])} (a global the trace used) is not loaded in this process"
-                    globals_ = {**globals_, rec["name"]: obj}
+                    globals_ = full.globals_ = fast.globals_ = {**globals_, rec["name"]: obj}
                     continue
                 if kind in ("global_state", "torch_function", "default_device", "saved_tensors_hooks"):
-                    lines.append(f"    if not {_state_check(kind, rec.get('expect'), held)}: return False")
                     if not _state_holds(kind, rec.get("expect")):
                         return f"the global torch state differs ({kind})"
+                    cond = _state_check(kind, rec.get("expect"), held)
+                    full.check(cond)
+                    fast.check(cond)
+                    always += 1
                     continue
                 path = parse_source(rec["source"])
                 value = resolve(path, locals_, globals_)
                 if value is _MISSING:
                     return f"{rec['source']} does not exist"
-                v = var(path)
-                cond, why = _condition(rec, value, v, held, locals_, globals_, var)
+                cond, why = _condition(rec, value, full.var(path), held, locals_, globals_, full.var)
                 if why is not None:
                     return f"{rec['source']}: {why}"
-                lines.append(f"    if not ({cond}): return False")
-            reads = [self._input(b, locals_, globals_, var) for b in (inputs or [])]
+                full.check(cond)
+                if not pins.covers(rec, path, value, locals_, globals_):
+                    fast.check(_condition(rec, value, fast.var(path), held, locals_, globals_, fast.var)[0])
+                    always += 1
+            reads_full, reads_fast, static = [], [], []
+            for i, b in enumerate(inputs or []):
+                read = self._input(b, locals_, globals_, full.var)
+                reads_full.append(read)
+                if b["kind"] in ("param", "buffer") and pins.pinned(parse_source(b["source"]), locals_, globals_):
+                    reads_fast.append(f"S[{len(static)}]")
+                    static.append(i)
+                else:
+                    reads_fast.append(self._input(b, locals_, globals_, fast.var))
         except _Fails as e:
             return str(e)
         except (NotCheckable, KeyError, IndexError, TypeError, ValueError) as e:  # a record graphex did not write
             return f"an unusable guard record ({type(e).__name__}: {e})"
-        lines = [ln.replace("return False", "return None") for ln in lines]
-        source = ("def run(flat_args, func):\n  try:\n" + "\n".join("  " + ln for ln in lines) +
-                  f"\n      return [{', '.join(reads)}]\n  except Exception:\n    return None\n")
-        namespace: dict[str, Any] = {"H": tuple(held), "__builtins__": {"type": type, "len": len, "list": list,
-                                                                         "dict": dict, "hasattr": hasattr,
-                                                                         "Exception": Exception}}
+        from .. import _C
+
+        watch = _C.StateWatch(list(pins.dicts.values()), list(pins.objects.values()))
+        source = (
+            "def full(flat_args, func):\n  try:\n" + full.body() +
+            f"\n    return [{', '.join(reads_full)}]\n  except Exception:\n    return None\n\n"
+            "def run(flat_args, func):\n"
+            "  if W.unchanged():\n    try:\n" + fast.body(indent=6) +
+            f"\n      return [{', '.join(reads_fast)}]\n    except Exception:\n      return None\n"
+            "  W.snapshot()\n"
+            "  r = full(flat_args, func)\n"
+            "  if r is None:\n    W.invalidate()\n    return None\n"
+            f"  S[:] = [r[i] for i in {tuple(static)!r}]\n"
+            "  return r\n")
+        namespace: dict[str, Any] = {"H": tuple(held), "W": watch, "S": [],
+                                     "__builtins__": {"type": type, "len": len, "list": list, "dict": dict,
+                                                      "hasattr": hasattr, "Exception": Exception}}
         exec(compile(source, "<graphex guards>", "exec"), namespace)  # generated from typed records only
-        self.run = namespace["run"]
-        self.source = source
+        self.run, self.source, self.always, self.watch = namespace["run"], source, always, watch
         return None
 
     @staticmethod
@@ -597,6 +602,197 @@ class GuardSet:
                 raise _Fails(f"the {kind} read from {binding['source']} is gone")
             return var(path)
         raise NotCheckable(f"an input binding of kind {kind!r}")
+
+
+class _Emitter:
+    """Straight-line code for one path of the generated function: each path prefix read once, then checks."""
+
+    def __init__(self, held: list[Any], pins: "_Pins", globals_: dict[str, Any]) -> None:
+        self.held, self.pins, self.globals_ = held, pins, globals_
+        self.lines: list[str] = []
+        self.names: dict[Path, str] = {}
+
+    def check(self, cond: str) -> None:
+        self.lines.append(f"if not ({cond}): return None")
+
+    def body(self, indent: int = 4) -> str:
+        return "\n".join(" " * indent + ln for ln in self.lines) if self.lines else " " * indent + "pass"
+
+    def var(self, path: Path) -> str:
+        if path in self.names:
+            return self.names[path]
+        if len(path) == 1:
+            kind, name = path[0]
+            if kind == "L":
+                if name not in ("flat_args", "func"):
+                    raise NotCheckable(f"local {name!r}")
+                expr = name
+            else:
+                obj = resolve_global(name, self.globals_)
+                if obj is _MISSING:
+                    raise _Fails(f"global {name} is not defined in this process")
+                expr = _hold(self.held, obj)
+        else:
+            base = self.var(path[:-1])
+            step = path[-1]
+            if step[0] == "attr":
+                expr = f"{base}.{step[1]}"
+            elif step[0] == "item":
+                expr = f"{base}[{step[1]!r}]"
+            elif step[0] == "type":
+                expr = f"type({base})"
+            elif step[0] == "dict":
+                expr = f"dict({base})"
+            elif step[0] == "item_at":
+                expr = f"{base}[{self.var(step[1])}]"
+            elif step[0] == "dict_item":
+                expr = f"dict.__getitem__({base}, {step[1]!r})"
+            elif step[0] == "dict_item_at":
+                expr = f"dict.__getitem__({base}, {self.var(step[1])})"
+            else:
+                expr = f"list(dict.keys({base}))[{int(step[1])!r}]"
+        v = f"v{len(self.names)}"
+        self.lines.append(f"{v} = {expr}")
+        self.names[path] = v
+        return v
+
+
+_IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: a builtin or extension type no one can assign to
+_WATCHED_VALUES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, enum.Enum, types.CodeType,
+                   types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
+
+
+class _Pins:
+    """Which paths are pinned by watched dicts (Note [A watched dict proves its guards still hold]): a path is
+    pinned when every step from a fixed root reads through a dict (collected in `dicts`) or something that
+    cannot change (a bound method's __self__, a tuple item, an object's type: its object is then watched)."""
+
+    def __init__(self) -> None:
+        self.dicts: dict[int, dict[Any, Any]] = {}
+        self.objects: dict[int, Any] = {}
+        self._pinned: dict[Path, bool] = {}
+
+    def _watch(self, d: Any) -> bool:
+        if type(d) is not dict and not isinstance(d, dict):
+            return False
+        if type(d).__getitem__ is not dict.__getitem__ and type(d).__module__ != "collections":
+            return False  # a dict subclass with its own lookup
+        self.dicts[id(d)] = d
+        return True
+
+    def _watch_class(self, cls: type) -> None:
+        for c in cls.__mro__:
+            if not c.__flags__ & _IMMUTABLE_TYPE:
+                real = _type_dict(c)
+                if real is not None:
+                    self.dicts[id(real)] = real
+
+    def pinned(self, path: Path, locals_: dict[str, Any], globals_: dict[str, Any]) -> bool:
+        if path in self._pinned:
+            return self._pinned[path]
+        result = self._pin(path, locals_, globals_)
+        self._pinned[path] = result
+        return result
+
+    def _pin(self, path: Path, locals_: dict[str, Any], globals_: dict[str, Any]) -> bool:
+        if len(path) == 1:
+            return path[0] != ("L", "flat_args")  # func is this CachedFunction's own; G roots are held
+        if not self.pinned(path[:-1], locals_, globals_):
+            return False
+        base = resolve(path[:-1], locals_, globals_)
+        step = path[-1]
+        if step[0] == "attr":
+            name = step[1]
+            if isinstance(base, types.MethodType) and name in ("__self__", "__func__"):
+                return True
+            if isinstance(base, types.ModuleType):
+                return name in vars(base) and self._watch(vars(base))
+            if isinstance(base, type):
+                if name == "__dict__":
+                    real = _type_dict(base)
+                    if real is None:
+                        return False
+                    self.dicts[id(real)] = real
+                    return True
+                if type(base) is not type:  # a metaclass may compute attributes
+                    return False
+                self._watch_class(base)
+                return any(name in vars(c) for c in base.__mro__)
+            cls = type(base)
+            own = getattr(base, "__dict__", None)
+            if not isinstance(own, dict) or name not in own or cls.__getattribute__ is not object.__getattribute__:
+                return False
+            if any(name in vars(c) and hasattr(vars(c)[name], "__set__") for c in cls.__mro__):
+                return False  # a data descriptor of the class wins over the instance dict
+            self.objects[id(base)] = base
+            self._watch_class(cls)
+            return self._watch(own)
+        if step[0] in ("item", "dict_item", "key"):
+            if isinstance(base, tuple):
+                return True
+            return self._watch(base)
+        if step[0] in ("item_at", "dict_item_at"):
+            return self.pinned(step[1], locals_, globals_) and self._watch(base)
+        if step[0] == "type":
+            self.objects[id(base)] = base
+            return True
+        if step[0] == "dict":
+            return isinstance(base, types.MappingProxyType) or self._watch(base)
+        return False
+
+    def covers(self, rec: dict[str, Any], path: Path, value: Any, locals_: dict[str, Any],
+               globals_: dict[str, Any]) -> bool:
+        """Whether the watch proves `rec` while it holds (then the fast path skips it)."""
+        if not self.pinned(path, locals_, globals_):
+            return False
+        kind = rec["kind"]
+        if kind == "type":
+            self.objects[id(value)] = value
+            if _is_users_class(type(value)):
+                self._watch_class(type(value))
+            return True
+        if kind in ("id", "same"):
+            return kind == "id" or self.pinned(parse_source(rec["arg"]), locals_, globals_)
+        if kind == "equals":
+            return isinstance(value, _WATCHED_VALUES) or (type(value) is tuple and all(
+                isinstance(v, _WATCHED_VALUES) for v in value))
+        if kind in ("len", "keys", "contains"):
+            return isinstance(value, tuple) or self._watch(value)
+        if kind == "not_in_dict":
+            own = getattr(value, "__dict__", None)
+            return isinstance(own, dict) and self._watch(own)
+        return False
+
+
+class _ClassUnchanged:
+    """A user's class still has the contents it was traced with: its digest, recomputed only when one of its
+    MRO's dicts changed (a method assigned to the class after the first call is seen)."""
+
+    def __init__(self, cls: type, digest: str) -> None:
+        from .. import _C
+
+        self.cls, self.digest = cls, digest
+        dicts = [d for c in cls.__mro__ if not c.__flags__ & _IMMUTABLE_TYPE if (d := _type_dict(c)) is not None]
+        self.watch = _C.StateWatch(dicts, [])
+        self.watch.snapshot()
+
+    def __call__(self) -> bool:
+        if self.watch.unchanged():
+            return True
+        self.watch.snapshot()
+        if _class_digest(self.cls) == self.digest:
+            return True
+        self.watch.invalidate()
+        return False
+
+
+def _type_dict(cls: type) -> dict[Any, Any] | None:
+    """A class's own dict (behind the mappingproxy `cls.__dict__`)."""
+    import gc
+
+    proxy = cls.__dict__
+    found = [r for r in gc.get_referents(proxy) if isinstance(r, dict)]
+    return found[0] if len(found) == 1 else None
 
 
 class _Fails(Exception):
@@ -618,7 +814,10 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
                 return "", f"built for another version of class {'.'.join(expect[:2])} (its methods or class " \
                            "attributes differ: Note [A user's class is fingerprinted by its contents])"
             return "", f"built for a {'.'.join(expect[:2])}, now a {'.'.join(now[:2])}"
-        return f"type({v}) is {_hold(held, type(value))}", None
+        cond = f"type({v}) is {_hold(held, type(value))}"
+        if len(expect) > 2:  # Note [A user's class is fingerprinted by its contents]: also within a process
+            cond += f" and {_hold(held, _ClassUnchanged(type(value), expect[2]))}()"
+        return cond, None
     if kind == "id":
         try:
             now = identity(value)
@@ -671,6 +870,14 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
         if resolve(other, locals_, globals_) is not value:
             return "", f"is no longer the same object as {rec['arg']}"
         return f"{v} is {var(other)}", None
+    if kind == "opaque":
+        from .. import compat
+
+        fn = compat.opaque_guard_fn(type(value))
+        want = from_constant(expect)
+        if fn is None or fn(value) != want:
+            return "", f"the {type(value).__qualname__}'s guarded values changed"
+        return f"{_hold(held, fn)}({v}) == {_hold(held, want)}", None
     if kind == "tensor":
         if not isinstance(value, torch.Tensor) or _tensor_meta(value) != expect:
             return "", "the tensor's type, dtype, device, shape, strides or requires_grad changed"

@@ -1,0 +1,103 @@
+// Note [A watched dict proves its guards still hold]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A cache entry's Dynamo guards (graphex/inference/guards.py) read hundreds of values per call
+// on a real model: every submodule's type and hooks dicts, attributes, globals. Almost all of them
+// are reached through dicts: an instance's __dict__, nn.Module's _modules / _parameters / hook
+// dicts, a module's globals, a class's own dict. CPython gives every dict a version tag
+// (PyDictObject.ma_version_tag, PEP 509: a new, globally unique value on every change to that
+// dict) and every object a type pointer. So once the full check has passed, the guards that read
+// only through watched dicts (and check types of watched objects) still hold exactly as long as
+// every watched dict has the version it had then and every watched object the type it had then.
+// `unchanged()` compares those: a few nanoseconds per dict, no Python call. When it answers
+// false, the caller runs the full generated check again and, if it passes, `snapshot()`s.
+// Guards that read through anything else (a list, a function's __code__ or closure cell, a
+// tensor's metadata, the global torch state) are checked on every call by Python
+// (guards.py, GuardSet: the "always" records).
+//
+// PEP 509's tag is deprecated from Python 3.12 (PEP 699) but still maintained through 3.13;
+// `supported()` says whether this interpreter has it, and without it every call runs the full
+// check (slower, never stale).
+#include "python/state_watch.h"
+
+#include <Python.h>
+
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace graphex {
+namespace {
+
+constexpr bool kHasDictVersion = PY_VERSION_HEX >= 0x030600F0 && PY_VERSION_HEX < 0x030E0000;
+
+uint64_t dictVersion(PyObject* d) {
+#if PY_VERSION_HEX < 0x030E0000
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
+  return reinterpret_cast<PyDictObject*>(d)->ma_version_tag;
+  _Pragma("GCC diagnostic pop")
+#else
+  (void)d;
+  return 0;
+#endif
+}
+
+class StateWatch {
+ public:
+  // dicts: the dicts the watched guards read through; objects: the objects whose types they check.
+  StateWatch(const std::vector<py::object>& dicts, const std::vector<py::object>& objects) {
+    for (const py::object& d : dicts) {
+      if (!PyDict_Check(d.ptr())) throw py::type_error("graphex: StateWatch watches dicts only");
+      dicts_.push_back(d);
+    }
+    objects_ = objects;
+    versions_.resize(dicts_.size());
+    types_.resize(objects_.size());
+    valid_ = false;
+  }
+
+  bool unchanged() const {
+    if (!valid_) return false;
+    for (size_t i = 0; i < dicts_.size(); ++i)
+      if (dictVersion(dicts_[i].ptr()) != versions_[i]) return false;
+    for (size_t i = 0; i < objects_.size(); ++i)
+      if (Py_TYPE(objects_[i].ptr()) != types_[i]) return false;
+    return true;
+  }
+
+  void snapshot() {
+    for (size_t i = 0; i < dicts_.size(); ++i) versions_[i] = dictVersion(dicts_[i].ptr());
+    for (size_t i = 0; i < objects_.size(); ++i) types_[i] = Py_TYPE(objects_[i].ptr());
+    valid_ = kHasDictVersion;
+  }
+
+  void invalidate() { valid_ = false; }
+  size_t numDicts() const { return dicts_.size(); }
+  size_t numObjects() const { return objects_.size(); }
+
+ private:
+  std::vector<py::object> dicts_;
+  std::vector<uint64_t> versions_;
+  std::vector<py::object> objects_;
+  std::vector<PyTypeObject*> types_;
+  bool valid_;
+};
+
+}  // namespace
+
+void registerStateWatch(py::module_& m) {
+  py::class_<StateWatch>(m, "StateWatch",
+                         "Note [A watched dict proves its guards still hold] (csrc/python/state_watch.cpp)")
+      .def(py::init<const std::vector<py::object>&, const std::vector<py::object>&>(), py::arg("dicts"),
+           py::arg("objects"))
+      .def("unchanged", &StateWatch::unchanged)
+      .def("snapshot", &StateWatch::snapshot)
+      .def("invalidate", &StateWatch::invalidate)
+      .def_property_readonly("num_dicts", &StateWatch::numDicts)
+      .def_property_readonly("num_objects", &StateWatch::numObjects)
+      .def_static("supported", [] { return kHasDictVersion; });
+}
+
+}  // namespace graphex

@@ -1,0 +1,8 @@
+// graphex._C.StateWatch: a cheap per-call proof that the Python state a cache entry's guards read is untouched.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace graphex {
+void registerStateWatch(pybind11::module_& m);
+}  // namespace graphex
