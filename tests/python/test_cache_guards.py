@@ -63,11 +63,19 @@ class Model(nn.Module):
         self.table = {"shift": 1.0}
         self.cfg = types.SimpleNamespace(mult=3.0)
         self.act = torch.tanh
+        self.factors = [1.5]
         self.cached = graphex.inference.cache_compile(self._forward, cache_dir=cache_dir)
 
+    def helper(self, y):
+        return y + 1
+
     def _forward(self, x):
-        y = self.proj(x) * self.scale * self.cfg.mult * SCALE + self.table["shift"]
-        return self.act(y)
+        y = self.proj(x) * self.scale * self.cfg.mult * SCALE * self.factors[0] + self.table["shift"]
+        return self.act(self.helper(y))
+
+
+def _other_helper(self, y):
+    return y - 1
 
 
 CHANGES = {
@@ -79,14 +87,18 @@ CHANGES = {
     "config object": lambda m: setattr(m.cfg, "mult", 0.25),
     "global": lambda m: setattr(sys.modules[__name__], "SCALE", 7.0),
     "forward hook added": lambda m: m.proj.register_forward_hook(lambda mod, args, out: out * 10),
+    "list item": lambda m: m.factors.__setitem__(0, -2.0),
+    "method assigned to the class": lambda m: setattr(Model, "helper", _other_helper),
 }
 
 
 @pytest.fixture(autouse=True)
 def _restore_scale():
+    helper = Model.helper
     yield
     global SCALE
     SCALE = 2.0
+    Model.helper = helper
 
 
 @pytest.mark.parametrize("change", list(CHANGES))
@@ -96,7 +108,7 @@ def test_a_change_after_the_first_call_is_seen(tmp_path, change):
     x = torch.randn(4, 6)
     with torch.no_grad():
         assert torch.equal(m.cached(x), m._forward(x))
-        assert torch.equal(m.cached(x), m._forward(x))
+        assert torch.equal(m.cached(x), m._forward(x))  # the second call takes the watched fast path
         CHANGES[change](m)
         for _ in range(2):
             out, ref = m.cached(x), m._forward(x)
@@ -126,6 +138,9 @@ def test_the_check_per_call_is_one_generated_function(tmp_path):
     (loaded,) = [entry for entries in m.cached._by_call.values() for entry in entries]
     assert loaded.bind is not None and loaded.guard_set.count > 10
     assert "L['func']" not in loaded.guard_set.source  # sources are compiled to attribute reads, not evaluated
+    # Note [A watched dict proves its guards still hold]: after a full check the watch holds, and the fast path
+    # checks only the few guards no dict version covers
+    assert loaded.guard_set.watch.unchanged() and loaded.guard_set.always < loaded.guard_set.count / 4
     with torch.no_grad():
         assert loaded.bind([x], m.cached._func) is not None
         m.scale = 9.0
