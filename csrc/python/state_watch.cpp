@@ -5,12 +5,13 @@
 // are reached through dicts: an instance's __dict__, nn.Module's _modules / _parameters / hook
 // dicts, a module's globals, a class's own dict. CPython gives every dict a version tag
 // (PyDictObject.ma_version_tag, PEP 509: a new, globally unique value on every change to that
-// dict) and every object a type pointer. So once the full check has passed, the guards that read
-// only through watched dicts (and check types of watched objects) still hold exactly as long as
-// every watched dict has the version it had then and every watched object the type it had then.
+// dict), every object a type pointer and every function a code pointer. So once the full check
+// has passed, the guards that read only through watched dicts (and check types of watched objects
+// or code of watched functions) still hold exactly as long as every watched dict has the version
+// it had then, every watched object the type and every watched function the code it had then.
 // `unchanged()` compares those: a few nanoseconds per dict, no Python call. When it answers
 // false, the caller runs the full generated check again and, if it passes, `snapshot()`s.
-// Guards that read through anything else (a list, a function's __code__ or closure cell, a
+// Guards that read through anything else (a list, a closure cell, a function's defaults, a
 // tensor's metadata, the global torch state) are checked on every call by Python
 // (guards.py, GuardSet: the "always" records).
 //
@@ -46,8 +47,15 @@ uint64_t dictVersion(PyObject* d) {
 
 class StateWatch {
  public:
-  // dicts: the dicts the watched guards read through; objects: the objects whose types they check.
-  StateWatch(const std::vector<py::object>& dicts, const std::vector<py::object>& objects) {
+  // dicts: the dicts the watched guards read through; objects: the objects whose types they check;
+  // functions: the Python functions whose code objects they check (`f.__code__ is C`).
+  StateWatch(const std::vector<py::object>& dicts, const std::vector<py::object>& objects,
+             const std::vector<py::object>& functions) {
+    for (const py::object& f : functions) {
+      if (!PyFunction_Check(f.ptr())) throw py::type_error("graphex: StateWatch watches Python functions' code");
+      functions_.push_back(f);
+    }
+    codes_.resize(functions_.size());
     for (const py::object& d : dicts) {
       if (!PyDict_Check(d.ptr())) throw py::type_error("graphex: StateWatch watches dicts only");
       dicts_.push_back(d);
@@ -64,12 +72,15 @@ class StateWatch {
       if (dictVersion(dicts_[i].ptr()) != versions_[i]) return false;
     for (size_t i = 0; i < objects_.size(); ++i)
       if (Py_TYPE(objects_[i].ptr()) != types_[i]) return false;
+    for (size_t i = 0; i < functions_.size(); ++i)
+      if (PyFunction_GET_CODE(functions_[i].ptr()) != codes_[i]) return false;
     return true;
   }
 
   void snapshot() {
     for (size_t i = 0; i < dicts_.size(); ++i) versions_[i] = dictVersion(dicts_[i].ptr());
     for (size_t i = 0; i < objects_.size(); ++i) types_[i] = Py_TYPE(objects_[i].ptr());
+    for (size_t i = 0; i < functions_.size(); ++i) codes_[i] = PyFunction_GET_CODE(functions_[i].ptr());
     valid_ = kHasDictVersion;
   }
 
@@ -82,6 +93,8 @@ class StateWatch {
   std::vector<uint64_t> versions_;
   std::vector<py::object> objects_;
   std::vector<PyTypeObject*> types_;
+  std::vector<py::object> functions_;
+  std::vector<PyObject*> codes_;  // borrowed: compared by address only, never dereferenced
   bool valid_;
 };
 
@@ -90,8 +103,9 @@ class StateWatch {
 void registerStateWatch(py::module_& m) {
   py::class_<StateWatch>(m, "StateWatch",
                          "Note [A watched dict proves its guards still hold] (csrc/python/state_watch.cpp)")
-      .def(py::init<const std::vector<py::object>&, const std::vector<py::object>&>(), py::arg("dicts"),
-           py::arg("objects"))
+      .def(py::init<const std::vector<py::object>&, const std::vector<py::object>&,
+                    const std::vector<py::object>&>(),
+           py::arg("dicts"), py::arg("objects"), py::arg("functions") = std::vector<py::object>{})
       .def("unchanged", &StateWatch::unchanged)
       .def("snapshot", &StateWatch::snapshot)
       .def("invalidate", &StateWatch::invalidate)

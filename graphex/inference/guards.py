@@ -523,6 +523,7 @@ class GuardSet:
         pins = _Pins()
         full = _Emitter(held, pins, globals_)
         fast = _Emitter(held, pins, globals_)
+        fast.on_fail = "return slow(flat_args, func)"  # the fast path proves; it never refuses
         always = 0
         try:
             for rec in self.records:
@@ -536,9 +537,8 @@ class GuardSet:
                 if kind in ("global_state", "torch_function", "default_device", "saved_tensors_hooks"):
                     if not _state_holds(kind, rec.get("expect")):
                         return f"the global torch state differs ({kind})"
-                    cond = _state_check(kind, rec.get("expect"), held)
-                    full.check(cond)
-                    fast.check(cond)
+                    full.check(_state_check(kind, rec.get("expect"), held))
+                    fast.check(_state_check(kind, rec.get("expect"), held, fast=True))
                     always += 1
                     continue
                 path = parse_source(rec["source"])
@@ -567,13 +567,15 @@ class GuardSet:
             return f"an unusable guard record ({type(e).__name__}: {e})"
         from .. import _C
 
-        watch = _C.StateWatch(list(pins.dicts.values()), list(pins.objects.values()))
+        watch = _C.StateWatch(list(pins.dicts.values()), list(pins.objects.values()), list(pins.functions.values()))
         source = (
             "def full(flat_args, func):\n  try:\n" + full.body() +
             f"\n    return [{', '.join(reads_full)}]\n  except Exception:\n    return None\n\n"
             "def run(flat_args, func):\n"
             "  if W.unchanged():\n    try:\n" + fast.body(indent=6) +
-            f"\n      return [{', '.join(reads_fast)}]\n    except Exception:\n      return None\n"
+            f"\n      return [{', '.join(reads_fast)}]\n    except Exception:\n      pass\n"
+            "  return slow(flat_args, func)\n\n"
+            "def slow(flat_args, func):\n"
             "  W.snapshot()\n"
             "  r = full(flat_args, func)\n"
             "  if r is None:\n    W.invalidate()\n    return None\n"
@@ -611,9 +613,10 @@ class _Emitter:
         self.held, self.pins, self.globals_ = held, pins, globals_
         self.lines: list[str] = []
         self.names: dict[Path, str] = {}
+        self.on_fail = "return None"
 
     def check(self, cond: str) -> None:
-        self.lines.append(f"if not ({cond}): return None")
+        self.lines.append(f"if not ({cond}): {self.on_fail}")
 
     def body(self, indent: int = 4) -> str:
         return "\n".join(" " * indent + ln for ln in self.lines) if self.lines else " " * indent + "pass"
@@ -670,6 +673,7 @@ class _Pins:
     def __init__(self) -> None:
         self.dicts: dict[int, dict[Any, Any]] = {}
         self.objects: dict[int, Any] = {}
+        self.functions: dict[int, Any] = {}
         self._pinned: dict[Path, bool] = {}
 
     def _watch(self, d: Any) -> bool:
@@ -705,6 +709,8 @@ class _Pins:
             name = step[1]
             if isinstance(base, types.MethodType) and name in ("__self__", "__func__"):
                 return True
+            if isinstance(base, property) and name in ("fget", "fset", "fdel"):
+                return True  # a property object's functions are read-only
             if isinstance(base, types.ModuleType):
                 return name in vars(base) and self._watch(vars(base))
             if isinstance(base, type):
@@ -728,16 +734,16 @@ class _Pins:
             self._watch_class(cls)
             return self._watch(own)
         if step[0] in ("item", "dict_item", "key"):
-            if isinstance(base, tuple):
-                return True
+            if isinstance(base, tuple) or path[-2] == ("dict",):
+                return True  # a tuple cannot change; `dict(cls.__dict__)`'s class dict is watched already
             return self._watch(base)
         if step[0] in ("item_at", "dict_item_at"):
             return self.pinned(step[1], locals_, globals_) and self._watch(base)
         if step[0] == "type":
             self.objects[id(base)] = base
             return True
-        if step[0] == "dict":
-            return isinstance(base, types.MappingProxyType) or self._watch(base)
+        if step[0] == "dict":  # `dict(cls.__dict__)`: the class dict was watched at `__dict__`
+            return isinstance(base, types.MappingProxyType) and path[-2] == ("attr", "__dict__")
         return False
 
     def covers(self, rec: dict[str, Any], path: Path, value: Any, locals_: dict[str, Any],
@@ -761,6 +767,9 @@ class _Pins:
         if kind == "not_in_dict":
             own = getattr(value, "__dict__", None)
             return isinstance(own, dict) and self._watch(own)
+        if kind == "code" and type(value) is types.FunctionType:
+            self.functions[id(value)] = value
+            return True
         return False
 
 
@@ -916,18 +925,25 @@ def _state_holds(kind: str, expect: Any) -> bool:
     return _saved_tensors_hooks() is None
 
 
-def _state_check(kind: str, expect: Any, held: list[Any]) -> str:
+def _state_check(kind: str, expect: Any, held: list[Any], fast: bool = False) -> str:
+    """The check of one global-state record. `fast`: the fast path's form (Note [One function checks the guards
+    and binds the inputs]): C++ calls and attribute reads only; when it fails, the full path decides."""
     if kind == "global_state":
         import json
 
         guard = torch._C._dynamo.guards.GlobalStateGuard()
         state = dict(expect, num_threads=torch.get_num_threads())
         guard.__setstate__(json.dumps(state, separators=(",", ":")))
-        return f"{_hold(held, _ThreadsAware(guard, state))}()"
+        checker = _ThreadsAware(guard, state)
+        return f"{_hold(held, checker.guard)}.check()" if fast else f"{_hold(held, checker)}()"
     if kind == "torch_function":
         return f"{_hold(held, torch._C._len_torch_function_stack)}() == 0"
     if kind == "default_device":
+        if fast and expect is None:
+            return f"{_hold(held, torch.utils._device)}.CURRENT_DEVICE is None"
         return f"{_hold(held, _default_device_is(expect))}()"
+    if fast:
+        return f"{_hold(held, torch._C._autograd._top_saved_tensors_default_hooks)}(True) is None"
     return f"{_hold(held, _saved_tensors_hooks)}() is None"
 
 

@@ -67,7 +67,7 @@ class Model(nn.Module):
         self.cached = graphex.inference.cache_compile(self._forward, cache_dir=cache_dir)
 
     def helper(self, y):
-        return y + 1
+        return bump(y) + 1
 
     def _forward(self, x):
         y = self.proj(x) * self.scale * self.cfg.mult * SCALE * self.factors[0] + self.table["shift"]
@@ -76,6 +76,13 @@ class Model(nn.Module):
 
 def _other_helper(self, y):
     return y - 1
+
+
+def bump(y):
+    return y * 1.25
+
+
+_BUMP_CODE = bump.__code__
 
 
 CHANGES = {
@@ -89,6 +96,7 @@ CHANGES = {
     "forward hook added": lambda m: m.proj.register_forward_hook(lambda mod, args, out: out * 10),
     "list item": lambda m: m.factors.__setitem__(0, -2.0),
     "method assigned to the class": lambda m: setattr(Model, "helper", _other_helper),
+    "function's code replaced": lambda m: setattr(bump, "__code__", (lambda y: y * 0.5).__code__),
 }
 
 
@@ -99,6 +107,7 @@ def _restore_scale():
     global SCALE
     SCALE = 2.0
     Model.helper = helper
+    bump.__code__ = _BUMP_CODE
 
 
 @pytest.mark.parametrize("change", list(CHANGES))
