@@ -14,12 +14,18 @@
   5. operator packets resolved, torch.sym_sum as adds, dead code elimination
   6. options.post_grad_custom_post_pass (the user's)
 
+Steps 1-6 are PIPELINE, each with the options that switch it: run_passes runs that table, and
+`graphex triage` switches each of those options off in turn from the same table (pass_options()).
+
 The result still runs under torch.fx, which is what `force_eager` uses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from typing import Any, Callable
+
 import torch.fx
 from torch._inductor.virtualized import V
 
@@ -32,35 +38,103 @@ from .overloads import resolve_packets
 from .reinplace import KeptCopy, reinplace_graph
 from .symbolic import expand_sym_sums
 
-__all__ = ["run_passes", "KeptCopy"]
+__all__ = ["run_passes", "KeptCopy", "PIPELINE", "Pass", "pass_options", "switched_off", "is_on"]
+
+
+@dataclasses.dataclass
+class _Run:
+    gm: torch.fx.GraphModule
+    options: Options
+    fake_mode: object
+    name: str
+    kept: list[KeptCopy] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    name: str
+    options: tuple[str, ...]        # the options that switch it off (reinplace: each switches off a part)
+    run: Callable[[_Run], None]
+    gated: bool = True              # skipped when its option is off; False: it runs and reads its options itself
+    inherits_source: bool = True    # nodes it creates get the source line of the node they are inserted before
+
+
+def _user_pre_pass(r: _Run) -> None:
+    r.options.post_grad_custom_pre_pass(r.gm.graph)
+    r.gm.recompile()
+
+
+def _remove_noop_ops(r: _Run) -> None:
+    with V.set_fake_mode(r.fake_mode):
+        remove_noop_ops_keeping_snapshots(r.gm.graph)  # Note [A copy of an input is a snapshot]
+
+
+def _pattern_fusion(r: _Run) -> None:
+    from ..fusion import run_fusion
+
+    with V.set_fake_mode(r.fake_mode):
+        run_fusion(r.gm, r.name)
+
+
+def _cse(r: _Run) -> None:
+    eliminate_common_subexpressions(r.gm.graph)  # Note [CSE keeps eager's values]
+
+
+def _reinplace(r: _Run) -> None:
+    r.kept = reinplace_graph(r.gm, r.fake_mode, intermediates=r.options.inplace_pass,
+                             inputs=r.options.input_inplace_pass)
+
+
+def _resolve_and_clean(r: _Run) -> None:
+    resolve_packets(r.gm.graph)
+    expand_sym_sums(r.gm.graph)  # Note [sym_sum is a chain of adds]
+    r.gm.graph.eliminate_dead_code()
+
+
+def _user_post_pass(r: _Run) -> None:
+    r.options.post_grad_custom_post_pass(r.gm.graph)
+
+
+# The pipeline, in order: the one definition of which passes run and which option switches each.
+PIPELINE: tuple[Pass, ...] = (
+    Pass("the user's pre pass", ("post_grad_custom_pre_pass",), _user_pre_pass, inherits_source=False),
+    Pass("no-op removal", ("remove_noop_ops",), _remove_noop_ops),
+    Pass("pattern fusion", ("pattern_fusion_pass",), _pattern_fusion),
+    Pass("common subexpression elimination", ("cse",), _cse),
+    Pass("reinplacing", ("inplace_pass", "input_inplace_pass"), _reinplace, gated=False),
+    Pass("packets, sym_sum, dead code", (), _resolve_and_clean, gated=False, inherits_source=False),
+    Pass("the user's post pass", ("post_grad_custom_post_pass",), _user_post_pass, inherits_source=False),
+)
+
+
+def pass_options() -> tuple[str, ...]:
+    """Every option that switches (part of) a pass off, in pipeline order."""
+    return tuple(option for p in PIPELINE for option in p.options)
+
+
+def switched_off(option: str) -> Any:
+    """The value of `option` that switches its pass off: None for the user's passes, else False."""
+    default = next(f.default for f in dataclasses.fields(Options) if f.name == option)
+    return None if default is None else False
+
+
+def is_on(value: Any) -> bool:
+    """An option's value switches its pass on: True, or a callable (the user's passes)."""
+    return value is not None and value is not False
 
 
 def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object, name: str = "") -> list[KeptCopy]:
     """Transform `gm` in place; returns the copies the replay still has to make, with reasons."""
     restore_kept_kernels(gm.graph)  # Note [Interpolation runs eager's kernel]
-    if options.post_grad_custom_pre_pass is not None:
-        options.post_grad_custom_pre_pass(gm.graph)
-        gm.recompile()
-    with _new_nodes_inherit_source(gm):
-        if options.remove_noop_ops:
-            with V.set_fake_mode(fake_mode):
-                remove_noop_ops_keeping_snapshots(gm.graph)  # Note [A copy of an input is a snapshot]
-        if options.pattern_fusion_pass:
-            from ..fusion import run_fusion
-
-            with V.set_fake_mode(fake_mode):
-                run_fusion(gm, name)
-        if options.cse:
-            eliminate_common_subexpressions(gm.graph)  # Note [CSE keeps eager's values]
-        kept = reinplace_graph(gm, fake_mode, intermediates=options.inplace_pass, inputs=options.input_inplace_pass)
-    resolve_packets(gm.graph)
-    expand_sym_sums(gm.graph)  # Note [sym_sum is a chain of adds]
-    gm.graph.eliminate_dead_code()
-    if options.post_grad_custom_post_pass is not None:
-        options.post_grad_custom_post_pass(gm.graph)
+    run = _Run(gm, options, fake_mode, name)
+    for p in PIPELINE:
+        if p.gated and not any(is_on(getattr(options, o)) for o in p.options):
+            continue
+        with _new_nodes_inherit_source(gm) if p.inherits_source else contextlib.nullcontext():
+            p.run(run)
     gm.graph.lint()
     gm.recompile()
-    return kept
+    return run.kept
 
 
 def _new_nodes_inherit_source(gm: torch.fx.GraphModule) -> contextlib.AbstractContextManager[None]:

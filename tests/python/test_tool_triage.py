@@ -36,6 +36,7 @@ RUNS = {
     "lying_fake": ["custom_op_lying_fake.py"],
     "kept": ["kept_copy.py"],
     "accuracy": ["accuracy_lying_schema.py"],
+    "fusion": ["fusion_wrong_pattern.py"],
     "engine_kernel": ["engine_only_wrong_kernel.py"],
     "cond": ["capture_cond.py", "--no-bisect"],
     "eager_fails": ["fails_in_eager.py"],
@@ -273,6 +274,36 @@ def test_accuracy_bisection_names_the_stage_and_the_pass(results):
     assert f["op"] == b["op"] == "triage_lyingschema::bump"
     assert "custom op triage_lyingschema::bump breaks its schema: the kernel wrote x" in f["fix"]
     assert '@torch.library.custom_op("triage_lyingschema::bump", mutates_args=("x",))' in f["fix"]
+
+
+def test_a_wrong_fused_pattern_is_bisected_to_pattern_fusion(results):
+    doc = report(results, "fusion", 1)
+    (b,) = doc["bisections"]
+    assert b["culprit"] == "force_eager" and b["problem"] and b["max_abs"] == pytest.approx(2.0)
+    assert b["stages"]["aot_eager"] == "bitwise equal"
+    # pattern fusion alone is named: CSE and reinplacing ran too (h has two readers) and are not the cause
+    assert "With options={'pattern_fusion_pass': False}, force_eager matches eager again." in b["meaning"]
+    assert "Pattern fusion (pattern_fusion_pass) is the cause" in b["meaning"]
+    assert "No single pass explains it" not in b["meaning"] and "'cse': False" not in b["meaning"]
+    (f,) = of_kind(doc, "accuracy")
+    assert f["problem"] and "pattern_fusion_pass" in f["fix"]
+
+
+def test_bisection_switches_off_every_pass_the_pipeline_runs(monkeypatch):
+    from graphex import passes
+    from graphex.options import Options
+    from graphex.tools.triaging import bisect
+
+    listed = bisect.bisected_passes()
+    assert listed == tuple(option for p in passes.PIPELINE for option in p.options)
+    assert {"cse", "pattern_fusion_pass", "remove_noop_ops", "inplace_pass", "input_inplace_pass",
+            "post_grad_custom_pre_pass", "post_grad_custom_post_pass"} <= set(listed)
+    for option in listed:  # each is an option, and its "off" value is one Options accepts and means off
+        assert not passes.is_on(getattr(Options.from_user({option: passes.switched_off(option)}), option))
+    # the list is read from the pipeline, not a copy of it: a pass added there is bisected too
+    extra = passes.Pass("a new pass", ("clone_output",), lambda run: None)
+    monkeypatch.setattr(passes, "PIPELINE", (*passes.PIPELINE, extra))
+    assert bisect.bisected_passes() == (*listed, "clone_output")
 
 
 def test_wrong_kernel_only_the_engine_calls_is_named_by_the_per_op_step(results):

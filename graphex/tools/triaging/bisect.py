@@ -10,9 +10,11 @@ clones; the module's parameters and buffers put back), under torch.no_grad(), at
   replay       the same graph replayed by the C++ engine
 
 The first stage whose outputs, inputs after the call or module state differ from eager names
-the culprit. When force_eager is first, the passes are switched off one at a time to name
-the pass. Every stage compiles with fullgraph=False so a graph break does not stop the
-bisection; torch._dynamo.reset() (with graphex's custom-op checks put back) runs between stages.
+the culprit. When force_eager is first, the option of every pass of the pipeline
+(graphex.passes.PIPELINE, the table run_passes runs: CSE and pattern fusion included) is
+switched off in turn to name the pass. Every stage compiles with fullgraph=False so a graph
+break does not stop the bisection; torch._dynamo.reset() (with graphex's custom-op checks put
+back) runs between stages.
 """
 
 from __future__ import annotations
@@ -45,8 +47,6 @@ _MEANING = {
                "plans with what the fake says). Keep validate_fake on, and set GRAPHEX_DUMP=dir to compare "
                "graph_N.py with graph_N.plan.txt."),
 }
-_PASSES = ("remove_noop_ops", "inplace_pass", "input_inplace_pass", "post_grad_custom_pre_pass",
-           "post_grad_custom_post_pass")
 
 
 @dataclasses.dataclass
@@ -176,18 +176,37 @@ def _compiled(entry: Compiled, stage: str, options: dict[str, Any]) -> Any:
     return torch.compile(entry.target, backend="graphex", fullgraph=False, dynamic=entry.dynamic, options=opts)
 
 
+def bisected_passes() -> tuple[str, ...]:
+    """The options _guilty_passes switches off one at a time: every pass of the pipeline (graphex.passes.PIPELINE)."""
+    from ...passes import pass_options
+
+    return pass_options()
+
+
+# What it means when switching one pass off brings eager's result back, where there is more to say.
+_PASS_HINTS = {
+    "pattern_fusion_pass": ("Pattern fusion (pattern_fusion_pass) is the cause: a fused pattern computes something "
+                            "else than the ops it replaced, beyond fused mode's tolerance. GRAPHEX_LOG=1 names the "
+                            "patterns that fired; check the replacement of any pattern registered with "
+                            "graphex.register_replacement against its search function. "),
+}
+
+
 def _guilty_passes(entry: Compiled, options: dict[str, Any], eager: RunResult) -> str:
-    """Turn each enabled pass off in turn; name those whose absence brings back eager's result."""
+    """Turn each enabled pass of the pipeline off in turn; name those whose absence brings back eager's result."""
+    from ...options import Options
+    from ...passes import is_on, switched_off
+
+    effective = Options.from_user(options)
     guilty = []
-    for name in _PASSES:
-        on = options.get(name, name in ("remove_noop_ops", "inplace_pass", "input_inplace_pass"))
-        if not on:
+    for name in bisected_passes():
+        if not is_on(getattr(effective, name)):
             continue
-        off = dict(options, **{name: None if name.startswith("post_grad") else False})
+        off = dict(options, **{name: switched_off(name)})
         diff: Diff = compare(eager, _run(entry, "force_eager", off))
         if diff.same:
             guilty.append(name)
     if not guilty:
         return "No single pass explains it (turning each off does not help). "
-    names = " or ".join(f"options={{'{n}': {None if n.startswith('post_grad') else False}}}" for n in guilty)
-    return f"With {names}, force_eager matches eager again. "
+    names = " or ".join(f"options={{'{n}': {switched_off(n)}}}" for n in guilty)
+    return f"With {names}, force_eager matches eager again. " + "".join(_PASS_HINTS.get(n, "") for n in guilty)
