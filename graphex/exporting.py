@@ -31,6 +31,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ._atomic import write_atomic
+from ._weights_layout import PAD_PREFIX, is_padding
 from .errors import GraphexError, Finding
 from .options import Options
 
@@ -39,7 +40,8 @@ WEIGHTS_FILE = "weights.safetensors"
 # Where the data section and every tensor of a file safetensors_bytes writes start: Note [Weights are 64-byte
 # aligned] (csrc/deploy/safetensors.h, whose kWeightsAlignment is the same number). MKL/oneDNN pick their code
 # path by the operands' alignment and eager's weights come from c10's 64-aligned allocator, so a weight mapped
-# from the file at another alignment can round differently from eager.
+# from the file at another alignment can round differently from eager. The gaps this leaves between tensors are
+# padding entries named with PAD_PREFIX (graphex/_weights_layout.py), which readers skip.
 WEIGHTS_ALIGNMENT = 64
 
 _SAFETENSORS_DTYPES = {torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
@@ -156,16 +158,30 @@ def _refuse_collectives(program: bytes) -> None:
 
 def safetensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
     """The safetensors layout: u64 header length, JSON header padded with spaces, data; the data section and every
-    tensor start at file offsets that are multiples of WEIGHTS_ALIGNMENT (zero bytes between tensors, none after
-    the last): Note [Weights are 64-byte aligned], csrc/deploy/safetensors.h."""
+    tensor start at file offsets that are multiples of WEIGHTS_ALIGNMENT, the zero bytes between two tensors are a
+    padding entry (PAD_PREFIX + its index, U8 of the gap's length; nothing after the last tensor), so huggingface's
+    reader, which wants the data covered without gaps, loads the file: Note [Weights are 64-byte aligned],
+    csrc/deploy/safetensors.h. A tensor named with PAD_PREFIX is refused (ExportError)."""
     header: dict[str, Any] = {}
-    blobs, end = [], 0
+    blobs, end, pads = [], 0, 0
     for name in sorted(tensors):
+        if is_padding(name):
+            raise ExportError(finding=Finding(
+                what=f"cannot write weight {name!r}: names starting with {PAD_PREFIX!r} are reserved for the padding "
+                     "entries of graphex's safetensors files",
+                why="the zero bytes that keep every tensor 64-byte aligned are entries of that prefix (Note [Weights "
+                    "are 64-byte aligned], csrc/deploy/safetensors.h), which every graphex reader skips, so "
+                    "graphex::Module would never find this weight",
+                fix=f"rename the parameter or buffer (or the submodule holding it) so that its name does not start "
+                    f"with {PAD_PREFIX!r}"))
         t = tensors[name].detach().to("cpu").contiguous()
         if t.dtype not in _SAFETENSORS_DTYPES:
             raise ExportError(f"weight {name} has dtype {t.dtype}, which safetensors cannot hold")
         data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         pad = (-end) % WEIGHTS_ALIGNMENT
+        if pad:
+            header[f"{PAD_PREFIX}{pads}"] = {"dtype": "U8", "shape": [pad], "data_offsets": [end, end + pad]}
+            pads += 1
         header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [end + pad, end + pad + len(data)]}
         blobs.append(b"\0" * pad + data)
@@ -176,7 +192,8 @@ def safetensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
 
 
 def load_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Read a safetensors file (e.g. graphex-run --output) into name -> tensor (copies)."""
+    """Read a safetensors file (e.g. graphex-run --output) into name -> tensor (copies); padding entries (PAD_PREFIX,
+    Note [Weights are 64-byte aligned]) are skipped."""
     with open(path, "rb") as f:
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
@@ -184,7 +201,7 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     dtypes = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
     out = {}
     for name, entry in header.items():
-        if name == "__metadata__":
+        if name == "__metadata__" or is_padding(name):
             continue
         begin, end = (8 + n + o for o in entry["data_offsets"])
         raw = bytearray(data[begin:end])

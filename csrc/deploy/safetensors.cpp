@@ -178,7 +178,7 @@ std::map<std::string, at::Tensor> loadSafetensors(const std::string& path) {
   uint64_t data_size = mapping->size - 8 - header_len;
   std::map<std::string, at::Tensor> out;
   for (const auto& [name, entry] : header.object) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__" || isPadding(name)) continue;  // Note [Weights are 64-byte aligned]
     std::string what = path + ": tensor '" + name + "'";
     auto field = [&](const char* key, Json::Kind kind) -> const Json& {
       auto it = entry.object.find(key);
@@ -226,12 +226,23 @@ uint64_t alignUp(uint64_t n) { return (n + kWeightsAlignment - 1) / kWeightsAlig
 
 }  // namespace
 
-// Note [Weights are 64-byte aligned]: the data section and every tensor start on kWeightsAlignment.
+// Note [Weights are 64-byte aligned]: the data section and every tensor start on kWeightsAlignment,
+// each gap before a tensor is a padding entry, as graphex.exporting.safetensors_bytes writes them.
 void saveSafetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors) {
   std::string header = "{";
   uint64_t end = 0;  // of the data written so far
+  int pads = 0;
   std::vector<std::pair<uint64_t, at::Tensor>> blobs;  // data offset, tensor
+  auto entry = [&](const std::string& name, const char* dname, const std::string& shape, uint64_t begin,
+                   uint64_t nbytes) {
+    if (header.size() > 1) header += ",";
+    header += "\"" + name + "\":{\"dtype\":\"" + dname + "\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+              std::to_string(begin) + "," + std::to_string(begin + nbytes) + "]}";
+  };
   for (const auto& [name, t0] : tensors) {
+    if (isPadding(name))
+      throw WeightsError("cannot save '" + name + "': names starting with " + std::string(kPaddingPrefix) +
+                         " are reserved for padding (Note [Weights are 64-byte aligned])");
     at::Tensor t = t0.contiguous().cpu();
     const char* dname = nullptr;
     for (const auto& [n, st] : kDtypes)
@@ -239,10 +250,11 @@ void saveSafetensors(const std::string& path, const std::map<std::string, at::Te
     if (!dname) throw WeightsError("cannot save " + name + ": dtype " + c10::toString(t.scalar_type()));
     uint64_t nbytes = t.numel() * t.element_size();
     uint64_t begin = alignUp(end);
-    if (header.size() > 1) header += ",";
-    header += "\"" + name + "\":{\"dtype\":\"" + dname + "\",\"shape\":[";
-    for (int64_t i = 0; i < t.dim(); ++i) header += (i ? "," : "") + std::to_string(t.size(i));
-    header += "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(begin + nbytes) + "]}";
+    if (begin > end)
+      entry(std::string(kPaddingPrefix) + std::to_string(pads++), "U8", std::to_string(begin - end), end, begin - end);
+    std::string shape;
+    for (int64_t i = 0; i < t.dim(); ++i) shape += (i ? "," : "") + std::to_string(t.size(i));
+    entry(name, dname, shape, begin, nbytes);
     end = begin + nbytes;
     blobs.emplace_back(begin, t);
   }
@@ -255,7 +267,7 @@ void saveSafetensors(const std::string& path, const std::map<std::string, at::Te
   const char zeros[kWeightsAlignment] = {};
   uint64_t written = 0;
   for (const auto& [begin, t] : blobs) {
-    f.write(zeros, begin - written);  // < kWeightsAlignment
+    f.write(zeros, begin - written);  // the padding entry's bytes, < kWeightsAlignment
     uint64_t nbytes = t.numel() * t.element_size();
     f.write(static_cast<const char*>(t.const_data_ptr()), nbytes);
     written = begin + nbytes;

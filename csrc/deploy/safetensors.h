@@ -20,14 +20,24 @@
 //  - the writers (saveSafetensors here, graphex.exporting.safetensors_bytes in Python, both with
 //    this alignment) pad the JSON header with spaces so that the data section starts at a file
 //    offset that is a multiple of kWeightsAlignment (the header length counts the spaces, which
-//    safetensors allows), and start every tensor at a data offset that is a multiple of it, with
-//    zero bytes between tensors (none after the last one);
+//    safetensors allows), and start every tensor at a data offset that is a multiple of it;
+//  - the zero bytes between two tensors are themselves an entry, named kPaddingPrefix and a
+//    count ("__graphex_pad_0", ...), dtype U8, shape [the gap's length], written just before the
+//    tensor it aligns (nothing follows the last tensor). huggingface's safetensors reader
+//    (safetensors.torch.load_file, safe_open, the Rust crate) refuses a data section that its
+//    entries do not cover end to end ("invalid offset", "file not fully covered"), and its own
+//    writer aligns only to 8 bytes (by sorting tensors by dtype size), so an entry is the one way
+//    to leave a gap that every reader accepts (safetensors_bytes and this writer lay out the same
+//    tensors byte for byte, ASCII names assumed);
+//  - the one prefix, kPaddingPrefix here and PAD_PREFIX in graphex/_weights_layout.py, marks
+//    padding: graphex's readers (loadSafetensors, so graphex::Module's weight binding and
+//    graphex-run's --inputs; graphex.exporting.load_safetensors) and `graphex inspect` skip every
+//    entry whose name starts with it, and both writers refuse a tensor named so (graphex.export
+//    with an ExportError naming the weight), so no weight hides behind the prefix. Other readers
+//    see each padding entry as a U8 tensor of 1..63 zero bytes; filter them by the prefix;
 //  - the mapping starts on a page, so a tensor's address is aligned exactly when its file offset
 //    is; loadSafetensors copies a tensor that is not (a file written by another tool) once into
 //    a fresh, allocator-aligned tensor at load, and views every other one.
-// A reader that requires the data section to be covered without gaps (huggingface's safetensors
-// library does) reads such a file only when every tensor but the last one has a size that is a
-// multiple of 64 bytes, as the weights of common models do; graphex's readers accept the gaps.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -37,21 +47,31 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace graphex::deploy {
 
 // Note [Weights are 64-byte aligned]; graphex/exporting.py's WEIGHTS_ALIGNMENT is the same number.
 inline constexpr size_t kWeightsAlignment = 64;
 
+// Note [Weights are 64-byte aligned]: the names of the entries that fill the gaps between tensors;
+// graphex/_weights_layout.py's PAD_PREFIX is the same string.
+inline constexpr std::string_view kPaddingPrefix = "__graphex_pad_";
+
+// Whether a safetensors entry is padding (Note [Weights are 64-byte aligned]), never a weight.
+inline bool isPadding(std::string_view name) { return name.substr(0, kPaddingPrefix.size()) == kPaddingPrefix; }
+
 class WeightsError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-// name -> tensor (views of the mapped file; a copy for one that is not aligned). Throws WeightsError naming the file and the entry.
+// name -> tensor (views of the mapped file; a copy for one that is not aligned), padding entries left out.
+// Throws WeightsError naming the file and the entry.
 std::map<std::string, at::Tensor> loadSafetensors(const std::string& path);
 
-// Write `tensors` (contiguous CPU copies are made) to `path`; used by graphex-run --output.
+// Write `tensors` (contiguous CPU copies are made) to `path`, aligned and padded (Note [Weights are
+// 64-byte aligned]); used by graphex-run --output. A name starting with kPaddingPrefix is a WeightsError.
 void saveSafetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors);
 
 }  // namespace graphex::deploy

@@ -10,8 +10,75 @@ import torch
 from .registration import Registration
 
 
+# Note [A printed fix pastes twice]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Every fix that adds code is complete where it is pasted (its imports included) and
+# can be pasted again, or once per op of a namespace, and still work:
+#  - Python registrations go on one torch.library.Library per namespace, made the
+#    first time and kept in the module's globals (`_graphex_libs`), so no fix binds a
+#    name the script already uses (rebinding `lib` or `meta_lib` would collect the
+#    Library it held, and everything registered on it with it) and a second paste
+#    reuses the Library instead of making another. Registering the same function
+#    again overrides the first (torch.library's allow_override, on by default), and
+#    register_fake likewise.
+#  - A C++ Meta kernel sits inside an #ifndef of its own, so pasted twice it is
+#    compiled once; TORCH_LIBRARY_IMPL(ns, Meta, m) may appear once per op.
+#  - A line that replaces one of the user's (a schema, a decorator) uses the user's
+#    own names: the variable their define is called on (registration.defining_library).
+# tests/python/test_fixes_apply.py pastes each one once and twice, and for two ops of
+# one namespace, runs the script and compiles it with backend='graphex'.
+def namespace_library(namespace: str) -> tuple[str, str]:
+    """(the lines that make and keep the one Library of `namespace` fixes register on, the expression for it)."""
+    expr = f'_graphex_libs["{namespace}"]'
+    lines = ("import torch\n\n"
+             "# one torch.library.Library per namespace, made once and kept alive (a collected Library unregisters\n"
+             "# everything registered on it); pasted again, or for another op, this reuses it\n"
+             '_graphex_libs = globals().setdefault("_graphex_libs", {})\n'
+             f'if "{namespace}" not in _graphex_libs:\n'
+             f'    {expr} = torch.library.Library("{namespace}", "FRAGMENT")\n')
+    return lines, expr
+
+
+def python_meta(reg: Registration, function: str) -> str:
+    """`function` (a def) registered as the Meta kernel of `reg`, on its namespace's one Library."""
+    lines, lib = namespace_library(reg.namespace)
+    return f'{lines}\n\n@torch.library.impl({lib}, "{_overload_name(reg)}", "Meta")\n{function}'
+
+
+def _library_var(reg: Registration) -> str:
+    """The name of the user's Library that defines `reg` (for a line that replaces their define)."""
+    from .registration import defining_library
+
+    return defining_library(reg) or "lib"
+
+
 def params(schema: torch._C.FunctionSchema) -> str:
     return ", ".join(a.name for a in schema.arguments)
+
+
+def _annotated_params(reg: Registration) -> str:
+    """The parameters of a custom_op's function as the user wrote them (custom_op needs their annotations)."""
+    import inspect
+
+    from torch._library.custom_ops import OPDEFS
+
+    fn = getattr(OPDEFS.get(reg.qualname), "_init_fn", None)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return params(reg.schema)
+    out: list[str] = []
+    for p in sig.parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not any(o.startswith("*") for o in out):
+            out.append("*")
+        text = ("*" if p.kind is p.VAR_POSITIONAL else "") + p.name
+        if p.annotation is not p.empty:
+            ann = p.annotation if isinstance(p.annotation, str) else inspect.formatannotation(p.annotation)
+            text += f": {ann}"
+        if p.default is not p.empty:
+            text += f" = {p.default!r}"
+        out.append(text)
+    return ", ".join(out)
 
 
 def _first_tensor(schema: torch._C.FunctionSchema) -> str | None:
@@ -57,22 +124,19 @@ def missing_fake(reg: Registration, body: str | None = None, *, unknown: str | N
     if body is None:
         body = unknown_fake_body(s, unknown) if unknown is not None and s.returns else fake_body(s)
     if reg.style == "custom_op":
-        return (f"@{reg.python_name}.register_fake\n"
+        return (f"import torch\n\n\n@{reg.python_name}.register_fake\n"
                 f"def _({params(s)}):\n{body}")
     hint = vanished_meta_hint(reg)
-    python_meta = (f'meta_lib = torch.library.Library("{reg.namespace}", "IMPL", "Meta")  '
-                   f"# keep it alive: a collected Library unregisters its functions\n\n"
-                   f'@torch.library.impl(meta_lib, "{_overload_name(reg)}")\n'
-                   f"def {reg.name}_meta({params(s)}):\n{body}")
     if hint:
         return hint
+    meta = python_meta(reg, f"def {reg.name}_meta({params(s)}):\n{body}")
     if reg.style == "library":
-        return python_meta
+        return meta
     line = body.strip()
     rule = line[len("return "):].split("  #")[0] if line.startswith("return ") and "\n" not in line else None
     return (f"// in C++, next to TORCH_LIBRARY({reg.namespace}, m):\n"
             f"{cpp_meta_skeleton(reg, rule if proposed else None, unknown=unknown)}\n\n"
-            f"# or from Python (the op-plugin style), before torch.compile runs:\n{python_meta}")
+            f"# or from Python (the op-plugin style), before torch.compile runs:\n{meta}")
 
 
 def vanished_meta_hint(reg: Registration) -> str | None:
@@ -83,15 +147,14 @@ def vanished_meta_hint(reg: Registration) -> str | None:
     found = vanished_meta(reg)
     if found is None:
         return None
+    function = found.function or (f"def {reg.name}_meta({params(reg.schema)}):\n"
+                                  f"    ...  # your Meta function, unchanged")
     return (f"# {found.where}: a Meta function for {reg.qualname} is registered on `{found.var}`,\n"
             f"# a torch.library.Library that was garbage-collected since"
             + (f" (`{found.var}` is bound to a new Library at {found.rebound})" if found.rebound else "")
-            + ",\n# and a collected Library unregisters everything registered on it. Keep a reference to it:\n"
-            f'meta_{reg.name} = torch.library.Library("{reg.namespace}", "IMPL", "Meta")  '
-            f"# a name of its own, alive as long as the program\n\n"
-            f'@torch.library.impl(meta_{reg.name}, "{_overload_name(reg)}")  # instead of impl({found.var}, ...)\n'
-            f"def {reg.name}_meta({params(reg.schema)}):\n"
-            f"    ...  # your Meta function, unchanged")
+            + ",\n# and a collected Library unregisters everything registered on it. Register it on a Library "
+            f"that stays alive\n# instead (this replaces your @impl({found.var}, ...) registration):\n"
+            + python_meta(reg, function))
 
 
 def cpp_meta_skeleton(reg: Registration, rule: str | None = None, *, unknown: str | None = None) -> str:
@@ -117,9 +180,13 @@ def cpp_meta_skeleton(reg: Registration, rule: str | None = None, *, unknown: st
         body = (f"  // {todo}\n"
                 f'  TORCH_CHECK(false, "{_c_string(todo)}");\n'
                 f"  return {{}};")
-    return (f"{ret} {reg.name}_meta({cpp_params(s)}) {{\n{body}\n}}\n"
+    guard = re.sub(r"\W", "_", f"GRAPHEX_META_{reg.qualname}_{reg.overload}")
+    return (f"#include <ATen/ATen.h>\n#include <torch/library.h>\n"
+            f"#ifndef {guard}  // pasted twice, compiled once\n#define {guard}\n"
+            f"{ret} {reg.name}_meta({cpp_params(s)}) {{\n{body}\n}}\n"
             f"TORCH_LIBRARY_IMPL({reg.namespace}, Meta, m) {{\n"
-            f'  m.impl("{_overload_name(reg)}", &{reg.name}_meta);\n}}')
+            f'  m.impl("{_overload_name(reg)}", &{reg.name}_meta);\n}}\n'
+            f"#endif  // {guard}")
 
 
 # Note [A C++ Meta skeleton compiles]
@@ -197,25 +264,21 @@ def no_mutated_return(reg: Registration, mutated: list[str] | None = None) -> st
         mutated = list(dict.fromkeys(declared + list(mutated)))
         fixed = schema_text(s, write=tuple(mutated), returns="()")
     if reg.style == "custom_op":
-        return textwrap.dedent(f"""\
-            @torch.library.custom_op("{reg.qualname}", mutates_args=({", ".join(repr(m) for m in mutated)},))
-            def {reg.python_name}({params(s)}) -> None:
-                ...  # mutate {", ".join(mutated)} in place; return nothing
-
-            @{reg.python_name}.register_fake
-            def _({params(s)}) -> None:
-                return None""")
+        return (f"# its decorator and signature (the body as yours, without its return of {', '.join(mutated)}):\n"
+                f'@torch.library.custom_op("{reg.qualname}", mutates_args={_mutates_args(mutated)})\n'
+                f"def {reg.python_name}({_annotated_params(reg)}) -> None:\n"
+                f"    ...  # mutate {', '.join(mutated)} in place; return nothing\n\n\n"
+                f"# its fake (it replaces yours):\n"
+                f"@{reg.python_name}.register_fake\n"
+                f"def _({params(s)}) -> None:\n"
+                f"    return None")
     if reg.style == "library":
-        return textwrap.dedent(f"""\
-            lib.define("{fixed}")          # no return: {", ".join(mutated)} is updated in place
-
-            @torch.library.impl(lib, "{reg.name}", "CPU")
-            def {reg.name}({params(s)}):
-                ...  # mutate {", ".join(mutated)}; return None
-
-            @torch.library.impl(meta_lib, "{reg.name}")
-            def {reg.name}_meta({params(s)}):
-                return None""")
+        old = str(s).split("::", 1)[1]
+        return (f"# 1. in the definition of {reg.qualname}, instead of \"{old}\":\n"
+                f'{_library_var(reg)}.define("{fixed}")  # no return: {", ".join(mutated)} is updated in place\n'
+                f"# 2. its kernel returns None: drop its `return` of {', '.join(mutated)}\n"
+                f"# 3. its Meta function (it replaces yours, if you have one):\n"
+                + python_meta(reg, f"def {reg.name}_meta({params(s)}):\n    return None"))
     return textwrap.dedent(f"""\
         m.def("{fixed}");   // no return: {", ".join(mutated)} is updated in place
         void {reg.name}(/* ... */) {{ /* mutate {", ".join(mutated)}; return nothing */ }}""")
@@ -292,7 +355,7 @@ def declare_mutation(reg: Registration, names: list[str]) -> str:
     text = schema_text(s, write=tuple(names))
     why = f"(a!): the kernel writes {', '.join(names)} in place"
     if reg.style == "library":
-        return f'lib.define("{text}")  # {why}'
+        return f'{_library_var(reg)}.define("{text}")  # {why}'
     return f'm.def("{text}");  // {why}'
 
 
@@ -308,7 +371,7 @@ def undeclare_mutation(reg: Registration, names: list[str]) -> str:
                 f"def {reg.python_name}({params(s)}):  # {note}\n    ...")
     text = schema_text(s, unwrite=tuple(names))
     if reg.style == "library":
-        return f'lib.define("{text}")  # {note}'
+        return f'{_library_var(reg)}.define("{text}")  # {note}'
     return f'm.def("{text}");  // {note}'
 
 
@@ -325,7 +388,7 @@ def return_clone(reg: Registration, output: int, arg: str) -> str:
     fix = (f"# in the kernel of {reg.qualname}, output {output}:\n"
            f"return {arg}.clone()  # new memory, not {arg} or a view of it (e.g. {arg}.view(...).clone())")
     if aliased_return and reg.style == "library":
-        fix += f'\nlib.define("{fixed_schema}")  # no alias annotations: a new tensor comes back'
+        fix += f'\n{_library_var(reg)}.define("{fixed_schema}")  # no alias annotations: a new tensor comes back'
     return fix
 
 
@@ -345,7 +408,8 @@ def fake_reads_data(reg: Registration) -> str:
             f"    return {first}.new_empty(({size}, *{first}.shape[1:]))  # the value-dependent dim first, "
             f"the others as {first}'s: check that yours are")
     if reg.style == "custom_op":
-        return f"@{reg.python_name}.register_fake\ndef _({params(s)}):\n{body}"
+        return f"import torch\n\n\n@{reg.python_name}.register_fake\ndef _({params(s)}):\n{body}"
     return (f"# a Meta function cannot create unbacked sizes; register a fake instead of the Meta function:\n"
+            f"import torch\n\n\n"
             f'@torch.library.register_fake("{reg.qualname}")\n'
             f"def {reg.name}_fake({params(s)}):\n{body}")

@@ -3,7 +3,7 @@
 The three paths of the custom-op guide:
   custom_op  `@torch.library.custom_op("ns::op", ...)`     (fix: `@op.register_fake`)
   library    `torch.library.Library("ns", "FRAGMENT").define(...)` in Python
-             (fix: `Library("ns", "IMPL", "Meta")` + `@impl(meta_lib, "op")`)
+             (fix: `@impl(LIB, "op", "Meta")` on the namespace's one Library, fixes.namespace_library)
   cpp        `TORCH_LIBRARY(ns, m) { m.def(...); }` in C++
              (fix: `TORCH_LIBRARY_IMPL(ns, Meta, m)`, or a Python Meta as in the op-plugin style)
 """
@@ -99,6 +99,7 @@ class VanishedMeta:
     where: str       # "model.py:31": the registration that no longer holds
     var: str         # the name the Library was bound to
     rebound: str     # "model.py:40" where that name gets another Library, or ""
+    function: str = ""  # the source of the Meta function it decorates, without its decorators ("" if not found)
 
 
 def vanished_meta(reg: Registration) -> VanishedMeta | None:
@@ -141,12 +142,14 @@ def _find_meta_registration(path: str, namespace: str, names: set[str]) -> Vanis
 
     try:
         with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
+            source = f.read()
+        tree = ast.parse(source, path)
     except (OSError, SyntaxError, ValueError):
         return None
     meta_libs: dict[str, list[int]] = {}   # var -> lines where it is assigned a Meta Library of `namespace`
     assigned: dict[str, list[int]] = {}    # var -> every line where it is assigned
     registered: list[tuple[str, int]] = []  # (var, line) of impl(var, "op")
+    decorated: dict[int, ast.AST] = {}     # line of a decorator call -> the function it decorates
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
             for target in node.targets:
@@ -158,11 +161,68 @@ def _find_meta_registration(path: str, namespace: str, names: set[str]) -> Vanis
             var = _impl_target(node, names)
             if var is not None:
                 registered.append((var, node.lineno))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in node.decorator_list:
+                decorated[d.lineno] = node
     base = os.path.basename(path)
     for var, line in registered:
         if var in meta_libs:
             later = [n for n in assigned.get(var, []) if n > line]
-            return VanishedMeta(f"{base}:{line}", var, f"{base}:{later[0]}" if later else "")
+            fn = decorated.get(line)
+            function = ""
+            if fn is not None:  # from the def line (decorators left out) to its end, dedented
+                lines = source.splitlines()[fn.lineno - 1:fn.end_lineno]
+                indent = len(lines[0]) - len(lines[0].lstrip())
+                function = "\n".join(text[indent:] for text in lines)
+            return VanishedMeta(f"{base}:{line}", var, f"{base}:{later[0]}" if later else "", function)
+    return None
+
+
+def defining_library(reg: Registration) -> str | None:
+    """The name the user's code binds the Library that defines `reg` to: VAR in `VAR.define("op(...")`, with VAR
+    assigned a `Library("ns", ...)` of the op's namespace where the file assigns it one (None if not found)."""
+    for path in _program_files(reg):
+        found = _find_define(path, reg.namespace, {reg.name, f"{reg.name}.{reg.overload}"})
+        if found is not None:
+            return found
+    return None
+
+
+def _find_define(path: str, namespace: str, names: set[str]) -> str | None:
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    libraries: dict[str, set[str]] = {}  # var -> the namespaces of the Libraries assigned to it
+    defines: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            ns = _library_namespace(node.value)
+            for target in node.targets:
+                if ns is not None and isinstance(target, ast.Name):
+                    libraries.setdefault(target.id, set()).add(ns)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "define" \
+                and isinstance(node.func.value, ast.Name) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) and node.args[0].value.split("(", 1)[0].strip() in names:
+            defines.append(node.func.value.id)
+    for var in defines:
+        if namespace in libraries.get(var, {namespace}):
+            return var
+    return None
+
+
+def _library_namespace(call: object) -> str | None:
+    """"ns" for a `Library("ns", ...)` / `torch.library.Library("ns", ...)` call, else None."""
+    import ast
+
+    func = call.func  # type: ignore[attr-defined]
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    args = call.args  # type: ignore[attr-defined]
+    if name == "Library" and args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
+        return args[0].value
     return None
 
 

@@ -19,6 +19,8 @@ import os
 import struct
 from typing import Any
 
+from graphex._weights_layout import is_padding
+
 PROGRAM_FILE = "program.gxp"  # graphex/exporting.py's names (not imported: that module imports torch)
 WEIGHTS_FILE = "weights.safetensors"
 
@@ -166,7 +168,8 @@ def _weights_lines(path: str) -> list[str]:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise InspectError(f"{path}: malformed safetensors header: {e}") from None
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    # Padding entries (Note [Weights are 64-byte aligned], csrc/deploy/safetensors.h) are not weights.
+    tensors = {k: v for k, v in header.items() if k != "__metadata__" and not is_padding(k)}
     total = sum(v["data_offsets"][1] - v["data_offsets"][0] for v in tensors.values())
     lines = [f"weights: {len(tensors)} tensors, {total} bytes ({os.path.basename(path)})"]
     lines += [f"  {name:<32} {v['dtype']:<5} {v['shape']}" for name, v in sorted(tensors.items())]

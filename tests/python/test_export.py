@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import graphex
-from graphex.exporting import WEIGHTS_FILE, safetensors_bytes
+from graphex._weights_layout import PAD_PREFIX
+from graphex.exporting import WEIGHTS_FILE, ExportError, safetensors_bytes
 from graphex import _C
 from graphex.errors import ProgramError
 
@@ -107,6 +108,29 @@ def test_weights_off_64_byte_alignment_are_copied_and_give_the_same_bits(tmp_pat
         (art / WEIGHTS_FILE).write_bytes(data)
         out = _C.Module(str(art))([x])[0]
         assert torch.equal(out, aligned), f"tensors at {residue} mod 64: max abs diff {(out - aligned).abs().max()}"
+
+
+class ReservedName(torch.nn.Module):
+    """A parameter whose name starts with the prefix of the padding entries."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_parameter(PAD_PREFIX + "w", torch.nn.Parameter(torch.randn(4)))
+
+    def forward(self, x):
+        return x * getattr(self, PAD_PREFIX + "w")
+
+
+def test_a_weight_named_like_padding_is_refused(tmp_path):
+    """Note [Weights are 64-byte aligned]: readers skip entries named with PAD_PREFIX, so a weight named so would
+    be lost; export refuses it, naming the weight and the fix, and writes nothing."""
+    with pytest.raises(ExportError, match=f"cannot write weight '{PAD_PREFIX}w': names starting with "
+                                          f"'{PAD_PREFIX}' are reserved") as info:
+        graphex.export(ReservedName().eval(), (torch.randn(4),), tmp_path / "reserved.graphex")
+    assert "rename the parameter or buffer" in str(info.value)
+    assert not (tmp_path / "reserved.graphex" / WEIGHTS_FILE).exists()
+    with pytest.raises(ExportError, match="reserved"):
+        safetensors_bytes({"x": torch.ones(3), f"{PAD_PREFIX}0": torch.zeros(5, dtype=torch.uint8)})
 
 
 def test_graphex_export_is_the_function_and_the_command(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import graphex
+from graphex._weights_layout import PAD_PREFIX
 from graphex.exporting import WEIGHTS_ALIGNMENT, WEIGHTS_FILE, load_safetensors, safetensors_bytes
 from examples.models.decoder import build_decoder
 
@@ -60,20 +61,23 @@ def test_graphex_run_output_file_is_bitwise_equal_to_eager(tmp_path):
     assert proc.returncode == 1 and 'none named "1"' in proc.stderr
 
 
-def file_offsets(path) -> dict[str, int]:
-    """name -> the file offset where the tensor's bytes start (the header parsed here, not by graphex)."""
+def file_offsets(path, padding: bool = False) -> dict[str, int]:
+    """name -> the file offset where the tensor's bytes start (the header parsed here, not by graphex); padding
+    entries (PAD_PREFIX, Note [Weights are 64-byte aligned]) only when asked for."""
     data = open(path, "rb").read()
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + n])
-    return {name: 8 + n + entry["data_offsets"][0] for name, entry in header.items() if name != "__metadata__"}
+    return {name: 8 + n + entry["data_offsets"][0] for name, entry in header.items()
+            if name != "__metadata__" and (padding or not name.startswith(PAD_PREFIX))}
 
 
 def test_weights_and_outputs_start_every_tensor_on_64_bytes(tmp_path):
     """Note [Weights are 64-byte aligned]: the header is padded with spaces (counted by the length field) and the
-    tensors with zeros, by the Python writer (export, safetensors_bytes) and the C++ one (graphex-run --output)."""
+    gaps between tensors are U8 padding entries of zeros, by the Python writer (export, safetensors_bytes) and the
+    C++ one (graphex-run --output), the same bytes for the same tensors."""
     assert WEIGHTS_ALIGNMENT == 64
     torch.manual_seed(0)
-    model = Net().eval()  # tensors of 16 and 128 bytes: padding after each but the last
+    model = Net().eval()  # fc.bias, fc.weight, scale: 16, 128 and 16 bytes, so padding after fc.bias
     x, mask = torch.randn(2, 8), torch.tensor([True, False, True])
     path = graphex.export(model, (x, mask), tmp_path / "net.graphex")
     weights = os.path.join(path, WEIGHTS_FILE)
@@ -85,11 +89,15 @@ def test_weights_and_outputs_start_every_tensor_on_64_bytes(tmp_path):
     offsets = file_offsets(weights)
     assert sorted(offsets) == ["fc.bias", "fc.weight", "scale"], offsets
     assert all(offset % 64 == 0 for offset in offsets.values()), offsets
+    pads = {k: v for k, v in header.items() if k.startswith(PAD_PREFIX)}
+    assert pads == {f"{PAD_PREFIX}0": {"dtype": "U8", "shape": [48], "data_offsets": [16, 64]}}, header
     spans = sorted((8 + n + b, 8 + n + e) for b, e in (v["data_offsets"] for v in header.values()))
-    assert spans[-1][1] == len(data)  # nothing after the last tensor
-    assert all(data[end:begin] == bytes(begin - end) for (_, end), (begin, _) in zip(spans, spans[1:]))
+    assert spans[0][0] == 8 + n and spans[-1][1] == len(data)  # the data section covered, nothing after the last
+    assert all(end == begin for (_, end), (begin, _) in zip(spans, spans[1:])), spans  # no gap
+    assert data[8 + n + 16:8 + n + 64] == bytes(48)  # the padding is zeros
     named = dict(model.named_parameters()) | dict(model.named_buffers())
-    assert all(torch.equal(t, named[k]) for k, t in load_safetensors(weights).items())
+    loaded = load_safetensors(weights)  # graphex's reader skips the padding
+    assert sorted(loaded) == sorted(named) and all(torch.equal(t, named[k]) for k, t in loaded.items())
 
     inputs, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     inputs.write_bytes(safetensors_bytes({"0": x, "1": mask}))
@@ -102,7 +110,77 @@ def test_weights_and_outputs_start_every_tensor_on_64_bytes(tmp_path):
     with torch.no_grad():
         expected = model(x, mask)
     result = load_safetensors(out)
+    assert sorted(result) == ["0", "1", "2"]  # the padding entries skipped
     assert torch.equal(result["0"], expected["y"]) and torch.equal(result["1"], expected["m"])
+    assert sorted(file_offsets(out, padding=True)) == ["0", "1", "2", f"{PAD_PREFIX}0", f"{PAD_PREFIX}1"]
+    assert out.read_bytes() == safetensors_bytes(result)  # the C++ writer lays the file out as the Python one
+
+
+def reference_load(path, expected: dict[str, torch.Tensor]) -> None:
+    """huggingface's reader (safetensors.torch.load_file and safe_open) loads `path`; its tensors, the padding
+    entries left out by their prefix, are `expected` bit for bit, each at a 64-aligned file offset; each padding
+    entry is 1..63 zero bytes (Note [Weights are 64-byte aligned])."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    loaded = load_file(path)
+    with safe_open(str(path), framework="pt") as f:
+        opened = {name: f.get_tensor(name) for name in f.keys()}
+    assert sorted(loaded) == sorted(opened)
+    real = {name: t for name, t in loaded.items() if not name.startswith(PAD_PREFIX)}
+    assert sorted(real) == sorted(expected)
+    for name, t in real.items():
+        want = expected[name].detach()
+        assert t.dtype == want.dtype and t.shape == want.shape and torch.equal(t, want), name
+        assert torch.equal(opened[name], t), name
+    for name, t in loaded.items():
+        if name.startswith(PAD_PREFIX):
+            assert t.dtype == torch.uint8 and t.dim() == 1 and 0 < t.numel() < 64 and not t.any(), (name, t)
+    offsets = file_offsets(path)
+    assert sorted(offsets) == sorted(expected) and all(o % 64 == 0 for o in offsets.values()), offsets
+
+
+def test_the_reference_safetensors_reader_loads_weights_and_outputs(tmp_path):
+    """Note [Weights are 64-byte aligned]: the padding between tensors is an entry, so huggingface's reader (which
+    refuses gaps) loads what export and graphex-run --output write, tensors equal to the model's."""
+    pytest.importorskip("safetensors.torch")
+    assert os.path.exists(GRAPHEX_RUN), "graphex-run is not built (make build)"
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 4).eval()  # bias of 16 bytes, then 48 bytes of padding, then the weight
+    path = graphex.export(lin, (torch.randn(1, 8),), tmp_path / "lin.graphex")
+    weights = os.path.join(path, WEIGHTS_FILE)
+    assert sorted(file_offsets(weights, padding=True)) == ["__graphex_pad_0", "bias", "weight"]
+    reference_load(weights, dict(lin.named_parameters()))
+
+    decoder = build_decoder()  # the shipped model: parameters and buffers, a custom op
+    k, v = (torch.randn_like(c) for c in decoder.new_cache())
+    args = (torch.tensor([[7]]), torch.tensor([5]), k, v)
+    path = graphex.export(decoder, args, tmp_path / "decoder.graphex")
+    reference_load(os.path.join(path, WEIGHTS_FILE), dict(decoder.named_parameters()) | dict(decoder.named_buffers()))
+
+    # Inputs of 8, 8 and larger bytes: padding that graphex-run's reader skips (it counts the tensors).
+    inputs, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    inputs.write_bytes(safetensors_bytes({str(i): a for i, a in enumerate(args)}))
+    assert any(name.startswith(PAD_PREFIX) for name in file_offsets(inputs, padding=True))
+    reference_load(inputs, {str(i): a for i, a in enumerate(args)})
+    proc = subprocess.run([GRAPHEX_RUN, path, "--inputs", str(inputs), "--output", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    with torch.no_grad():
+        expected = decoder(*args)
+    reference_load(out, {"0": expected})
+
+    # graphex-run --output with leaves of 32, 3 and 8 bytes (padding after the first two).
+    net = Net().eval()
+    x, mask = torch.randn(2, 8), torch.tensor([True, False, True])
+    path = graphex.export(net, (x, mask), tmp_path / "net.graphex")
+    inputs.write_bytes(safetensors_bytes({"0": x, "1": mask}))
+    proc = subprocess.run([GRAPHEX_RUN, path, "--inputs", str(inputs), "--output", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    with torch.no_grad():
+        expected = net(x, mask)
+    reference_load(out, {"0": expected["y"], "1": expected["m"], "2": torch.tensor(3)})
 
 
 # A name's length moves every tensor after the header: with the former 8-byte layout, names of 1-4 letters put

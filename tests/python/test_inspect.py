@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import torch
 
 import graphex
 from conftest import ROOT
+from graphex._weights_layout import PAD_PREFIX
 from graphex.custom_ops import reset_dynamo
 from graphex.inference.entry import HEADER_SCHEMA, Entry, EntryError, decode_entry, encode_entry, read_entry
 from graphex.tools.inspecting import InspectError, describe
@@ -72,6 +74,19 @@ def test_inspect_prints_program_bindings_weights_and_what_it_was_built_for(files
     proc = subprocess.run([sys.executable, "-m", "graphex", "inspect", entry_path], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and "<- buffer shift" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_inspect_does_not_list_padding_entries(files):
+    """Note [Weights are 64-byte aligned]: the weights file holds padding entries between tensors (lin.bias is 12
+    bytes), which are not weights: inspect counts and lists the three weights alone."""
+    _, art = files
+    with open(os.path.join(art, "weights.safetensors"), "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        names = list(json.loads(f.read(n)))
+    assert any(name.startswith(PAD_PREFIX) for name in names), names
+    lines = describe(art)
+    assert "weights: 3 tensors, 72 bytes (weights.safetensors)" in lines, lines  # 12 + 48 + 12, no padding
+    assert not any(PAD_PREFIX in line for line in lines), lines
 
 
 def test_inspect_names_what_is_wrong_with_a_bad_file(files, tmp_path):

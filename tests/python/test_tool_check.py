@@ -33,19 +33,21 @@ MISTAKES = {
             ["@row_norm.register_fake", "def _(x):", "return x.new_empty(x.shape[:-1])"]},
     "missing_fake_library": {
         ("chk_mf_lib::pairwise_add", 1, "fake_exists", "chk_mf_lib::pairwise_add#1"):
-            ['meta_lib = torch.library.Library("chk_mf_lib", "IMPL", "Meta")',
-             '@torch.library.impl(meta_lib, "pairwise_add")',
+            ['_graphex_libs["chk_mf_lib"] = torch.library.Library("chk_mf_lib", "FRAGMENT")',
+             '@torch.library.impl(_graphex_libs["chk_mf_lib"], "pairwise_add", "Meta")',
              "torch.empty(torch.broadcast_shapes(x.shape, y.shape), dtype=x.dtype, device=x.device)"]},
     "missing_fake_cpp": {
         ("graphex_examples::needs_meta", 1, "fake_exists", "graphex_examples::needs_meta#1"):
             ["TORCH_LIBRARY_IMPL(graphex_examples, Meta, m)", "return at::empty_like(x);",
-             '@torch.library.impl(meta_lib, "needs_meta")', "return torch.empty_like(x)"]},
+             '@torch.library.impl(_graphex_libs["graphex_examples"], "needs_meta", "Meta")',
+             "return torch.empty_like(x)"]},
     "fake_wrong_shape": {
         ("chk_shape::sum_rows", 2, "fake_matches", "chk_shape::sum_rows#1"):
             ["@sum_rows.register_fake", "return x.new_empty(x.shape[:-1])"]},
     "fake_wrong_dtype": {
         ("chk_dtype::argmax_last", 2, "fake_matches", "chk_dtype::argmax_last#1"):
-            ['@torch.library.impl(meta_lib, "argmax_last")', "x.new_empty(x.shape[:-1], dtype=torch.int64)"],
+            ['@torch.library.impl(_graphex_libs["chk_dtype"], "argmax_last", "Meta")',
+             "x.new_empty(x.shape[:-1], dtype=torch.int64)"],
         ("graphex_examples::needs_meta", 2, "fake_matches", "graphex_examples::needs_meta#1"):
             ["return torch.empty_like(x)"]},
     "fake_real_device": {

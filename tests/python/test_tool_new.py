@@ -13,6 +13,7 @@ import ast
 import builtins
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -113,6 +114,32 @@ def test_template_signature_runs(tmp_path, style):
     run_generated(out, "my_op", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
     if style == "cpp":
         assert (tmp_path / "ext" / "gx_template_cpp_my_op").is_dir() and not (out / "build").exists()
+
+
+def test_readme_documents_new_op_as_it_parses():
+    """README's `graphex new` section: the usage names every option of `graphex new op` (--style required), and
+    its example command is the one test_template_signature_runs generates and runs (library style)."""
+    import argparse
+    import shlex
+
+    from graphex.cli import build_parser
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+    section = readme.split("### `graphex new`", 1)[1].split("\n### ", 1)[0]
+    assert "`--style` is required" in section
+    usage = next(line for line in section.splitlines() if line.startswith("graphex new op NS::NAME"))
+    def subcommand(parser, name):
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+    op = subcommand(subcommand(build_parser(), "new"), "op")
+    options = {o for a in op._actions for o in a.option_strings if o not in ("-h", "--help")}
+    assert set(re.findall(r"--[a-z-]+", usage)) == options
+    assert "--style {custom_op,library,cpp}" in usage and "[--style" not in usage  # required: not in brackets
+    example = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    command = shlex.split(example.split("\ncd ", 1)[0].replace("\\\n", " "))
+    assert command == ["graphex", "new", "op", "mylib::my_op", "--style", "library", "--signature", TEMPLATE]
+    assert all("--style" in line for line in readme.splitlines() if "graphex new op " in line)
+    build_parser().parse_args(command[1:])  # parses as pasted
 
 
 # Two outputs, two written inputs and every other argument type the cpp style maps, in one build.
@@ -300,7 +327,7 @@ def test_terminal_new_op_generates_files(terminal, tmp_path, capsys):
 
 @pytest.mark.parametrize("style_choice, expected", [
     ("1", "@add.register_fake"),
-    ("2", 'meta_lib = torch.library.Library("gx_tty2", "IMPL", "Meta")'),
+    ("2", '@torch.library.impl(_graphex_libs["gx_tty2"], "add", "Meta")'),
     ("3", "TORCH_LIBRARY_IMPL(gx_tty2, Meta, m)"),
 ])
 def test_terminal_eager_op_gets_meta_skeleton_and_check(terminal, tmp_path, capsys, style_choice, expected):
@@ -311,6 +338,32 @@ def test_terminal_eager_op_gets_meta_skeleton_and_check(terminal, tmp_path, caps
     assert expected in out and "torch.empty_like(x)" in out
     assert "graphex check YOUR_SCRIPT.py" in out
     assert not os.listdir(tmp_path)
+
+
+def test_printed_meta_skeleton_pastes_twice_and_for_two_ops():
+    """The Meta skeleton `graphex new` prints for an op that works in eager (library style, and the Python
+    alternative of the cpp style): pasted into one module twice per op, for two ops of one namespace, every op has
+    its Meta function afterwards, on one Library (Note [A printed fix pastes twice])."""
+    import gc
+
+    from graphex.tools.newgen import plan
+    from graphex.tools.newgen.spec import parse_op
+
+    lib = torch.library.Library("gx_newpaste", "FRAGMENT")
+    module: dict = {"__name__": "gx_newpaste_script"}
+    for name in ("first", "second"):
+        lib.define(f"{name}(Tensor x, Tensor? y, float a) -> Tensor")
+        lib.impl(name, lambda x, y, a: x * a, "CPU")
+        code = plan.meta_skeleton(parse_op(f"gx_newpaste::{name}", f"{name}(Tensor x, Tensor? y, float a) -> Tensor"),
+                                  "library")
+        assert code.startswith("from typing import Optional\n\nimport torch\n"), code
+        for _ in range(2):
+            exec(compile(code, "<pasted>", "exec"), module)
+    gc.collect()
+    assert list(module["_graphex_libs"]) == ["gx_newpaste"]
+    for name in ("first", "second"):
+        out = getattr(torch.ops.gx_newpaste, name)(torch.empty(2, 3, device="meta"), None, 2.0)
+        assert out.device.type == "meta" and out.shape == (2, 3)
 
 
 def test_terminal_op_in_graph_goes_to_triage(terminal, capsys):

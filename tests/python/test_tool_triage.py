@@ -235,7 +235,7 @@ def test_custom_op_without_fake_shows_the_fake_to_paste(results):
     (f,) = of_kind(doc, "custom-op")
     assert f["title"] == "custom op triage_nofake::scale_rows has no fake function"
     assert f["where"].startswith(line_of("custom_op_no_fake.py", "torch.ops.triage_nofake.scale_rows"))
-    assert f["fix"].startswith("@scale_rows.register_fake\ndef _(x, w):")
+    assert f["fix"].startswith("import torch\n\n\n@scale_rows.register_fake\ndef _(x, w):")
     assert f["op"] == "triage_nofake::scale_rows"
     assert of_kind(doc, "graph-break") == []  # the trace error is not reported twice
 

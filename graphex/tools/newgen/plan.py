@@ -40,16 +40,27 @@ def mre_files(cache: bool) -> list[File]:
 
 
 def meta_skeleton(spec: OpSpec, style: str) -> str:
-    """The fake/Meta registration alone, for an op that already works in eager."""
+    """The fake/Meta registration alone, for an op that already works in eager: code to paste into the user's
+    script, complete (imports included) and pasteable again or per op (Note [A printed fix pastes twice])."""
     if style in ("custom_op", "library"):
         pystyles.check_python(spec, custom_op=style == "custom_op")
     if style == "custom_op":
-        return "\n".join(pystyles.fake_block(spec)) + "\n"
+        return "\n".join([*pystyles.printed_imports(spec), "", "", *pystyles.fake_block(spec)]) + "\n"
     if style == "library":
-        return "\n".join(pystyles.meta_block(spec)) + "\n"
+        return _python_meta(spec) + "\n"
     cppstyle.check_cpp(spec)
+    guard = f"GRAPHEX_META_{spec.namespace}_{spec.name}"
     return "\n".join([
-        *cppstyle.meta_kernel(spec), "", *cppstyle.meta_registration(spec), "",
-        "# Or, op-plugin style, from Python (import it before torch.compile runs):", "",
-        *pystyles.meta_block(spec),
+        "#include <ATen/ATen.h>", "#include <torch/library.h>", f"#ifndef {guard}  // pasted twice, compiled once",
+        f"#define {guard}", *cppstyle.meta_kernel(spec), "", *cppstyle.meta_registration(spec), f"#endif  // {guard}",
+        "", "# Or, op-plugin style, from Python (import it before torch.compile runs):", "",
+        _python_meta(spec),
     ]) + "\n"
+
+
+def _python_meta(spec: OpSpec) -> str:
+    from graphex.custom_ops.fixes import namespace_library
+
+    lines, lib = namespace_library(spec.namespace)
+    typing_lines = [line for line in pystyles.printed_imports(spec) if line and line != "import torch"]
+    return "\n".join([*typing_lines, *([""] if typing_lines else []), lines, "", *pystyles.meta_block(spec, lib=lib)])

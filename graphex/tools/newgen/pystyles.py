@@ -70,17 +70,24 @@ def library_module(spec: OpSpec) -> str:
 
 
 def meta_block(spec: OpSpec, params: list[str] | None = None, ret: str | None = None, *,
-               blank: int = 2) -> list[str]:
-    """meta_lib = Library(ns, "IMPL", "Meta") and the Meta function registered on it."""
+               blank: int = 2, lib: str | None = None) -> list[str]:
+    """meta_lib = Library(ns, "IMPL", "Meta") and the Meta function registered on it; with `lib` (an expression for
+    a Library that already exists, e.g. the namespace's one Library of a printed fix), registered on that instead."""
     params = params if params is not None else _params(spec)
     ret = py_return(spec.returns) if ret is None else ret
+    head = ([f'meta_lib = torch.library.Library("{spec.namespace}", "IMPL", "Meta")', *[""] * blank,
+             f'@torch.library.impl(meta_lib, "{spec.name}")'] if lib is None else
+            [f'@torch.library.impl({lib}, "{spec.name}", "Meta")'])
     return [
-        f'meta_lib = torch.library.Library("{spec.namespace}", "IMPL", "Meta")',
-        *[""] * blank,
-        f'@torch.library.impl(meta_lib, "{spec.name}")',
+        *head,
         *py_def(f"{spec.name}_meta", params, ret),
         *indent([_META_NOTE, *placeholder.py_fake(spec)]),
     ]
+
+
+def printed_imports(spec: OpSpec, *, annotate: bool = True) -> list[str]:
+    """The imports a printed fake/Meta function of `spec` needs (`import torch`, and typing's names it uses)."""
+    return _imports([*_params(spec, annotate=annotate), py_return(spec.returns)])
 
 
 def check_python(spec: OpSpec, *, custom_op: bool) -> None:
