@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import sys
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from conftest import assert_same, captures, compile_graphex, engine_runs
+
+pytestmark = pytest.mark.default_isa  # run again under ATEN_CPU_CAPABILITY=default (make test-default-isa)
 
 
 def run_both(fn, *args, **options):
@@ -37,6 +40,13 @@ def copies_of(prof, shape) -> list[str]:
 def no_grad():
     with torch.no_grad():
         yield
+
+
+def test_the_kernel_path_is_the_one_asked_for():
+    """make test-default-isa sets ATEN_CPU_CAPABILITY=default: the tests marked default_isa then run on it."""
+    asked = os.environ.get("ATEN_CPU_CAPABILITY")
+    if asked:
+        assert torch.backends.cpu.get_cpu_capability() == asked.upper()
 
 
 def test_multiple_outputs_and_an_int():

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 from conftest import assert_same, captures, compile_graphex
 
+pytestmark = pytest.mark.default_isa  # run again under ATEN_CPU_CAPABILITY=default (make test-default-isa)
+
 CASES = [
     ((1, 2, 5, 6), dict(scale_factor=2.0, mode="bilinear"), "aten::upsample_bilinear2d.default"),
     ((1, 2, 5, 6), dict(size=(10, 12), mode="bicubic", align_corners=True), "aten::upsample_bicubic2d.default"),

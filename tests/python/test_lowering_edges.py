@@ -9,6 +9,8 @@ import torch
 import graphex
 from conftest import assert_same, compile_graphex, engine_runs
 
+pytestmark = pytest.mark.default_isa  # run again under ATEN_CPU_CAPABILITY=default (make test-default-isa)
+
 
 @pytest.fixture(autouse=True)
 def no_grad():

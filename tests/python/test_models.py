@@ -9,6 +9,8 @@ from conftest import assert_same, captures, compile_graphex, engine_runs
 from examples.models.decoder import DecoderConfig, build_decoder
 from examples.models.zoo import MLP, ReturnsViews, SeveralOutputs, SmallCNN, init_batchnorm_stats
 
+pytestmark = pytest.mark.default_isa  # run again under ATEN_CPU_CAPABILITY=default (make test-default-isa)
+
 
 @pytest.fixture(autouse=True)
 def no_grad():

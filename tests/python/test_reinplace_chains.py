@@ -11,6 +11,8 @@ import torch
 
 from conftest import assert_same, captures, compile_graphex
 
+pytestmark = pytest.mark.default_isa  # run again under ATEN_CPU_CAPABILITY=default (make test-default-isa)
+
 aten = torch.ops.aten
 
 
