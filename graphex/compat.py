@@ -234,3 +234,41 @@ def opaque_guard_fn(cls: type) -> Callable[[Any], Any] | None:
         return None
     info = get_opaque_obj_info(cls)
     return getattr(info, "guard_fn", None) if info else None
+
+
+# -- inductor's no-op registry (graphex/passes/noop.py) -------------------------------------------------------------
+
+class TorchInternalChanged(RuntimeError):
+    """A torch internal graphex wraps no longer has the shape graphex expects; the message names it and the version."""
+
+
+def noop_source(node: torch.fx.Node, src_index: Any) -> Any:
+    """The node a no-op `node` passes through, as inductor's `noop_registry[target] = (cond, src_index)` says:
+    an argument position, or a selector function. The selector took the node's args up to torch 2.14
+    (`lambda args: args[0][0]` for aten.cat) and takes the node itself from 2.15 (`lambda node:
+    node.args[0][0]`); which one this torch uses is found once by asking aten.cat's own selector."""
+    if isinstance(src_index, int):
+        return node.args[src_index]
+    return src_index(node) if _noop_selector_takes_node() else src_index(node.args)
+
+
+@functools.cache
+def _noop_selector_takes_node() -> bool:
+    from torch._inductor.fx_passes.post_grad import noop_registry
+
+    entry = noop_registry.get(torch.ops.aten.cat.default)
+    if entry is None or isinstance(entry[1], int):
+        return False  # no selector to ask: nothing calls one
+    graph = torch.fx.Graph()
+    a = graph.placeholder("a")
+    cat = graph.call_function(torch.ops.aten.cat.default, ([a],))
+    for takes_node, argument in ((False, cat.args), (True, cat)):
+        try:
+            if entry[1](argument) is a:
+                return takes_node
+        except (AttributeError, TypeError, IndexError):
+            continue
+    raise TorchInternalChanged(
+        f"graphex: torch {torch.__version__}: inductor's noop_registry selector for aten.cat takes neither the "
+        "node's args nor the node (torch._inductor.fx_passes.post_grad.register_noop_decomp changed); graphex's "
+        "no-op pass (graphex/passes/noop.py) needs compat.noop_source updated for this torch")

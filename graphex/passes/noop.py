@@ -18,6 +18,8 @@ from typing import Any, Iterator
 import torch
 import torch.fx
 from torch._inductor.fx_passes.post_grad import noop_registry, remove_noop_ops
+
+from .. import compat
 from torch._inductor.fx_utils import get_node_storage
 
 
@@ -42,7 +44,7 @@ def _hide_snapshots_of_written_memory(graph: torch.fx.Graph) -> Iterator[None]:
         if node.op != "call_function" or node.target not in noop_registry:
             continue
         _, src_index = noop_registry[node.target]
-        src = node.args[src_index] if isinstance(src_index, int) else src_index(node.args)
+        src = compat.noop_source(node, src_index)
         if not isinstance(src, torch.fx.Node):
             continue
         if get_node_storage(src) not in written and not _may_become(src, mutated_inputs):

@@ -1,0 +1,199 @@
+"""The torch internals graphex leans on still have the shape graphex expects (issue: the torch range).
+
+graphex supports a range of torch releases (pyproject.toml, graphex/compat.py). A private name that moves or
+changes shape in a new release should fail here, once, naming the torch version, the internal and the graphex
+file that uses it, instead of failing a user's compile deep inside a pass.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import os
+
+import pytest
+import torch
+
+from graphex import compat
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE = os.path.join(ROOT, "graphex")
+VERSION = f"torch {torch.__version__}"
+
+
+def _graphex_sources():
+    for folder, dirs, files in os.walk(PACKAGE):
+        dirs[:] = [d for d in dirs if d not in ("_vendor", "fb", "__pycache__")]
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(folder, f)
+                yield os.path.relpath(path, ROOT), ast.parse(open(path).read(), path)
+
+
+def _private_imports():
+    """(file:line, module, name or None) for every `from torch._x import y` and `import torch._x` in graphex."""
+    found = []
+    for rel, tree in _graphex_sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torch") \
+                    and "._" in "." + node.module.partition(".")[2]:
+                found += [(f"{rel}:{node.lineno}", node.module, a.name) for a in node.names]
+            elif isinstance(node, ast.Import):
+                found += [(f"{rel}:{node.lineno}", a.name, None) for a in node.names if a.name.startswith("torch._")]
+    return found
+
+
+def _private_attribute_chains():
+    """(file:line, 'torch._C._dynamo.guards.GlobalStateGuard') for every attribute chain from `torch` through a
+    private name that graphex reads."""
+    found = {}
+    for rel, tree in _graphex_sources():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            parts, cur = [], node
+            while isinstance(cur, ast.Attribute):
+                parts.append(cur.attr)
+                cur = cur.value
+            if isinstance(cur, ast.Name) and cur.id == "torch" and any(p.startswith("_") for p in parts):
+                chain = "torch." + ".".join(reversed(parts))
+                found.setdefault(chain, f"{rel}:{node.lineno}")
+    # the longest chains only: each prefix is checked on the way
+    return sorted((where, c) for c, where in found.items() if not any(o.startswith(c + ".") for o in found))
+
+
+def test_every_private_import_exists():
+    missing = []
+    for where, module, name in _private_imports():
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as e:
+            missing.append(f"{where}: import {module} ({e})")
+            continue
+        if name is not None and not hasattr(mod, name):
+            try:
+                importlib.import_module(f"{module}.{name}")
+            except ImportError:
+                missing.append(f"{where}: {module}.{name}")
+    assert not missing, f"{VERSION} lacks internals graphex imports:\n" + "\n".join(missing)
+
+
+def _resolve(chain):
+    obj = torch
+    parts = chain.split(".")[1:]
+    for i, part in enumerate(parts):
+        if not hasattr(obj, part):
+            try:
+                obj = importlib.import_module(".".join(["torch", *parts[:i + 1]]))
+                continue
+            except ImportError:
+                return False
+        obj = getattr(obj, part)
+    return True
+
+
+# attribute chains that exist only with an optional torch feature built in, or are dunder-protocol reads
+_OPTIONAL = ("torch._C._distributed", "torch.distributed", "torch._C._cuda", "torch.cuda")
+
+
+def test_every_private_attribute_chain_resolves():
+    missing = [f"{where}: {chain}" for where, chain in _private_attribute_chains()
+               if not chain.startswith(_OPTIONAL) and not _resolve(chain)]
+    assert not missing, f"{VERSION} lacks internals graphex reads:\n" + "\n".join(missing)
+
+
+def test_the_scan_sees_the_internals_graphex_is_known_to_use():
+    """The two scans above are only as good as what they find."""
+    imports = {(m, n) for _, m, n in _private_imports()}
+    assert ("torch._inductor.fx_passes.post_grad", "noop_registry") in imports
+    assert ("torch._inductor.pattern_matcher", "PatternMatcherPass") in imports
+    chains = {c for _, c in _private_attribute_chains()}
+    assert any(c.startswith("torch._C._dynamo.guards.GlobalStateGuard") for c in chains)
+
+
+# -- shapes: what graphex calls, with the arguments and fields it uses ------------------------------------------------
+def test_noop_registry_selector_convention_is_known():
+    """inductor's noop_registry: {target: (cond, src_index)}; src_index an int or a selector whose calling
+    convention changed in 2.15 (compat.noop_source)."""
+    from torch._inductor.fx_passes.post_grad import noop_registry
+
+    cond, src_index = noop_registry[torch.ops.aten.cat.default]
+    assert callable(cond)
+    graph = torch.fx.Graph()
+    a = graph.placeholder("a")
+    cat = graph.call_function(torch.ops.aten.cat.default, ([a],))
+    assert compat.noop_source(cat, src_index) is a, VERSION
+    clone_entry = noop_registry[torch.ops.aten.clone.default]
+    assert len(clone_entry) == 2, VERSION
+
+
+def test_inductor_reinplace_table_and_core():
+    from torch._inductor.fx_passes import reinplace
+
+    op = next(iter(reinplace.inplaceable_ops.values()))
+    params = inspect.signature(type(op)).parameters  # compat.inplaceable_ops_table rebuilds one positionally
+    assert list(params)[:2] == ["inplace_op", "mutated_arg"], f"{VERSION}: InplaceableOp{inspect.signature(type(op))}"
+    assert hasattr(op, "inplace_op") and hasattr(op, "mutated_arg"), VERSION
+    assert reinplace._generalized_scatter in reinplace.inplaceable_ops, VERSION
+    core = inspect.signature(reinplace.reinplace_inplaceable_ops_core)
+    assert list(core.parameters)[:1] == ["graph"], f"{VERSION}: reinplace_inplaceable_ops_core{core}"
+    for name in ("canonicalize_view_scatter_ops", "decompose_generalized_scatter"):
+        assert callable(getattr(reinplace, name)), f"{VERSION}: reinplace.{name}"
+
+
+def test_pattern_matcher_register_replacement_takes_what_graphex_passes():
+    from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
+
+    params = inspect.signature(register_replacement).parameters
+    for name in ("search_fn", "replace_fn", "example_inputs", "trace_fn", "pass_dicts", "extra_check"):
+        assert name in params, f"{VERSION}: register_replacement has no parameter {name!r} ({list(params)})"
+    assert callable(getattr(PatternMatcherPass, "apply", None)), VERSION
+    assert callable(getattr(Match, "replace_by_example", None)), VERSION
+
+
+def test_dynamo_hands_over_guards_with_the_fields_graphex_reads():
+    """cache_compile records Dynamo's guards through torch.compile's guard_filter_fn
+    (Note [cache_compile keys on what the trace read])."""
+    from torch._dynamo.types import GuardFilterEntry
+
+    fields = {f.name for f in dataclasses.fields(GuardFilterEntry)}
+    assert {"name", "has_value", "value", "guard_type", "orig_guard"} <= fields, f"{VERSION}: {fields}"
+    seen = []
+
+    def backend(gm, inputs, **_):
+        return gm.forward
+
+    scale = 2.0
+    fn = torch.compile(lambda x: x * scale, backend=backend, fullgraph=True,
+                       options=compat.guard_recorder(seen.extend))
+    fn(torch.ones(2))
+    kinds = {e.guard_type for e in seen}
+    assert "TENSOR_MATCH" in kinds and "GLOBAL_STATE" in kinds, f"{VERSION}: {kinds}"
+    assert all(isinstance(e.orig_guard.name, str) for e in seen)
+
+
+def test_global_state_guard_round_trips():
+    import json
+
+    guard = torch._C._dynamo.guards.GlobalStateGuard()
+    state = json.loads(guard.__getstate__())
+    assert {"grad_mode", "num_threads", "default_dtype"} <= set(state), f"{VERSION}: {sorted(state)}"
+    other = torch._C._dynamo.guards.GlobalStateGuard()
+    other.__setstate__(json.dumps(state))
+    assert other.check()
+    with torch.no_grad():
+        assert not other.check()
+
+
+def test_dynamo_source_names():
+    from torch._dynamo.source import AttrSource, GetItemSource, LocalSource
+
+    src = AttrSource(GetItemSource(LocalSource("flat_args"), 0), "shape")
+    assert compat.source_name(src) == "L['flat_args'][0].shape", VERSION
+
+
+@pytest.mark.parametrize("name", ["_top_saved_tensors_default_hooks"])
+def test_autograd_hooks_query(name):
+    assert getattr(torch._C._autograd, name)(True) is None, VERSION
