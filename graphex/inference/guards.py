@@ -504,8 +504,9 @@ class GuardSet:
         changed and no watched object changed its type: only the "always" guards (those that
         read through something no dict version covers), the arguments, and the parameters the
         full path read last time.
-    The watch is snapshotted before a full check runs and invalidated if it fails, so a change
-    made at any moment is seen by the next call.
+    Each full check takes a fresh watch's snapshot before it reads anything and publishes the pair
+    (watch, parameters) only when it passes, so a change made at any moment, on any thread, is seen
+    by the next call.
     """
 
     def __init__(self, records: list[dict[str, Any]]) -> None:
@@ -514,7 +515,12 @@ class GuardSet:
         self.source = ""
         self.count = len(records)
         self.always = 0  # records checked on every call (the rest: while the watch holds, by the watch)
-        self.watch: Any = None
+        self._published: list[Any] = [(None, [])]
+
+    @property
+    def watch(self) -> Any:
+        """The StateWatch of the last full check (tests, tools)."""
+        return self._published[0][0]
 
     def bind(self, locals_: dict[str, Any], globals_: dict[str, Any],
              inputs: list[dict[str, Any]] | None = None) -> str | None:
@@ -567,25 +573,33 @@ class GuardSet:
             return f"an unusable guard record ({type(e).__name__}: {e})"
         from .. import _C
 
-        watch = _C.StateWatch(list(pins.dicts.values()), list(pins.objects.values()), list(pins.functions.values()))
+        watched = (list(pins.dicts.values()), list(pins.objects.values()), list(pins.functions.values()))
+        watch = _C.StateWatch(*watched)  # never snapshotted: the first call takes the full path
+        # Note [One function checks the guards and binds the inputs]: P[0] is (watch, parameters) published as
+        # one tuple after a full check that ran after the watch's snapshot, so a call on another thread sees
+        # either the old pair (whose watch no longer holds after a change) or the new one, never a mix.
         source = (
             "def full(flat_args, func):\n  try:\n" + full.body() +
             f"\n    return [{', '.join(reads_full)}]\n  except Exception:\n    return None\n\n"
             "def run(flat_args, func):\n"
+            "  W, S = P[0]\n"
             "  if W.unchanged():\n    try:\n" + fast.body(indent=6) +
             f"\n      return [{', '.join(reads_fast)}]\n    except Exception:\n      pass\n"
             "  return slow(flat_args, func)\n\n"
             "def slow(flat_args, func):\n"
-            "  W.snapshot()\n"
+            "  w = new_watch(*watched)\n"
+            "  w.snapshot()\n"
             "  r = full(flat_args, func)\n"
-            "  if r is None:\n    W.invalidate()\n    return None\n"
-            f"  S[:] = [r[i] for i in {tuple(static)!r}]\n"
+            "  if r is None:\n    return None\n"
+            f"  P[0] = (w, [r[i] for i in {tuple(static)!r}])\n"
             "  return r\n")
-        namespace: dict[str, Any] = {"H": tuple(held), "W": watch, "S": [],
+        namespace: dict[str, Any] = {"H": tuple(held), "P": [(watch, [])], "new_watch": _C.StateWatch,
+                                     "watched": watched,
                                      "__builtins__": {"type": type, "len": len, "list": list, "dict": dict,
                                                       "hasattr": hasattr, "Exception": Exception}}
         exec(compile(source, "<graphex guards>", "exec"), namespace)  # generated from typed records only
-        self.run, self.source, self.always, self.watch = namespace["run"], source, always, watch
+        self._published = namespace["P"]
+        self.run, self.source, self.always = namespace["run"], source, always
         return None
 
     @staticmethod

@@ -217,3 +217,42 @@ def test_a_guard_record_that_is_not_an_access_path_is_never_run(tmp_path):
     stats = _fresh_model_run(cache, x)
     assert not marker.exists()
     assert stats["hits"] == 0 and stats["compiles"] == 1, stats
+
+
+def test_threads_calling_while_the_state_changes_see_the_old_or_the_new_value(tmp_path):
+    """Note [One function checks the guards and binds the inputs]: the watch and the parameters are published
+    together, so a thread never runs one state's program with another state's parameters."""
+    import threading
+
+    torch.manual_seed(0)
+    m = Model(str(tmp_path))
+    x = torch.randn(4, 6)
+    old_proj = m.proj
+    new_proj = nn.Linear(6, 6)
+    with torch.no_grad():
+        m.cached(x)
+        expected_old = m._forward(x)
+        m.proj = new_proj
+        expected_new = m._forward(x)
+        m.proj = old_proj
+    bad, stop = [], threading.Event()
+
+    def worker():
+        with torch.no_grad():
+            while not stop.is_set():
+                out = m.cached(x)
+                if not (torch.equal(out, expected_old) or torch.equal(out, expected_new)):
+                    bad.append(out)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for i in range(200):
+        m.proj = new_proj if i % 2 == 0 else old_proj
+    m.proj = new_proj
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not bad, f"{len(bad)} results matched neither state"
+    with torch.no_grad():
+        assert torch.equal(m.cached(x), expected_new)
