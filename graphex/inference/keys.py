@@ -27,6 +27,12 @@ What is only known after tracing is stored in the entry and re-checked on load:
     source of its fake/Meta function (C++: the source file it was registered from
     and the libraries loaded).
 Weights are not part of any of it: new weights, same code, same entry.
+
+Since cache_header/2 the list above is no longer what keeps an entry from going stale: each entry
+carries Dynamo's own guards of its trace, checked on load and before every replay (guards.py,
+Note [cache_compile keys on what the trace read]). The key above names the file (a cheap first
+filter, and what `graphex cache ls` shows); the source hashes remain because Dynamo does not guard
+source text.
 """
 
 from __future__ import annotations
