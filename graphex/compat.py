@@ -272,3 +272,21 @@ def _noop_selector_takes_node() -> bool:
         f"graphex: torch {torch.__version__}: inductor's noop_registry selector for aten.cat takes neither the "
         "node's args nor the node (torch._inductor.fx_passes.post_grad.register_noop_decomp changed); graphex's "
         "no-op pass (graphex/passes/noop.py) needs compat.noop_source updated for this torch")
+
+
+def dynamo_side_effects() -> list[str] | None:
+    """What the frame Dynamo is compiling changes in Python state when it runs (attributes set, lists or dicts
+    mutated, cells and globals written), as names; [] for none, None when this torch does not say. Call from a
+    backend or guard hook during the compile (InstructionTranslator.current_tx(), SideEffects, 2.11-2.15)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        side_effects = InstructionTranslator.current_tx().output.side_effects
+        modified = [v for v in side_effects.id_to_variable.values() if side_effects.is_modified(v)]
+    except Exception:  # noqa: BLE001  not inside a compile, or another torch: the guards' own check remains
+        return None
+    names = []
+    for var in modified:
+        source = getattr(var, "source", None)
+        names.append(source_name(source) if source is not None else type(var).__name__)
+    return names

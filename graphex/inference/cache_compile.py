@@ -18,7 +18,9 @@ keys on] (keys.py) for what makes an entry stale.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import glob
 import os
 import time
@@ -76,7 +78,7 @@ class _Loaded:
         self.bind: Callable[[list[Any], Any], list[Any] | None] | None = None
         self.why = ""  # the guard that failed, for the cache-miss message
         shape_guards = entry.header.get("guards")
-        self.guards = compile(shape_guards, f"<shape guards of {path}>", "eval") if shape_guards else None
+        self.guards = _compile_shape_guards(shape_guards, path) if shape_guards else None
 
     def try_run(self, flat: list[Any]) -> Any:
         """The call's result, or MISS (nothing run) if this entry does not fit the call.
@@ -131,13 +133,68 @@ class _Loaded:
 
 MISS = object()  # _Loaded.try_run: the entry does not fit this call
 _NOT_A_LEAF = object()  # CachedFunction.__call__: an argument that pytree flattens further
+
+
+def _call_value(a: Any, any_leaf: bool = False) -> Any:
+    """What one argument adds to the call key: nothing for a tensor (its entry's guards and the engine check it),
+    the value of a number (a float by its bits: -0.0 is not 0.0), the type of any other leaf (its guards check
+    its contents; it need not be hashable)."""
+    t = type(a)
+    if t is torch.Tensor:
+        return None
+    if t is float:
+        return (float, a.hex())
+    if t in (int, bool, type(None), str):
+        return (t, a)
+    if isinstance(a, torch.Tensor):
+        return t  # a subclass or Parameter: its own entries (the type is guarded too)
+    return t if any_leaf else _NOT_A_LEAF
 _LEAF_TYPES = (torch.Tensor, int, float, bool)  # pytree leaves (Note [A plain call skips pytree])
 
 
 def _guards_hold(code: Any, inputs: list[Any]) -> bool:
+    return bool(eval(code, _shape_guard_globals(), {"L": {f"t{i}": v for i, v in enumerate(inputs)}}))
+
+
+@functools.cache
+def _shape_guard_globals() -> dict[str, Any]:
     from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
-    return bool(eval(code, SYMPY_INTERP, {"L": {f"t{i}": v for i, v in enumerate(inputs)}}))
+    return {**SYMPY_INTERP, "__builtins__": {}}
+
+
+_SHAPE_GUARD_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
+                      ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.BinOp, ast.Add, ast.Sub,
+                      ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Constant, ast.Subscript, ast.Name,
+                      ast.Load, ast.Call, ast.Attribute, ast.Tuple, ast.keyword)
+_SHAPE_GUARD_METHODS = {"size", "stride", "storage_offset", "dim", "numel"}
+
+
+def _compile_shape_guards(text: str, path: str) -> Any:
+    """Note [A cache file is loaded only when it is the user's own] and beyond: the shape guards are ShapeEnv's
+    expression over the inputs (`L['t0'].size()[0] > 4`), and nothing else is let through: only comparisons,
+    arithmetic, numbers, `L['tN']`, their size/stride methods and the sympy helpers torch's guards call."""
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as e:
+        raise EntryError(f"malformed shape guards ({e.msg})") from None
+    for node in ast.walk(tree):
+        bad = not isinstance(node, _SHAPE_GUARD_NODES)
+        if isinstance(node, ast.Name):
+            bad = node.id != "L" and node.id not in SYMPY_INTERP
+        elif isinstance(node, ast.Attribute):
+            bad = node.attr not in _SHAPE_GUARD_METHODS
+        elif isinstance(node, ast.Constant):
+            bad = not isinstance(node.value, (int, float, str)) or (
+                isinstance(node.value, str) and not node.value.startswith("t"))
+        elif isinstance(node, ast.Call):
+            bad = not isinstance(node.func, (ast.Name, ast.Attribute))
+        if bad:
+            raise EntryError(f"refused: the shape guards hold {ast.dump(node)[:60]}, which no shape guard graphex "
+                             "writes has")
+    return compile(tree, f"<shape guards of {path}>", "eval")
 
 
 def _fake_mismatch_details(loaded: _Loaded, e: Any) -> tuple[Any, ...]:
@@ -170,8 +227,7 @@ class CachedFunction:
         # Note [A plain call skips pytree]: positional tensors and numbers only (the common serving call)
         # flatten to themselves, so neither tree_flatten nor hashing a TreeSpec is paid per call; the key
         # (the argument count) cannot collide with a TreeSpec key, and one call shape always takes one path.
-        values = None if kwargs else tuple(None if type(a) is torch.Tensor or isinstance(a, torch.Tensor) else
-                                           (type(a), a) if isinstance(a, _LEAF_TYPES) else _NOT_A_LEAF for a in args)
+        values = None if kwargs else tuple(map(_call_value, args))
         if values is not None and _NOT_A_LEAF not in values:
             flat = list(args)
             in_spec = self._plain_specs.get(len(args))
@@ -180,7 +236,7 @@ class CachedFunction:
             call_key: Any = (len(args), values)
         else:
             flat, in_spec = pytree.tree_flatten((args, kwargs))
-            call_key = (in_spec, tuple(None if isinstance(a, torch.Tensor) else (type(a), a) for a in flat))
+            call_key = (in_spec, tuple(_call_value(a, any_leaf=True) for a in flat))
         if torch.is_grad_enabled() and self._needs_autograd(flat):
             return self._plain_compiled(flat, in_spec)
         for loaded in self._by_call.get(call_key, ()):  # newest first
@@ -297,7 +353,7 @@ class CachedFunction:
             if stale:
                 return None, f"stale: {stale}"
             return _Loaded(entry, self._func, path), ""
-        except (EntryError, KeyError, TypeError, ValueError, RuntimeError) as e:
+        except (EntryError, KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
             warn_once(f"cache-bad:{path}", f"graphex cache: ignoring {path}: {e}. It will be rebuilt and replaced.")
             return None, f"unusable entry ({e})"
 

@@ -41,6 +41,9 @@ class _Recording:
     placeholders: list[Any] = dataclasses.field(default_factory=list)  # fake values, symbolic with dynamic=True
     shape_env: Any = None
     guard_entries: list[Any] | None = None  # Dynamo's guards (Note [cache_compile keys on what the trace read])
+    records: list[dict[str, Any]] | None = None  # those guards as records, taken before the first run
+    records_error: str | None = None
+    side_effects: list[str] | None = None  # Note [A trace with side effects is not cached]
     flat_call: Callable[..., Any] | None = None
 
 
@@ -71,12 +74,26 @@ def make_flat(func: Callable[..., Any], in_spec: pytree.TreeSpec) -> Callable[..
     return flat_call
 
 
+def _traced_code() -> list[Any]:
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    return list(getattr(ctx, "traced_code", []) or [])
+
+
 def _positional_leaves(in_spec: pytree.TreeSpec) -> bool:
     """(args, kwargs) with no kwargs and every arg a leaf."""
     children = compat.treespec_children(in_spec)
     return (len(children) == 2 and children[1].num_leaves == 0 and children[1].num_nodes == 1
             and all(c.is_leaf() for c in compat.treespec_children(children[0])))
 
+
+# Note [A trace with side effects is not cached]
+# Dynamo replays a frame's Python side effects (an attribute set, a list appended to, a global
+# written) after its graph; a cache hit runs only the graph. So a trace whose side effects Dynamo
+# reports is not cached (logged, and the call still runs compiled through torch.compile), and the
+# guards are recorded as the state was before the first run: a mutation Dynamo did not report
+# still shows, as a guard that no longer holds right after the call.
 
 def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree.TreeSpec, options: Options,
                  dynamic: bool, key_parts: dict[str, Any], *, with_guards: bool = True
@@ -112,9 +129,21 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
     backend._graphex_backend = True  # type: ignore[attr-defined]  (compat.in_graphex_trace)
 
     def on_guards(entries: list[Any]) -> None:
+        # Recorded now, before the compiled frame first runs: a side effect of that run (a list the function
+        # appends to) must not become the value the entry expects (Note [A trace with side effects is not cached]).
         rec.guard_entries = entries
+        rec.side_effects = compat.dynamo_side_effects()
+        names = [compat.source_name(s) if s is not None else None for s in rec.sources]
+        try:
+            locals_, globals_ = guards_scope(func, flat_args, rec.flat_call)
+            rec.records = guards.record(entries, input_sources={n for n in names if n}, locals_=locals_,
+                                        globals_=globals_, global_state=global_state,
+                                        traced_code=rec.traced_code or _traced_code())
+        except guards.NotCheckable as e:
+            rec.records_error = str(e)
 
     rec.flat_call = make_flat(func, in_spec)
+    global_state = guards.global_state()
     compiled_fn = torch.compile(rec.flat_call, backend=backend, fullgraph=True, dynamic=dynamic,
                                 options=compat.guard_recorder(on_guards))
     result = compiled_fn(*flat_args)
@@ -172,7 +201,7 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     inputs = [_bind_input(i, value, source, func, flat_args)
               for i, (value, source) in enumerate(zip(rec.example_inputs, rec.sources))]
     leaves, out_spec = pytree.tree_flatten(result)
-    outputs = [_bind_output(leaf, flat_args, rec.graph_outputs or []) for leaf in leaves]
+    outputs = [_bind_output(leaf, flat_args, rec.graph_outputs or [], dynamic) for leaf in leaves]
     sources, problem = keys.source_fingerprints(rec.traced_code, keys.project_root(func))
     if problem:
         raise NotCacheable(problem)
@@ -213,21 +242,25 @@ def _dynamo_guards(rec: _Recording, func: Callable[..., Any], flat_args: list[An
     against the traced values; a parameter or buffer binding also records its source, resolved per call."""
     if rec.guard_entries is None:
         raise NotCacheable("Dynamo handed over no guards for this trace")
+    if rec.side_effects:  # Note [A trace with side effects is not cached]
+        raise NotCacheable(f"the function changes Python state when it runs ({'; '.join(rec.side_effects[:3])}), "
+                           "which replaying a cached program would not do")
+    if rec.records_error is not None:
+        raise NotCacheable(f"a guard of the trace cannot be checked by a cache entry: {rec.records_error}")
     names = [compat.source_name(s) if s is not None else None for s in rec.sources]
     for binding, name in zip(inputs, names):
         if binding["kind"] in ("param", "buffer"):
             if name is None:
                 raise NotCacheable(f"graph input {binding['owner']}.{binding['name']} has no Dynamo source")
             binding["source"] = name
+    records = rec.records or []
     try:
-        locals_, globals_ = guards_scope(func, flat_args, rec.flat_call)
-        records = guards.record(rec.guard_entries, input_sources={n for n in names if n}, locals_=locals_,
-                                globals_=globals_)
-        problem = guards.GuardSet(records).bind(locals_, globals_, inputs=inputs)
-        if problem is not None:
-            raise guards.NotCheckable(f"it does not hold right after the trace: {problem}")
+        problem = guards.GuardSet(records).bind(*guards_scope(func, flat_args, rec.flat_call), inputs=inputs)
     except guards.NotCheckable as e:
-        raise NotCacheable(f"a guard of the trace cannot be checked by a cache entry: {e}") from None
+        problem = str(e)
+    if problem is not None:  # what the trace read changed during the call: a side effect Dynamo did not report
+        raise NotCacheable(f"the state the trace read changed while the function ran ({problem}); a function "
+                           "with side effects cannot be replayed from a cache entry")
     return records
 
 
@@ -307,8 +340,11 @@ def _size_of_arg(source: Any) -> dict[str, Any] | None:
     return {"kind": prop, "arg": source.base.index, "dim": source.idx}
 
 
-def _bind_output(leaf: Any, flat_args: list[Any], graph_outputs: list[Any]) -> dict[str, Any]:
+def _bind_output(leaf: Any, flat_args: list[Any], graph_outputs: list[Any], dynamic: bool = False) -> dict[str, Any]:
     if not isinstance(leaf, torch.Tensor):
+        if dynamic and isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
+            raise NotCacheable(f"with dynamic=True the function returns the number {leaf!r}, which may be computed "
+                               "from a size and differ on the next call; return it as a tensor or compute it outside")
         if isinstance(leaf, (int, float, bool, str, type(None))):
             return {"kind": "const", "value": leaf}
         raise NotCacheable(f"the function returns a {type(leaf).__name__}, which a cache entry cannot hold")

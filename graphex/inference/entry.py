@@ -111,7 +111,7 @@ def check_owned(path: str) -> None:
     """Note [A cache file is loaded only when it is the user's own]
     An entry's shape guards are a Python expression and its Dynamo guards become a generated check
     function (guards.py), so an entry is code. It is read only when the file and the directory it
-    lies in belong to this user and nobody else can write them: a regular file (not a symlink), owned
+    lies in belong to this user and nobody else can write them: a regular file (not a symlink, one link), owned
     by this process's user, not writable by group or others, in a directory with the same rules.
     Entries are written 0600 in a directory made 0700. Anything else is refused, naming why."""
     me = os.geteuid()
@@ -122,6 +122,9 @@ def check_owned(path: str) -> None:
             raise EntryError(f"cannot read: {e.strerror}") from None
         if what == "cache file" and not stat.S_ISREG(st.st_mode):
             raise EntryError("refused: not a regular file (a symlink or a device)")
+        if what == "cache file" and st.st_nlink != 1:
+            raise EntryError(f"refused: the cache file {where} has {st.st_nlink} hard links (it may be reached "
+                             "through a directory others can write)")
         if st.st_uid != me:
             raise EntryError(f"refused: the {what} {where} belongs to uid {st.st_uid}, not to this user ({me}); "
                              "graphex loads only entries that are the user's own")

@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import enum
+import os
 import hashlib
 import keyword
 import sys
@@ -84,7 +86,7 @@ def parse_source(name: str) -> Path:
                 raise NotCheckable(f"source {name!r}: attribute {node.attr!r}")
             steps.append(("attr", node.attr))
         elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
-                and type(node.slice.value) in (int, str):
+                and type(node.slice.value) in (int, str, bytes):
             if _is_dict_keys(node.value):
                 walk(node.value.args[0].args[0])  # type: ignore[attr-defined]
                 if type(node.slice.value) is not int:
@@ -284,33 +286,32 @@ def type_name(t: type) -> list[str]:
     guard of its own (`self.helper(x)`: TYPE_MATCH on self, `helper` not in its instance dict).
     In one process that type object is the one traced; in another, `Model.helper = b.helper`
     could have been assigned to the class from a module whose file the trace never read. So a
-    class from a user's file (Note [Library files are found by path], keys.py) is named with a
-    digest of every attribute its MRO's user classes define: functions by module, name and code,
-    plain values by value, anything else by its type. Checked when an entry is loaded, not per
-    call: replacing a class's method after the first call in the same process is not seen
-    (Dynamo does not see it either)."""
-    return [t.__module__, t.__qualname__] + ([_class_digest(t)] if _is_users_class(t) else [])
+    class defined in Python (the user's, a library's or torch's: any of them can be patched, and a
+    library that patches `torch.nn.Linear.forward` at import changes what a trace of it does) is
+    named with a digest of every attribute its MRO's Python classes define: functions by module,
+    name and code, plain values by value, anything else by its type. Checked when an entry is
+    loaded and, in the same process, whenever one of those class dicts changed (_ClassUnchanged)."""
+    return [t.__module__, t.__qualname__] + ([_class_digest(t)] if _is_mutable_class(t) else [])
 
 
-def _is_users_class(t: type) -> bool:
-    from .keys import _is_user_file
-
-    module = sys.modules.get(t.__module__)
-    path = getattr(module, "__file__", None)
-    return bool(path) and _is_user_file(path)
+def _is_mutable_class(t: type) -> bool:
+    """A class whose body can be changed by assignment: every Python-defined class, the user's, a library's
+    and torch's alike (`torch.nn.Linear.forward = ...`, `torch.Tensor.softmax = ...`, done by a library at
+    import, is no less a change than the user's own). Builtin and extension types are immutable."""
+    return not t.__flags__ & _IMMUTABLE_TYPE and t.__module__ != "builtins"
 
 
 def _class_digest(t: type) -> str:
     h = hashlib.sha256()
     for cls in t.__mro__:
-        if not _is_users_class(cls):
+        if not _is_mutable_class(cls):
             continue
         h.update(f"{cls.__module__}.{cls.__qualname__}".encode())
         for name, value in sorted(vars(cls).items()):
-            if name in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__"):
-                continue
+            if name in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__") or name.startswith("___"):
+                continue  # `___x`: Dynamo's own markers (torch/_dynamo/mutation_guard.py)
             h.update(name.encode())
-            target = getattr(value, "__func__", value)  # classmethod / staticmethod
+            target = _unpatched(getattr(value, "__func__", value))  # classmethod / staticmethod
             if isinstance(target, types.FunctionType):
                 h.update(f"{target.__module__}.{target.__qualname__}:{_code_digest(target.__code__)}".encode())
             elif isinstance(target, property):
@@ -322,6 +323,11 @@ def _class_digest(t: type) -> str:
             else:
                 h.update(f"{type(value).__module__}.{type(value).__qualname__}".encode())
     return h.hexdigest()[:24]
+
+
+def global_state() -> dict[str, Any]:
+    """The global torch state a trace runs under, as GLOBAL_STATE records it (less the thread count)."""
+    return _global_state()
 
 
 def _global_state() -> dict[str, Any]:
@@ -345,10 +351,12 @@ _IDENTITY = {"ID_MATCH", "BUILTIN_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODU
 
 
 def record(entries: list[Any], *, input_sources: set[str], locals_: dict[str, Any],
-           globals_: dict[str, Any]) -> list[dict[str, Any]]:
+           globals_: dict[str, Any], global_state: dict[str, Any] | None = None,
+           traced_code: list[types.CodeType] | None = None) -> list[dict[str, Any]]:
     """Dynamo's GuardFilterEntry list as typed records (Note [cache_compile keys on what the trace read]).
     `input_sources`: the source names of the graph's inputs (their tensors are checked by the engine);
-    `locals_`, `globals_`: the traced frame's, to check that every source reads the object Dynamo saw."""
+    `locals_`, `globals_`: the traced frame's, to check that every source reads the object Dynamo saw;
+    `global_state`: _global_state() as the call began (Dynamo builds guards with torch functions disabled)."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for e in entries:  # Note [A global installed by id is found by what it is]
@@ -357,12 +365,22 @@ def record(entries: list[Any], *, input_sources: set[str], locals_: dict[str, An
             if root not in seen and root in globals_:
                 seen.add(root)
                 out.append({"kind": "root", "name": root, "expect": identity(globals_[root])})
+    out += _global_hooks_empty(globals_)
+    reads_environ = False
     for e in entries:
         rec = _record_one(e, input_sources)
+        if rec is not None and rec["kind"] == "reads_environ":
+            reads_environ = True
+            continue
+        if rec is not None and rec["kind"] == "global_state" and global_state is not None:
+            rec["expect"] = global_state  # the caller's, not the one Dynamo builds guards under
         if rec is not None and "source" in rec:
             path = parse_source(rec["source"])
             now = resolve(path, locals_, globals_)
-            fresh = path[-1] == ("dict",)  # `dict(x)` is a new copy each time it is read: equal, not identical
+            # `dict(x)` is a new copy each time it is read, and so is a code object's `co_varnames` (Python 3.11;
+            # torch 2.15 guards what traced code reads of a code object): equal, not identical
+            fresh = path[-1] == ("dict",) or (path[-1][0] == "attr" and str(path[-1][1]).startswith("co_")
+                                              and isinstance(resolve(path[:-1], locals_, globals_), types.CodeType))
             if not (now == e.value if fresh else now is e.value):
                 raise NotCheckable(f"graphex reads {rec['source']} as another object than Dynamo saw")
         if rec is None:
@@ -371,6 +389,55 @@ def record(entries: list[Any], *, input_sources: set[str], locals_: dict[str, An
         if key not in seen:
             seen.add(key)
             out.append(rec)
+    if reads_environ:
+        out.append(_environ_record(traced_code or []))
+    return out
+
+
+# Note [Environment variables are checked by name]
+# A trace that reads os.environ (transformers reads TRANSFORMERS_SDPA_FORCE_GQA in every SDPA call)
+# gets no guard on the variable from Dynamo, only on the mapping's type. graphex records the value
+# (or absence) of every variable whose name is a string constant of the traced code (an
+# upper-case identifier, as environment variables are named) and checks them on load and, through
+# the watch on os.environ's own dict, whenever the environment changes in the process. A variable
+# whose name the code computes is not seen; pass such a decision as an argument.
+_ENV_NAME = __import__("re").compile(r"^[A-Z][A-Z0-9_]{2,}$")
+
+
+def _environ_record(traced_code: list[types.CodeType]) -> dict[str, Any]:
+    names: set[str] = set()
+
+    def visit(code: types.CodeType) -> None:
+        for k in code.co_consts:
+            if isinstance(k, types.CodeType):
+                visit(k)
+            elif isinstance(k, str) and _ENV_NAME.match(k):
+                names.add(k)
+
+    for code in traced_code:
+        visit(code)
+    return {"kind": "environ", "source": "G['__import_os'].environ._data",
+            "expect": {k: os.environ.get(k) for k in sorted(names)}}
+
+
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called")
+
+
+def _global_hooks_empty(globals_: dict[str, Any]) -> list[dict[str, Any]]:
+    """Records that torch.nn.modules.module's global hook dicts are still empty (register_module_forward_hook
+    changes every module's result; Dynamo guards only their type). A trace with a global hook is not cached."""
+    import torch.nn.modules.module as module_py
+
+    root = "G['__import_torch_dot_nn_dot_modules_dot_module']"
+    out = []
+    for name in _GLOBAL_HOOKS:
+        hooks = getattr(module_py, name, None)
+        if hooks is None:
+            continue
+        if len(hooks):
+            raise NotCheckable(f"a global nn.Module hook is registered (torch.nn.modules.module.{name})")
+        out.append({"kind": "len", "source": f"{root}.{name}", "expect": [type_name(type(hooks)), 0]})
     return out
 
 
@@ -394,6 +461,8 @@ def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
             raise NotCheckable("the trace ran under saved-tensors hooks")
         return {"kind": state}
     path = parse_source(name)
+    if e.has_value and (e.value is os.environ or e.value is getattr(os.environ, "_data", None)):
+        return {"kind": "reads_environ"}  # Note [Environment variables are checked by name]
     if path[0] == ("L", "in_spec") or path == (("L", "flat_args"),):
         return None  # Note [cache_compile keys on what the trace read]: the call's own structure
     if not e.has_value:
@@ -426,7 +495,7 @@ def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
     elif kind in ("DICT_CONTAINS", "DICT_NOT_CONTAINS"):
         rec.update(kind="contains", arg=constant(keywords.get("key")), expect=kind == "DICT_CONTAINS")
     elif kind in ("DICT_KEYS_MATCH", "MAPPING_KEYS_CHECK", "DICT_KEYS"):
-        rec.update(kind="keys", expect=[constant(k) for k in dict.keys(value)])
+        rec.update(kind="keys", expect=[constant(k) for k in value.keys()])
     elif kind == "DUPLICATE_INPUT":
         other = keywords.get("source_b")
         rec.update(kind="same", arg=getattr(other, "name", other))
@@ -439,8 +508,9 @@ def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
             return None  # Dynamo adds no check either
         rec.update(kind="opaque", expect=constant(fn(value)))
     elif kind == "TENSOR_MATCH":
-        if name in input_sources:
-            return None  # checked by the engine on every call
+        if name in input_sources:  # the engine checks dtype, shape, strides, device; the Python type is ours
+            rec.update(kind="type", expect=type_name(type(value)))
+            return rec
         if not isinstance(value, torch.Tensor):
             raise NotCheckable(f"TENSOR_MATCH guard on {name} holds a {type(value).__qualname__}")
         rec.update(kind="tensor", expect=_tensor_meta(value))
@@ -569,7 +639,7 @@ class GuardSet:
                     reads_fast.append(self._input(b, locals_, globals_, fast.var))
         except _Fails as e:
             return str(e)
-        except (NotCheckable, KeyError, IndexError, TypeError, ValueError) as e:  # a record graphex did not write
+        except Exception as e:  # noqa: BLE001  a record graphex did not write (a forged or damaged entry)
             return f"an unusable guard record ({type(e).__name__}: {e})"
         from .. import _C
 
@@ -596,7 +666,7 @@ class GuardSet:
         namespace: dict[str, Any] = {"H": tuple(held), "P": [(watch, [])], "new_watch": _C.StateWatch,
                                      "watched": watched,
                                      "__builtins__": {"type": type, "len": len, "list": list, "dict": dict,
-                                                      "hasattr": hasattr, "Exception": Exception}}
+                                                      "hasattr": hasattr, "float": float, "Exception": Exception}}
         exec(compile(source, "<graphex guards>", "exec"), namespace)  # generated from typed records only
         self._published = namespace["P"]
         self.run, self.source, self.always = namespace["run"], source, always
@@ -747,6 +817,8 @@ class _Pins:
             self.objects[id(base)] = base
             self._watch_class(cls)
             return self._watch(own)
+        if step[0] == "key" and isinstance(base, collections.OrderedDict):
+            return False  # the i-th key of an OrderedDict changes with move_to_end, its dict version does not
         if step[0] in ("item", "dict_item", "key"):
             if isinstance(base, tuple) or path[-2] == ("dict",):
                 return True  # a tuple cannot change; `dict(cls.__dict__)`'s class dict is watched already
@@ -768,7 +840,7 @@ class _Pins:
         kind = rec["kind"]
         if kind == "type":
             self.objects[id(value)] = value
-            if _is_users_class(type(value)):
+            if _is_mutable_class(type(value)):
                 self._watch_class(type(value))
             return True
         if kind in ("id", "same"):
@@ -776,8 +848,12 @@ class _Pins:
         if kind == "equals":
             return isinstance(value, _WATCHED_VALUES) or (type(value) is tuple and all(
                 isinstance(v, _WATCHED_VALUES) for v in value))
-        if kind in ("len", "keys", "contains"):
+        if kind in ("len", "contains"):
             return isinstance(value, tuple) or self._watch(value)
+        if kind == "environ":  # os.environ's own dict: putenv through os.environ writes it
+            return self._watch(value)
+        if kind == "keys":  # order matters: an OrderedDict reorders without a new dict version
+            return not isinstance(value, collections.OrderedDict) and self._watch(value)
         if kind == "not_in_dict":
             own = getattr(value, "__dict__", None)
             return isinstance(own, dict) and self._watch(own)
@@ -785,6 +861,24 @@ class _Pins:
             self.functions[id(value)] = value
             return True
         return False
+
+
+_DYNAMO_DIR = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "_dynamo")
+
+
+def _unpatched(f: Any) -> Any:
+    """The function Dynamo wrapped: on its first compile Dynamo replaces nn.Module.__init__ and __setstate__ with
+    wrappers that call the originals (mutation_guard.py); a class is the same class before and after that."""
+    for _ in range(4):
+        if not (isinstance(f, types.FunctionType) and f.__code__.co_filename.startswith(_DYNAMO_DIR)
+                and f.__closure__):
+            return f
+        inner = [c.cell_contents for c in f.__closure__
+                 if isinstance(getattr(c, "cell_contents", None), types.FunctionType)]
+        if len(inner) != 1:
+            return f
+        f = inner[0]
+    return f
 
 
 class _ClassUnchanged:
@@ -858,8 +952,8 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
         c = from_constant(expect)
         if type(value) is not type(c) or not _equal(value, c):
             return "", f"built with {c!r}, now {value!r}"
-        if type(c) is float and c != c:
-            return f"type({v}) is float and {v} != {v}", None
+        if type(c) is float:  # by bits: -0.0 != 0.0 and NaN == NaN here, as the trace's constant would differ
+            return f"type({v}) is float and {v}.hex() == {c.hex()!r}", None
         return f"type({v}) is {_hold(held, type(c))} and {v} == {_hold(held, c)}", None
     if kind == "len":
         tname, n = expect
@@ -883,16 +977,23 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
         if (key in value) is not bool(expect):
             return "", f"{key!r} {'is no longer' if expect else 'is now'} a key"
         return f"({_hold(held, key)} in {v}) is {bool(expect)!r}", None
-    if kind == "keys":
-        keys_now = list(dict.keys(value))
+    if kind == "keys":  # in the mapping's own order (an OrderedDict's move_to_end leaves dict order alone)
+        keys_now = list(value.keys())
         if keys_now != [from_constant(k) for k in expect]:
             return "", f"its keys changed ({keys_now!r})"
-        return f"list(dict.keys({v})) == {_hold(held, keys_now)}", None
+        return f"list({v}.keys()) == {_hold(held, keys_now)}", None
     if kind == "same":
         other = parse_source(rec["arg"])
         if resolve(other, locals_, globals_) is not value:
             return "", f"is no longer the same object as {rec['arg']}"
         return f"{v} is {var(other)}", None
+    if kind == "environ":  # Note [Environment variables are checked by name]
+        want = {str(k): (None if v is None else str(v)) for k, v in dict(expect).items()}
+        now = {k: os.environ.get(k) for k in want}
+        if now != want:
+            changed = sorted(k for k in want if now[k] != want[k])
+            return "", f"environment variable {', '.join(changed)} is {now[changed[0]]!r}, built with {want[changed[0]]!r}"
+        return f"{_hold(held, _environ_is(want))}()", None
     if kind == "opaque":
         from .. import compat
 
@@ -908,6 +1009,13 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
     raise NotCheckable(f"a guard record of kind {kind!r}")
 
 
+def _environ_is(want: dict[str, Any]) -> Callable[[], bool]:
+    def check() -> bool:
+        return all(os.environ.get(k) == v for k, v in want.items())
+
+    return check
+
+
 def _tensor_is(expect: list[Any]) -> Callable[[Any], bool]:
     def check(t: Any) -> bool:
         return isinstance(t, torch.Tensor) and _tensor_meta(t) == expect
@@ -916,8 +1024,8 @@ def _tensor_is(expect: list[Any]) -> Callable[[Any], bool]:
 
 
 def _equal(a: Any, b: Any) -> bool:
-    if type(a) is float and a != a:
-        return b != b
+    if type(a) is float:
+        return a.hex() == b.hex() if type(b) is float else False  # -0.0 is not 0.0, NaN is NaN
     try:
         return bool(a == b)
     except Exception:  # noqa: BLE001

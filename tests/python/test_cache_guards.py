@@ -6,7 +6,9 @@ records (Note [A cache file is loaded only when it is the user's own]).
 
 from __future__ import annotations
 
+import collections
 import json
+import math
 import os
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import types
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import graphex
@@ -256,3 +259,115 @@ def test_threads_calling_while_the_state_changes_see_the_old_or_the_new_value(tm
     assert not bad, f"{len(bad)} results matched neither state"
     with torch.no_grad():
         assert torch.equal(m.cached(x), expected_new)
+
+
+# -- cases found by trying to break it (a user's scripts, not the author's) ---------------------------------------
+class _Small(nn.Module):
+    def __init__(self, cache_dir, forward, **kw):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.order = collections.OrderedDict([("a", 2.0), ("b", 3.0)])
+        self.log = []
+        self.z = 0.0
+        self._impl = forward
+        self.cached = graphex.inference.cache_compile(self._forward, cache_dir=cache_dir, **kw)
+
+    def _forward(self, *args):
+        return self._impl(self, *args)
+
+
+def _env_flag(m, x):
+    return x * 2 if os.environ.get("GRAPHEX_TEST_FLAG") == "1" else x - 1
+
+
+BROKEN_BEFORE = {  # name: (forward, change after the first call)
+    "OrderedDict.move_to_end": (lambda m, x: x * list(m.order.values())[0] - list(m.order.values())[1],
+                                lambda m: m.order.move_to_end("a")),
+    "0.0 -> -0.0": (lambda m, x: x * math.copysign(1.0, m.z), lambda m: setattr(m, "z", -0.0)),
+    "nn.Linear.forward patched": (lambda m, x: m.lin(x),
+                                  lambda m: setattr(nn.Linear, "forward", lambda s, x: F.linear(x, s.weight) * 2)),
+    "global forward hook": (lambda m, x: m.lin(x),
+                            lambda m: _HOOKS.append(torch.nn.modules.module.register_module_forward_hook(
+                                lambda mod, args, out: out * 10))),
+    "environment variable": (_env_flag, lambda m: os.environ.__setitem__("GRAPHEX_TEST_FLAG", "1")),
+    "list appended to by forward": (lambda m, x: (m.log.append(1), x * len(m.log))[1], lambda m: None),
+}
+_HOOKS: list = []
+
+
+@pytest.fixture
+def _restore_torch():
+    forward = nn.Linear.forward
+    yield
+    nn.Linear.forward = forward
+    while _HOOKS:
+        _HOOKS.pop().remove()
+    os.environ.pop("GRAPHEX_TEST_FLAG", None)
+
+
+@pytest.mark.parametrize("case", list(BROKEN_BEFORE))
+def test_cases_that_were_stale_are_not(tmp_path, case, _restore_torch):
+    forward, change = BROKEN_BEFORE[case]
+    torch.manual_seed(0)
+    m = _Small(str(tmp_path), forward)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        if case == "list appended to by forward":  # each call appends, as eager does, and sees the new length
+            for n in range(1, 5):
+                assert torch.equal(m.cached(x), x * n) and len(m.log) == n
+            return
+        for _ in range(2):
+            assert torch.equal(m.cached(x), m._forward(x))
+        change(m)
+        for _ in range(2):
+            assert torch.equal(m.cached(x), m._forward(x)), f"{case}: stale"
+
+
+def test_a_size_returned_with_dynamic_shapes_is_not_frozen(tmp_path):
+    m = _Small(str(tmp_path), lambda m, x: (x.sum(0), x.shape[0]), dynamic=True)
+    with torch.no_grad():
+        for n in (3, 5, 7):
+            out, ref = m.cached(torch.ones(n, 3)), m._forward(torch.ones(n, 3))
+            assert out[1] == ref[1] == n and torch.equal(out[0], ref[0])
+
+
+def test_an_unhashable_argument_is_guarded_not_hashed(tmp_path):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Cfg:
+        k: float = 2.0
+
+    m = _Small(str(tmp_path), lambda m, x, cfg: x * cfg.k)
+    x = torch.ones(2)
+    with torch.no_grad():
+        assert torch.equal(m.cached(x, Cfg()), x * 2)
+        assert torch.equal(m.cached(x, Cfg(k=3.0)), x * 3)
+
+
+@pytest.mark.parametrize("forged", ["code", "syntax", "bad constant"])
+def test_a_forged_entry_is_refused_without_running_or_crashing(tmp_path, forged):
+    cache = tmp_path / "cache"
+    path, x = _compiled_entry(cache)
+    marker = tmp_path / "ran"
+    entry = entry_mod.read_entry(path)
+    if forged == "code":
+        entry.header["guards"] = f"__import__('pathlib').Path({str(marker)!r}).touch() is None"
+    elif forged == "syntax":
+        entry.header["guards"] = "((("
+    else:
+        entry.header["dynamo_guards"].insert(0, {"kind": "equals", "source": "L['func'].__self__.scale",
+                                                 "expect": ["dtype", "no_such_dtype"]})
+    entry_mod.write_entry(path, entry)
+    stats = _fresh_model_run(cache, x)
+    assert not marker.exists()
+    assert stats["hits"] == 0 and stats["compiles"] == 1, stats
+
+
+def test_a_hard_link_to_an_entry_is_refused(tmp_path):
+    cache = tmp_path / "cache"
+    path, x = _compiled_entry(cache)
+    os.link(path, tmp_path / "other-link.gxc")
+    with pytest.warns(UserWarning, match="hard links"):
+        stats = _fresh_model_run(cache, x)
+    assert stats["hits"] == 0, stats
