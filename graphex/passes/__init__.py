@@ -65,8 +65,17 @@ def _user_pre_pass(r: _Run) -> None:
 
 
 def _remove_noop_ops(r: _Run) -> None:
+    """Note [No-op removal refreshes the fake values it invalidates]
+    Replacing a no-op `v = copy(x, a)` by `a` leaves the users' fake values computed on `v`'s own storage;
+    the alias analysis of the passes after it (reinplacing) reads storages from those values, and would
+    take `a.unsqueeze(0)` for fresh memory and write an input in place (fuzzer seeds 16364, 18544). As in
+    inductor's post-grad passes, a FakeTensorUpdater made before the removal updates them after it."""
+    from torch._inductor.fx_utils import FakeTensorUpdater
+
     with V.set_fake_mode(r.fake_mode):
+        updater = FakeTensorUpdater(r.gm)
         remove_noop_ops_keeping_snapshots(r.gm.graph)  # Note [A copy of an input is a snapshot]
+        updater.incremental_update()
 
 
 def _pattern_fusion(r: _Run) -> None:

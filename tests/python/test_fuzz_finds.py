@@ -188,3 +188,33 @@ def test_a_snapshot_of_a_new_value_of_an_input_survives_the_write_back(seed, sou
     from sweeps.fuzz_run import reproduce
 
     assert reproduce(source, [Input(*spec) for spec in inputs], seed=seed, dynamic=False) == 0
+
+
+def _copy_into_an_intermediate_then_index_put_a_view(a: torch.Tensor) -> torch.Tensor:
+    v = torch.ops.graphex_fuzz.scale(a, -2)
+    v.copy_(a)
+    w = v.unsqueeze(0)
+    return w.index_put((torch.tensor([0]),), w[:1] * 2)
+
+
+def _write_an_input_then_index_put_a_view_of_it(a: torch.Tensor) -> torch.Tensor:
+    a.copy_(torch.where(a > 0, a, 0.5))
+    w = a.unsqueeze(0).reshape(-1)
+    return w.index_put((torch.tensor([0]),), w[:1] * 2)
+
+
+@pytest.mark.parametrize("fn", [_copy_into_an_intermediate_then_index_put_a_view,
+                                _write_an_input_then_index_put_a_view_of_it])
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_a_no_op_copy_removed_before_reinplacing_leaves_the_input_alone(fn, shape):
+    """Fuzz seeds 16364 and 18544: `v.copy_(a)` (a no-op copy once functional) was replaced by `a`, and the
+    users' fake values kept `v`'s own storage, so reinplacing took `a.unsqueeze(0)` for fresh memory and wrote
+    `a` in place (Note [No-op removal refreshes the fake values it invalidates])."""
+    import sweeps.fuzz_ops  # noqa: F401  graphex_fuzz::scale
+
+    a = torch.randn(shape)
+    compiled = compile_graphex(fn)
+    for _ in range(2):  # capture, then replay
+        ea, ga = clone_tree([a, a])
+        assert_same(compiled(ga), fn(ea))
+        assert_same(ga, ea)
