@@ -145,6 +145,21 @@ def resolve_global(name: str, globals_: dict[str, Any]) -> Any:
     return globals_.get(name, _MISSING)
 
 
+# One table for both readers of a path: `resolve` (here, now) and the generated check (_Emitter.var):
+# step kind -> (how to read it, the code that reads it; `{b}` the base, `{a}` the argument).
+_STEPS: dict[str, tuple[Callable[[Any, Any], Any], str]] = {
+    "attr": (getattr, "{b}.{a}"),
+    "item": (lambda v, a: v[a], "{b}[{a!r}]"),
+    "type": (lambda v, a: type(v), "type({b})"),
+    "dict": (lambda v, a: dict(v), "dict({b})"),
+    "dict_item": (dict.__getitem__, "dict.__getitem__({b}, {a!r})"),
+    "key": (lambda v, a: list(dict.keys(v))[a], "list(dict.keys({b}))[{a!r}]"),
+    "item_at": (lambda v, a: v[a], "{b}[{a}]"),
+    "dict_item_at": (dict.__getitem__, "dict.__getitem__({b}, {a})"),
+}
+_KEYED_BY_PATH = {"item_at", "dict_item_at"}  # the argument is itself a path, read first
+
+
 def resolve(path: Path, locals_: dict[str, Any], globals_: dict[str, Any]) -> Any:
     """The value at `path` now, or _MISSING."""
     kind, name = path[0]
@@ -153,23 +168,13 @@ def resolve(path: Path, locals_: dict[str, Any], globals_: dict[str, Any]) -> An
         for step in path[1:]:
             if value is _MISSING:
                 return _MISSING
-            if step[0] == "attr":
-                value = getattr(value, step[1])
-            elif step[0] == "item":
-                value = value[step[1]]
-            elif step[0] == "type":
-                value = type(value)
-            elif step[0] == "dict":
-                value = dict(value)
-            elif step[0] == "dict_item":
-                value = dict.__getitem__(value, step[1])
-            elif step[0] in ("item_at", "dict_item_at"):
-                key = resolve(step[1], locals_, globals_)
-                if key is _MISSING:
+            read, _ = _STEPS[step[0]]
+            arg = step[1] if len(step) > 1 else None
+            if step[0] in _KEYED_BY_PATH:
+                arg = resolve(arg, locals_, globals_)
+                if arg is _MISSING:
                     return _MISSING
-                value = value[key] if step[0] == "item_at" else dict.__getitem__(value, key)
-            else:
-                value = list(dict.keys(value))[step[1]]
+            value = read(value, arg)
     except (AttributeError, KeyError, IndexError, TypeError):
         return _MISSING
     return value
@@ -722,22 +727,12 @@ class _Emitter:
         else:
             base = self.var(path[:-1])
             step = path[-1]
-            if step[0] == "attr":
-                expr = f"{base}.{step[1]}"
-            elif step[0] == "item":
-                expr = f"{base}[{step[1]!r}]"
-            elif step[0] == "type":
-                expr = f"type({base})"
-            elif step[0] == "dict":
-                expr = f"dict({base})"
-            elif step[0] == "item_at":
-                expr = f"{base}[{self.var(step[1])}]"
-            elif step[0] == "dict_item":
-                expr = f"dict.__getitem__({base}, {step[1]!r})"
-            elif step[0] == "dict_item_at":
-                expr = f"dict.__getitem__({base}, {self.var(step[1])})"
-            else:
-                expr = f"list(dict.keys({base}))[{int(step[1])!r}]"
+            arg = step[1] if len(step) > 1 else None
+            if step[0] in _KEYED_BY_PATH:
+                arg = self.var(arg)
+            elif step[0] == "key":
+                arg = int(arg)
+            expr = _STEPS[step[0]][1].format(b=base, a=arg)
         v = f"v{len(self.names)}"
         self.lines.append(f"{v} = {expr}")
         self.names[path] = v
