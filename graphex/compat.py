@@ -27,21 +27,21 @@ SUPPORTED = ((2, 11), (2, 15))  # inclusive; pyproject.toml says the same
 
 # -- inductor's reinplacing pass, with a table of our own ---------------------------------------
 
-def inplaceable_ops_table(always_reinplace_scatter: bool) -> dict[Any, Any]:
+def inplaceable_ops_table(scatter_check: Callable[[torch.fx.Node], bool]) -> dict[Any, Any]:
     """A copy of inductor's table of functional ops and their in-place forms.
 
-    With `always_reinplace_scatter`, the generalized scatter loses inductor's
-    `should_reinplace_scatter` check (a fusion heuristic: with no fusion, in place
-    always wins). Built per call: inductor extends its table at import time
-    (collectives), so a copy taken once could miss entries.
+    The generalized scatter's `should_reinplace_scatter` check (a fusion heuristic: with no
+    fusion, in place always wins; since 2.15 it also declines a scatter whose source is a view
+    of its own base) is replaced by `scatter_check`. Built per call: inductor extends its table
+    at import time (collectives), so a copy taken once could miss entries.
     """
     from torch._inductor.fx_passes import reinplace as inductor_reinplace
 
     table = dict(inductor_reinplace.inplaceable_ops)
     scatter = inductor_reinplace._generalized_scatter
-    if always_reinplace_scatter and scatter in table:
+    if scatter in table:
         op = table[scatter]
-        table[scatter] = inductor_reinplace.InplaceableOp(op.inplace_op, op.mutated_arg)
+        table[scatter] = inductor_reinplace.InplaceableOp(op.inplace_op, op.mutated_arg, extra_check=scatter_check)
     return table
 
 

@@ -14,7 +14,9 @@ Two changes for graphex:
   * inductor declines to reinplace a scatter into a graph input when it thinks a
     fused functional kernel would be faster; with no fusion here, in place always
     wins, so the pass runs with a table of our own without that heuristic
-    (graphex/compat.py: inductor's table is never modified);
+    (graphex/compat.py: inductor's table is never modified), keeping only the test
+    that the scatter's source is not its own memory (Note [A scatter is not
+    reinplaced onto its own source]);
   * the npugraph_ex switches `inplace_pass` (intermediates) and
     `input_inplace_pass` (graph inputs) are honoured by hiding from the pass what
     it must not touch: the epilogue copies (inputs) or, by listing intermediates as
@@ -87,7 +89,7 @@ def reinplace_graph(gm: torch.fx.GraphModule, fake_mode: object, *, intermediate
     with V.set_fake_mode(fake_mode):
         with _hide_input_copies(graph, hide=not inputs), _pin_intermediates(graph, pin=not intermediates):
             updater = FakeTensorUpdater(gm)
-            table = _never_into_overlapping_memory(inplaceable_ops_table(always_reinplace_scatter=True))
+            table = _never_into_overlapping_memory(inplaceable_ops_table(scatter_check=_scatter_source_is_elsewhere))
             reinplace_inplaceable_ops(updater, graph, table)
         explain = _Explainer(graph, intermediates=intermediates, inputs=inputs)
         kept = explain.auto_functionalized_clones()
@@ -98,6 +100,23 @@ def reinplace_graph(gm: torch.fx.GraphModule, fake_mode: object, *, intermediate
     kept += _Explainer(graph, intermediates=intermediates, inputs=inputs).input_copies(declined)
     gm.recompile()
     return kept
+
+
+def _scatter_source_is_elsewhere(node: torch.fx.Node) -> bool:
+    """Note [A scatter is not reinplaced onto its own source]
+    `x[1:] = x[:-1].clone()` reaches us as `_generalized_scatter(x, clone(x[:-1]), [slice 1:])`, and no-op
+    removal drops the clone (its value equals its input's). Reinplaced, the scatter becomes
+    `x[1:].copy_(x[:-1])`: a copy that reads what it is overwriting (ATen refuses it when it can see the
+    overlap, and is wrong where it cannot). So a scatter whose source is a view of its own base stays
+    functional: it writes into a fresh copy of the base. torch 2.15 added the same test to inductor's own
+    `should_reinplace_scatter`, which graphex replaces (graphex/compat.py), so it is ours for every version.
+    """
+    inp, src = node.args[0], node.args[1]
+    if isinstance(inp, torch.fx.Node) and isinstance(src, torch.fx.Node):
+        inp_storage = get_node_storage(inp)
+        if inp_storage is not None and inp_storage == get_node_storage(src):
+            return False
+    return True
 
 
 def _never_into_overlapping_memory(table: dict[object, object]) -> dict[object, object]:
