@@ -15,7 +15,8 @@
 #                     installed package, generate tokens in C++ and compare them with Python's
 #   make test-torch TORCH=2.14.1   the same build and tests against another torch, in its own
 #                                 venv (.venv-torch2.14.1) and build folder (build/torch2.14.1)
-# Variables: PYTHON (interpreter that creates .venv), PYTEST_ARGS, BENCH_ARGS, TORCH.
+# Variables: PYTHON (interpreter that creates .venv), TESTS (pytest paths, default tests/python), TEST_JOBS (pytest
+# workers, default: the cores, at most 4), PYTEST_ARGS, BENCH_ARGS, TORCH.
 
 PYTHON ?= python3
 VENV := .venv
@@ -75,7 +76,7 @@ $(STAMP_VENV): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest numpy matplotlib expecttest
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest pytest-xdist numpy matplotlib expecttest
 	@touch $@
 
 # The C++ core, the Python extension and the C++ tests, built against the torch in .venv.
@@ -97,15 +98,21 @@ test-cpp:
 	  cd $(BUILD_DIR) && ctest --output-on-failure --timeout 120; \
 	else echo "graphex: C++ tests were not built (no gtest)"; exit 1; fi
 
+# Tests run in TEST_JOBS worker processes (pytest-xdist), one test file per worker at a time (--dist loadfile:
+# a module's shared fixtures, e.g. triage's batch of runs, are built once). Most of the suite's time is fresh
+# interpreters compiling (cache_compile's cross-process tests, the tools, C++ extension builds), which overlap.
+TESTS ?= tests/python
+TEST_JOBS ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
+PYTEST := -m pytest -q -n $(TEST_JOBS) --dist loadfile
 test-python:
-	$(PY) -m pytest tests/python -q $(PYTEST_ARGS)
+	$(PY) $(PYTEST) $(TESTS) $(PYTEST_ARGS)
 
 # The bitwise graphex-vs-eager tests marked `default_isa` (the engine, the model zoo and decoder, CSE, reinplacing,
 # lowering edge cases, kept-whole kernels) once more with ATen's CPU kernels forced to the portable path
 # (ATEN_CPU_CAPABILITY=default; the suite above runs on this CPU's best, e.g. avx512): a result that is bit for bit
 # only on one kernel path shows here. Under a minute.
 test-default-isa:
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest tests/python -q -m default_isa $(PYTEST_ARGS)
+	ATEN_CPU_CAPABILITY=default $(PY) $(PYTEST) $(TESTS) -m default_isa $(PYTEST_ARGS)
 
 # Another torch, side by side with the default one: its own venv and build folder.
 TORCH ?= $(TORCH_VERSION)
@@ -116,11 +123,11 @@ test-torch: $(STAMP_SYS)
 	@test -x $(ALT_PY) || $(PYTHON) -m venv $(ALT_VENV)
 	@$(ALT_PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH)')" 2>/dev/null || \
 	  $(ALT_PY) -m pip install -q torch==$(TORCH)
-	$(ALT_PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest numpy matplotlib expecttest
+	$(ALT_PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest pytest-xdist numpy matplotlib expecttest
 	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} $(ALT_PY) -m pip install -q --no-build-isolation --no-deps \
 	  -C build-dir=$(ALT_BUILD) $$($(ALT_PY) scripts/cmake_args_for_torch.py) -e .
 	cd $(ALT_BUILD) && ctest --output-on-failure --timeout 120
-	GRAPHEX_BUILD_DIR=$(CURDIR)/$(ALT_BUILD) $(ALT_PY) -m pytest tests/python -q $(PYTEST_ARGS)
+	GRAPHEX_BUILD_DIR=$(CURDIR)/$(ALT_BUILD) $(ALT_PY) $(PYTEST) $(TESTS) $(PYTEST_ARGS)
 
 # Every OpInfo (float32/float16/bfloat16/int64, static and dynamic) through graphex, classified against eager and
 # aot_eager: sweeps/results/opinfo.{md,json}. OPINFO_ARGS e.g. --ops add,mul or --shard 0/10 (python -m sweeps.opinfo -h).
