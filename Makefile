@@ -123,7 +123,8 @@ test-torch: $(STAMP_SYS)
 	@test -x $(ALT_PY) || $(PYTHON) -m venv $(ALT_VENV)
 	@$(ALT_PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH)')" 2>/dev/null || \
 	  $(ALT_PY) -m pip install -q torch==$(TORCH)
-	$(ALT_PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest pytest-xdist numpy matplotlib expecttest
+	$(ALT_PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest pytest-xdist numpy matplotlib expecttest \
+	  -r bench/requirements.txt
 	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} $(ALT_PY) -m pip install -q --no-build-isolation --no-deps \
 	  -C build-dir=$(ALT_BUILD) $$($(ALT_PY) scripts/cmake_args_for_torch.py) -e .
 	cd $(ALT_BUILD) && ctest --output-on-failure --timeout 120

@@ -28,7 +28,14 @@ from typing import Any
 
 from . import compat
 
-COLLECTIVE_NAMESPACES = ("_c10d_functional::", "c10d::", "_dtensor::")
+# The operator namespaces of collectives (the one table: replay errors, export's refusal). "c10d_functional::" is
+# the pre-2.2 spelling torch still registers.
+COLLECTIVE_NAMESPACES = ("_c10d_functional::", "c10d_functional::", "c10d::", "_dtensor::")
+
+
+def is_collective(op: str) -> bool:
+    """Whether 'ns::name.overload' is a collective (its namespace is in COLLECTIVE_NAMESPACES)."""
+    return op.startswith(COLLECTIVE_NAMESPACES)
 
 
 def _initialized() -> bool:

@@ -180,9 +180,9 @@ def make_replay_error(kind: str, message: str, graph: str, node: str, op: str, s
     what = message.strip().rstrip(".") or f"{base.__name__} without a message"
     raised_at = _kernel_line(cause)
     why = fix = ""
-    if op.startswith(("_c10d_functional::", "c10d::")):  # Note [A collective that fails names its peers]
-        from .distributed import collective_failure
+    from .distributed import collective_failure, is_collective
 
+    if is_collective(op):  # Note [A collective that fails names its peers]
         why, fix = collective_failure(graph, node)
     finding = Finding(what=what, where=source, op=op, node=node, why=why, fix=fix,
                       detail=f"raised in the kernel at {raised_at}" if raised_at else "")

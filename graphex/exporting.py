@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 
 from ._atomic import write_atomic
 from ._weights_layout import PAD_PREFIX, is_padding
+from .distributed import is_collective
 from .errors import GraphexError, Finding
 from .options import Options
 
@@ -134,14 +135,11 @@ def _refuse_python_operators(program: bytes) -> None:
             "or link the library into the program"))
 
 
-_COLLECTIVE_NAMESPACES = ("_c10d_functional::", "c10d_functional::", "c10d::", "_dtensor::")
-
-
 def _refuse_collectives(program: bytes) -> None:
     """Note [A program belongs to its world] (graphex/distributed.py): a collective names process groups of the
     world it was traced in, which exist only in that torch.distributed job; graphex::Module runs without one.
     A program with no collective does not depend on the world, so only these are refused."""
-    found = [(op, source) for op, source in program_operators(program).items() if op.startswith(_COLLECTIVE_NAMESPACES)]
+    found = [(op, source) for op, source in program_operators(program).items() if is_collective(op)]
     if not found:
         return
     raise ExportError(finding=Finding(

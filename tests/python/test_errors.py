@@ -246,3 +246,15 @@ def test_replay_error_classes_are_made_once_and_mixed_with_the_builtin():
     assert isinstance(key, KeyError) and "'missing'" in str(key) and not str(key).startswith('"')
     assert isinstance(make_replay_error("LinAlgError", "not positive-definite", "g", "n", "aten::x", ""),
                       torch.linalg.LinAlgError)
+
+
+def test_one_table_of_collective_namespaces_serves_replay_errors_and_export():
+    """Replay errors and export's refusal read graphex.distributed.COLLECTIVE_NAMESPACES (they had copies that
+    differed: a failing `_dtensor::` or legacy `c10d_functional::` op was not explained as a collective)."""
+    from graphex import distributed, errors, exporting
+
+    for op in ("_c10d_functional::all_reduce", "c10d_functional::all_reduce", "c10d::allreduce_", "_dtensor::shard_dim_alltoall"):
+        assert distributed.is_collective(op)
+    assert not distributed.is_collective("aten::add.Tensor") and not distributed.is_collective("mylib::c10d_like")
+    for module in (errors, exporting):
+        assert "_c10d_functional::" not in open(module.__file__).read(), module.__file__
