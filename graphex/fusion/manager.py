@@ -47,6 +47,10 @@ def checked(name: str, search_fn: Callable[..., Any], replace_fn: Callable[..., 
     argnames = list(inspect.signature(search_fn).parameters)
 
     def check(match: Match) -> bool:
+        ignored = _ignored_keyword(match)
+        if ignored:
+            _log.detail("pattern fusion: %s not applied at %s: %s", name, match.output_nodes()[0], ignored)
+            return False
         if not extra_check(match):
             return False
         why = _layout_differs(match, argnames, replace_fn)
@@ -58,6 +62,37 @@ def checked(name: str, search_fn: Callable[..., Any], replace_fn: Callable[..., 
         return True
 
     return check
+
+
+# Note [A match reads every argument]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch's matcher compares only the keyword arguments a pattern's node has; one the graph's node has
+# beyond those is dropped before comparing (inductor's patterns rely on it). So `torch.add(x, r,
+# alpha=0.5)` matched `x + r` and add + RMSNorm was fused without the 0.5 (off by ~1), and a rotary
+# written with `torch.add(..., alpha=-1.0)` became `rotary` (off by up to 7). A match is declined
+# unless each such extra keyword holds its schema's default value (alpha=1 is `x + r`).
+def _ignored_keyword(match: Match) -> str:
+    """'' or "aten.add.Tensor(..., alpha=0.5)": a keyword argument of a matched node that the pattern did not compare."""
+    for pattern, node in match.ctx.pattern_to_node.items():
+        compared = getattr(pattern, "kwargs", None)
+        if not isinstance(node, torch.fx.Node) or not isinstance(compared, dict) or not hasattr(pattern, "fns"):
+            continue  # a leaf (KeywordArg, Arg, Ignored) or a failed try
+        for key, value in node.kwargs.items():
+            if key not in compared and not _is_default(node.target, key, value):
+                return f"{node.target}(..., {key}={value!r}) is not what the pattern computes"
+    return ""
+
+
+def _is_default(target: Any, key: str, value: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    for arg in (schema.arguments if schema is not None else ()):
+        if arg.name == key:
+            if not arg.has_default_value():
+                return False
+            default = arg.default_value
+            return type(value) in (int, float, bool, type(None)) and type(default) in (int, float, bool, type(None)) \
+                and value == default and (value is None) == (default is None)
+    return False
 
 
 # Note [A replacement keeps the layout]

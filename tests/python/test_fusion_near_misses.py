@@ -1,0 +1,75 @@
+"""Fused mode on code that looks like a built-in pattern but computes something else (Note [A match reads
+every argument], graphex/fusion/manager.py): the pattern must not fire there, and the result stays eager's.
+
+Each case names what fused mode may still fuse in it (a smaller pattern that is exactly what the code
+computes) and what it must not.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import captures, compile_graphex
+
+OP_TOL = dict(atol=1e-5, rtol=1e-5)  # Note [Fused kernels are close, not bitwise] (csrc/fused/library.cpp)
+
+
+def _rms(h, w, eps=1e-6):
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def add_alpha_then_rms_norm(x, r, w):
+    h = torch.add(x, r, alpha=0.5)
+    return _rms(h, w), h
+
+
+def rotary_added_with_alpha(x, cos, sin):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.add(x * cos, torch.cat((-x2, x1), dim=-1) * sin, alpha=-1.0)
+
+
+def add_alpha_one_then_rms_norm(x, r, w):  # alpha=1 is x + r: the pattern may fire
+    h = torch.add(x, r, alpha=1)
+    return _rms(h, w), h
+
+
+def causal_sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25)
+
+
+CASES = {
+    "add_alpha_then_rms_norm": (add_alpha_then_rms_norm, lambda: (torch.randn(2, 3, 64), torch.randn(2, 3, 64),
+                                                                   torch.randn(64)), {"add_rms_norm"}, set()),
+    "rotary_added_with_alpha": (rotary_added_with_alpha, lambda: (torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8),
+                                                                   torch.randn(1, 1, 3, 8)), {"rotary"}, set()),
+    "add_alpha_one_then_rms_norm": (add_alpha_one_then_rms_norm, lambda: (torch.randn(2, 3, 64), torch.randn(2, 3, 64),
+                                                                           torch.randn(64)), set(), {"add_rms_norm"}),
+    "causal_sdpa": (causal_sdpa, lambda: (torch.randn(1, 4, 1, 8), torch.randn(1, 4, 3, 8), torch.randn(1, 4, 3, 8)),
+                    {"decode_attention"}, set()),
+}
+
+
+def _fused(gm: torch.fx.GraphModule) -> collections.Counter[str]:
+    return collections.Counter(n.target._opname for n in gm.graph.nodes
+                               if n.op == "call_function" and getattr(n.target, "namespace", "") == "graphex_fused")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_near_miss_is_not_fused_as_the_pattern(name):
+    fn, make, must_not, must = CASES[name]
+    torch._dynamo.reset()
+    compiled = compile_graphex(fn, pattern_fusion_pass=True)
+    args = make()
+    with torch.no_grad():
+        got, want = compiled(*args), fn(*args)
+    got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **OP_TOL)
+    (graph,) = captures()
+    fired = set(_fused(graph.gm))
+    assert not (fired & must_not), f"{name}: fused as {fired & must_not}, which it does not compute"
+    assert must <= fired, f"{name}: expected {must} to fire, got {fired}"
