@@ -74,6 +74,74 @@ def reinplace_inplaceable_ops(fake_tensor_updater: Any, graph: torch.fx.Graph, t
         inductor_reinplace.decompose_generalized_scatter(graph)
 
 
+def fake_tensor_updater(gm: torch.fx.GraphModule) -> Any:
+    """inductor's FakeTensorUpdater over `gm` (it re-runs fake propagation on the nodes a pass changed).
+
+    It took the graph until torch 2.12 and takes the GraphModule since 2.13 (to update subgraphs too):
+    handed a GraphModule, 2.11-2.12 fail inside on `gm.nodes`. Up to 2.12 it also told a changed node
+    by `id(node.args)`, which a new args tuple can reuse once the old one is freed (then the node's fake
+    value is silently left stale); 2.13 hashes the arguments themselves, and so does our 2.11-2.12 form.
+    """
+    if _updater_takes_module():
+        from torch._inductor.fx_utils import FakeTensorUpdater
+
+        return FakeTensorUpdater(gm)
+    return _graph_updater_by_content()(gm.graph)
+
+
+@functools.cache
+def _graph_updater_by_content() -> type:
+    from torch._inductor.fx_utils import FakeTensorUpdater
+    from torch.utils import _pytree as pytree
+
+    def content(args: Any) -> tuple[Any, ...]:
+        leaves, spec = pytree.tree_flatten(args)
+        out: list[Any] = [str(spec)]
+        for leaf in leaves:
+            try:
+                hash(leaf)
+                out.append(leaf)  # held, so a Node's id cannot be reused while we compare
+            except TypeError:  # a slice (unhashable before Python 3.12), a list: by what it says
+                out.append((type(leaf).__name__, repr(leaf)))
+        return tuple(out)
+
+    class UpdaterByContent(FakeTensorUpdater):  # type: ignore[misc, valid-type]
+        def hash_node(self, node: torch.fx.Node) -> Any:
+            return (node, node.target, content(node.args), content(node.kwargs))
+
+    return UpdaterByContent
+
+
+@functools.cache
+def _updater_takes_module() -> bool:
+    import inspect
+
+    from torch._inductor.fx_utils import FakeTensorUpdater
+
+    params = list(inspect.signature(FakeTensorUpdater.__init__).parameters)
+    if params[1:2] == ["gm"]:
+        return True
+    if params[1:2] == ["graph"]:
+        return False
+    raise RuntimeError(f"graphex: torch {torch.__version__}'s FakeTensorUpdater takes {params[1:]}; graphex knows "
+                       "(graph) (torch <= 2.12) and (gm) (torch >= 2.13): graphex/compat.py needs updating")
+
+
+# -- custom ops without a fake (graphex/custom_ops/checks.py) --------------------------------------------------------
+
+def trivial_fake(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+    """(True, result) when torch can fake `op` without a registered fake, as its own custom_op does.
+
+    torch <= 2.12: only a mutating op that returns nothing (its fake returns None). 2.13 added
+    out= and in-place ops (`generate_trivial_fake_impl`)."""
+    from torch._library import utils
+
+    if not utils.can_generate_trivial_fake_impl(op):
+        return False, None
+    generate = getattr(utils, "generate_trivial_fake_impl", None)
+    return True, (generate(op, *args, **kwargs) if generate is not None else None)
+
+
 # -- torch.fx: where a pass inserts a node ---------------------------------------------------------
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ import torch
 import torch.fx
 from torch._dynamo.exc import Unsupported
 
-from ..compat import in_graphex_trace
+from ..compat import in_graphex_trace, trivial_fake
 from ..errors import CustomOpError, Finding
 from . import fixes
 from .registration import Registration, describe, is_custom
@@ -97,11 +97,10 @@ class _MissingFake:
         self.opdef = opdef
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from torch._library.utils import can_generate_trivial_fake_impl, generate_trivial_fake_impl
-
         op = self.opdef._opoverload
-        if can_generate_trivial_fake_impl(op):
-            return generate_trivial_fake_impl(op, *args, **kwargs)
+        trivial, result = trivial_fake(op, args, kwargs)
+        if trivial:
+            return result
         if in_graphex_trace():
             raise _missing_fake_error(op)
         # Not graphex's compile: torch's own message (torch/_library/custom_ops.py, 2.4+).

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch.fx
 from torch._inductor.virtualized import V
 
-from ..compat import insertion_successor, on_node_created
+from ..compat import fake_tensor_updater, insertion_successor, on_node_created
 from ..options import Options
 from .noop import remove_noop_ops_keeping_snapshots
 from .cse import eliminate_common_subexpressions
@@ -70,10 +70,8 @@ def _remove_noop_ops(r: _Run) -> None:
     the alias analysis of the passes after it (reinplacing) reads storages from those values, and would
     take `a.unsqueeze(0)` for fresh memory and write an input in place (fuzzer seeds 16364, 18544). As in
     inductor's post-grad passes, a FakeTensorUpdater made before the removal updates them after it."""
-    from torch._inductor.fx_utils import FakeTensorUpdater
-
     with V.set_fake_mode(r.fake_mode):
-        updater = FakeTensorUpdater(r.gm)
+        updater = fake_tensor_updater(r.gm)
         remove_noop_ops_keeping_snapshots(r.gm.graph)  # Note [A copy of an input is a snapshot]
         updater.incremental_update()
 

@@ -33,11 +33,11 @@ from typing import Iterator
 import torch
 import torch.fx
 from torch._inductor.fx_passes.post_grad import decompose_auto_functionalized
-from torch._inductor.fx_utils import FakeTensorUpdater, get_node_storage
+from torch._inductor.fx_utils import get_node_storage
 from torch._inductor.virtualized import V
 
 from .._source import display_name, source_line
-from ..compat import inplaceable_ops_table, reinplace_inplaceable_ops
+from ..compat import fake_tensor_updater, inplaceable_ops_table, reinplace_inplaceable_ops
 from .aliasing import first_toucher_between, resolve_inplace, root
 from .copy_back import Declined, fold_copy_backs
 
@@ -88,7 +88,7 @@ def reinplace_graph(gm: torch.fx.GraphModule, fake_mode: object, *, intermediate
     graph = gm.graph
     with V.set_fake_mode(fake_mode):
         with _hide_input_copies(graph, hide=not inputs), _pin_intermediates(graph, pin=not intermediates):
-            updater = FakeTensorUpdater(gm)
+            updater = fake_tensor_updater(gm)
             table = _never_into_overlapping_memory(inplaceable_ops_table(scatter_check=_scatter_source_is_elsewhere))
             reinplace_inplaceable_ops(updater, graph, table)
         explain = _Explainer(graph, intermediates=intermediates, inputs=inputs)

@@ -69,7 +69,7 @@ def test_a_near_miss_is_not_fused_as_the_pattern(name):
     got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **OP_TOL)
-    (graph,) = captures()
+    graph = captures()[-1]  # this test's (the newest)
     fired = set(_fused(graph.gm))
     assert not (fired & must_not), f"{name}: fused as {fired & must_not}, which it does not compute"
     assert must <= fired, f"{name}: expected {must} to fire, got {fired}"

@@ -143,6 +143,54 @@ def test_inductor_reinplace_table_and_core():
         assert callable(getattr(reinplace, name)), f"{VERSION}: reinplace.{name}"
 
 
+def test_fake_tensor_updater_convention_is_known_and_updates():
+    """compat.fake_tensor_updater: FakeTensorUpdater took the graph up to 2.12, the GraphModule since 2.13
+    (handed the wrong one, a compile failed deep in no-op removal on 2.11 and 2.12)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._inductor.virtualized import V
+
+    mode = FakeTensorMode()
+    graph = torch.fx.Graph()
+    a = graph.placeholder("a")
+    b = graph.call_function(torch.ops.aten.mul.Tensor, (a, 2))
+    graph.output(b)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with mode:
+        a.meta["val"] = torch.empty(3, 4)
+        b.meta["val"] = torch.empty(3, 4)
+    with V.set_fake_mode(mode):
+        updater = compat.fake_tensor_updater(gm)  # raises naming the version if the convention is new
+        b.args = (a, 3)  # a changed node: its fake value is recomputed
+        a.meta["val"] = mode.from_tensor(torch.empty(5, 4))
+        updater.incremental_update()
+    assert tuple(b.meta["val"].shape) == (5, 4), VERSION
+
+
+def test_pattern_matcher_records_which_node_each_pattern_matched():
+    """Note [A match reads every argument] walks Match.ctx.pattern_to_node and each CallFunction's .kwargs;
+    torch <= 2.14 matches add(x, y) to add(x, y, alpha=2) (2.15 declines it itself) and graphex declines it."""
+    from torch._inductor.pattern_matcher import CallFunction, KeywordArg, MatchContext, is_match
+
+    from graphex.fusion.manager import _ignored_keyword
+
+    def match(**kwargs):
+        graph = torch.fx.Graph()
+        x, y = graph.placeholder("x"), graph.placeholder("y")
+        add = graph.call_function(torch.ops.aten.add.Tensor, (x, y), kwargs)
+        graph.output(add)
+        pattern = CallFunction(torch.ops.aten.add.Tensor, KeywordArg("x"), KeywordArg("y"))
+        return pattern, add, MatchContext([pattern], graph=graph).match(pattern, add)
+
+    pattern, add, plain = match()
+    assert is_match(plain) and plain.ctx.pattern_to_node[pattern] is add, VERSION
+    assert isinstance(pattern.kwargs, dict) and hasattr(pattern, "fns"), VERSION
+    assert _ignored_keyword(plain) == ""
+    _, _, default = match(alpha=1)
+    assert is_match(default) and _ignored_keyword(default) == "", VERSION
+    _, _, scaled = match(alpha=2)
+    assert not is_match(scaled) or "alpha=2" in _ignored_keyword(scaled), VERSION
+
+
 def test_pattern_matcher_register_replacement_takes_what_graphex_passes():
     from torch._inductor.pattern_matcher import Match, PatternMatcherPass, register_replacement
 
