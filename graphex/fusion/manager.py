@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import inspect
+import operator
 import threading
 from typing import Any, Callable
 
@@ -53,7 +54,7 @@ def checked(name: str, search_fn: Callable[..., Any], replace_fn: Callable[..., 
             return False
         if not extra_check(match):
             return False
-        why = _layout_differs(match, argnames, replace_fn)
+        why = _layout_differs(match, argnames, replace_fn) or _place_inputs_before_the_replacement(match)
         if why:
             _log.detail("pattern fusion: %s not applied at %s: %s", name, match.output_nodes()[0], why)
             return False
@@ -93,6 +94,63 @@ def _is_default(target: Any, key: str, value: Any) -> bool:
             return type(value) in (int, float, bool, type(None)) and type(default) in (int, float, bool, type(None)) \
                 and value == default and (value is None) == (default is None)
     return False
+
+
+# Note [A replacement is placed where its inputs exist]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch's matcher inserts the replacement before the match's earliest output. An input of the match
+# computed after that point (Gemma's RMSNorm weight `1 + w`, written after the residual add that is
+# the earliest output of add + RMSNorm) would be used before it is defined: the user's compile failed
+# ("Argument 'add_7' of Node 'add_rms_norm_default_4' was used before it has been defined!"). Such an
+# input is moved up to the insertion point when it and what it needs after that point are pure ops
+# outside the match (moving them changes no value); otherwise the match is declined.
+def _place_inputs_before_the_replacement(match: Match) -> str:
+    outputs = [n for n in match.output_nodes() if isinstance(n, torch.fx.Node)]
+    if not outputs:
+        return ""
+    graph = outputs[0].graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    point = min(outputs, key=order.__getitem__)
+    matched = set(match.nodes)
+    late: list[torch.fx.Node] = []
+    seen: set[torch.fx.Node] = set()
+
+    def need(node: Any) -> str:
+        if not isinstance(node, torch.fx.Node) or node in seen or order[node] < order[point]:
+            return ""
+        seen.add(node)
+        if node in matched or node.op != "call_function" or not _pure(node.target):
+            return f"its input {node.name} is computed after the point the replacement goes, and cannot move"
+        for arg in node.all_input_nodes:
+            why = need(arg)
+            if why:
+                return why
+        late.append(node)
+        return ""
+
+    for value in match.kwargs.values():
+        for leaf in pytree.tree_leaves(value):
+            why = need(leaf)
+            if why:
+                return why
+    if not late:
+        return ""
+    last = max(order[n] for n in late)
+    for node in list(graph.nodes)[order[point]:last]:
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and node.target is not operator.getitem and (schema is None or schema.is_mutable):
+            return f"its input {late[0].name} is computed after {node.name}, which may write memory it reads"
+    for node in sorted(late, key=order.__getitem__):
+        point.prepend(node)
+    return ""
+
+
+def _pure(target: Any) -> bool:
+    """An ATen-style op that writes nothing, returns no alias and draws no random numbers."""
+    schema = getattr(target, "_schema", None)
+    return schema is not None and not schema.is_mutable and \
+        not any(a.alias_info is not None for a in schema.returns) and \
+        torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ())
 
 
 # Note [A replacement keeps the layout]
