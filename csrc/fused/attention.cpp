@@ -4,12 +4,14 @@
 //   h reads key/value head h / (H / Hkv), what repeat_kv does); mask: bool, broadcastable to
 //   [B, H, T, S], true where a position may be attended; scale multiplies the scores.
 // Meant for decode steps (T = 1, one pass over the cache per head); any T works.
-// A row whose mask is all false gives NaN, as eager's softmax over all -inf does.
+// A row whose mask is all false gives NaN, as eager's softmax over all -inf does, or zeros with
+// `zero_masked_rows` (what F.scaled_dot_product_attention's CPU kernel returns for such a row).
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp): the dot products, the
 // softmax sum and the weighted sum add in another order than eager's bmm and softmax.
 #include "fused/rows.h"
 #include "fused/vec.h"
 
+#include <ATen/ops/any.h>
 #include <ATen/ops/bitwise_not.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/masked_fill.h>
@@ -38,18 +40,21 @@ void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 at::Tensor attention_eager(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                           double scale) {
+                           double scale, bool zero_masked_rows) {
   const int64_t group = q.size(1) / k.size(1);
   at::Tensor kk = group == 1 ? k : k.repeat_interleave(group, 1);
   at::Tensor vv = group == 1 ? v : v.repeat_interleave(group, 1);
   at::Tensor scores = at::mul(at::matmul(q, kk.transpose(2, 3)), scale);
-  return at::matmul(at::softmax(at::masked_fill(scores, at::bitwise_not(mask), -INFINITY), -1), vv);
+  at::Tensor out = at::matmul(at::softmax(at::masked_fill(scores, at::bitwise_not(mask), -INFINITY), -1), vv);
+  if (!zero_masked_rows) return out;
+  const at::Tensor none_attended = at::bitwise_not(at::any(mask, -1, /*keepdim=*/true));  // [.., T, 1]
+  return at::masked_fill(out, none_attended, 0);
 }
 
 at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                                const at::Tensor& mask_in, double scale) {
+                                const at::Tensor& mask_in, double scale, bool zero_masked_rows) {
   check_attention(q_in, k_in, v_in, mask_in);
-  if (!all_cpu_float(q_in, k_in, v_in)) return attention_eager(q_in, k_in, v_in, mask_in, scale);
+  if (!all_cpu_float(q_in, k_in, v_in)) return attention_eager(q_in, k_in, v_in, mask_in, scale, zero_masked_rows);
   const int64_t B = q_in.size(0), H = q_in.size(1), T = q_in.size(2), D = q_in.size(3);
   const int64_t Hkv = k_in.size(1), S = k_in.size(2), group = H / Hkv;
   at::Tensor out = at::empty({B, H, T, D}, q_in.options());
@@ -90,8 +95,8 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
       }
       float* orow = op + row * D;
       std::fill(orow, orow + D, 0.f);
-      if (!(sum > 0.f)) {  // every position masked: NaN, as eager's softmax over all -inf
-        std::fill(orow, orow + D, std::numeric_limits<float>::quiet_NaN());
+      if (!(sum > 0.f)) {  // every position masked: NaN, as eager's softmax over all -inf (or zeros, as SDPA)
+        if (!zero_masked_rows) std::fill(orow, orow + D, std::numeric_limits<float>::quiet_NaN());
         continue;
       }
       const float inv_sum = 1.f / sum;
@@ -105,7 +110,7 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
 }
 
 at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                                 double scale) {
+                                 double scale, bool /*zero_masked_rows*/) {
   check_attention(q, k, v, mask);
   return at::empty(q.sizes(), q.options());
 }

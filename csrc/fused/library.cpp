@@ -8,7 +8,8 @@
 //   silu_mul(Tensor gate, Tensor up) -> Tensor                                gated_mlp.cpp
 //   gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor  gated_mlp.cpp
 //   rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor                        rotary.cpp
-//   decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor   attention.cpp
+//   decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale,
+//                    bool zero_masked_rows=False) -> Tensor                  attention.cpp
 //
 // Their float32 inner loops are the row kernels of vec_kernels.h, built once per CPU capability
 // (Note [One row kernel per CPU capability], vec.h); rows.h walks the rows of broadcast operands.
@@ -41,5 +42,5 @@ TORCH_LIBRARY(graphex_fused, m) {
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
-  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, bool zero_masked_rows=False) -> Tensor");
 }

@@ -166,7 +166,7 @@ def sdpa(q, k, v, mask, scale):  # the same with as many key/value heads as quer
 
 
 def sdpa_fused(q, k, v, mask, scale):
-    return fused.decode_attention(q, k, v, mask, scale)
+    return fused.decode_attention(q, k, v, mask, scale, zero_masked_rows=True)  # as SDPA: a row masked everywhere is 0
 
 
 def _one_token(match: Match) -> bool:

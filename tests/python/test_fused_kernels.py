@@ -157,6 +157,24 @@ def test_decode_attention(case):
     close(fused.decode_attention(q, k, v, mask, D ** -0.5), attention_eager(q, k, v, mask, D ** -0.5))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # the fast path and the ATen fallback
+def test_decode_attention_zero_masked_rows_is_what_sdpa_gives(dtype):
+    """zero_masked_rows=True (the SDPA patterns): a row with no position attended is 0, as
+    F.scaled_dot_product_attention's CPU kernel gives; the other rows are unchanged."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 4, 1, 16, generator=g, dtype=dtype) for _ in range(3))
+    k, v = torch.randn(2, 4, 9, 16, generator=g, dtype=dtype), torch.randn(2, 4, 9, 16, generator=g, dtype=dtype)
+    mask = torch.rand(2, 4, 1, 9, generator=g) < 0.6
+    mask[..., 0] = True
+    mask[1, 2] = False
+    got = fused.decode_attention(q, k, v, mask, 0.25, zero_masked_rows=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25)
+    assert torch.equal(got[1, 2], torch.zeros_like(got[1, 2]))
+    close(got, want)
+    nan_row = fused.decode_attention(q, k, v, mask, 0.25)[1, 2]
+    assert nan_row.isnan().all()  # the default stays eager's softmax-over-all--inf
+
+
 def test_meta_kernels_give_the_cpu_shapes():
     cases = [
         (fused.rms_norm, (torch.randn(2, 3, 8), torch.randn(8), 1e-6)),

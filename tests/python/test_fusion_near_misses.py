@@ -53,6 +53,16 @@ def norm_weight_drawn_after_the_add(x, r):  # a random weight cannot move (it wo
     return out * torch.rand(64), h
 
 
+def sdpa_with_a_row_masked_everywhere(q, k, v, mask):  # SDPA gives zeros for that row; the written-out form NaN
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25)
+
+
+def _one_row_masked_everywhere():
+    mask = torch.ones(2, 4, 1, 6, dtype=torch.bool)
+    mask[1, 2] = False
+    return torch.randn(2, 4, 1, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8), mask
+
+
 def causal_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25)
 
@@ -68,6 +78,8 @@ CASES = {
                                         lambda: (torch.randn(2, 3, 64), torch.randn(2, 3, 64)), set(), {"add_rms_norm"}),
     "norm_weight_drawn_after_the_add": (norm_weight_drawn_after_the_add,
                                         lambda: (torch.randn(2, 3, 64), torch.randn(2, 3, 64)), {"add_rms_norm"}, set()),
+    "sdpa_with_a_row_masked_everywhere": (sdpa_with_a_row_masked_everywhere, _one_row_masked_everywhere, set(),
+                                          {"decode_attention"}),
     "causal_sdpa": (causal_sdpa, lambda: (torch.randn(1, 4, 1, 8), torch.randn(1, 4, 3, 8), torch.randn(1, 4, 3, 8)),
                     {"decode_attention"}, set()),
 }
