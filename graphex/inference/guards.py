@@ -112,6 +112,12 @@ def parse_source(name: str) -> Path:
                 steps.append(("dict_item", key.value))
             else:
                 steps.append(("dict_item_at", parse_source(ast.unparse(key))))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "__getattribute__" and isinstance(node.func.value, ast.Name) \
+                and node.func.value.id == "object" and len(node.args) == 2 and not node.keywords \
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+            walk(node.args[0])  # object.__getattribute__(x, 'name'): past a class's own __getattr__ (torch 2.12)
+            steps.append(("object_attr", node.args[1].value))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("type", "dict") \
                 and len(node.args) == 1 and not node.keywords:
             walk(node.args[0])
@@ -153,6 +159,7 @@ _STEPS: dict[str, tuple[Callable[[Any, Any], Any], str]] = {
     "type": (lambda v, a: type(v), "type({b})"),
     "dict": (lambda v, a: dict(v), "dict({b})"),
     "dict_item": (dict.__getitem__, "dict.__getitem__({b}, {a!r})"),
+    "object_attr": (object.__getattribute__, "object.__getattribute__({b}, {a!r})"),
     "key": (lambda v, a: list(dict.keys(v))[a], "list(dict.keys({b}))[{a!r}]"),
     "item_at": (lambda v, a: v[a], "{b}[{a}]"),
     "dict_item_at": (dict.__getitem__, "dict.__getitem__({b}, {a})"),
@@ -670,7 +677,7 @@ class GuardSet:
             "  return r\n")
         namespace: dict[str, Any] = {"H": tuple(held), "P": [(watch, [])], "new_watch": _C.StateWatch,
                                      "watched": watched,
-                                     "__builtins__": {"type": type, "len": len, "list": list, "dict": dict,
+                                     "__builtins__": {"type": type, "len": len, "list": list, "dict": dict, "object": object,
                                                       "hasattr": hasattr, "float": float, "Exception": Exception}}
         exec(compile(source, "<graphex guards>", "exec"), namespace)  # generated from typed records only
         self._published = namespace["P"]
