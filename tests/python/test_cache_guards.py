@@ -371,3 +371,33 @@ def test_a_hard_link_to_an_entry_is_refused(tmp_path):
     with pytest.warns(UserWarning, match="hard links"):
         stats = _fresh_model_run(cache, x)
     assert stats["hits"] == 0, stats
+
+
+def test_source_paths_parse_to_steps_and_resolve_without_evaluating():
+    """The access paths Dynamo's guards name (2.11-2.15 spellings) parse to typed steps and resolve; a path that
+    calls anything else is NotCheckable (never evaluated)."""
+    import types
+
+    from graphex.inference.guards import NotCheckable, parse_source, resolve
+
+    class Config:
+        def __getattr__(self, name):  # a class's own __getattr__: object.__getattribute__ goes past it
+            raise AssertionError("not read through __getattr__")
+
+    cfg = Config()
+    cfg.__dict__["mode"] = "eager"
+    local = {"func": types.SimpleNamespace(cfg=cfg, table={"k": [3, 4]})}
+    cases = {
+        "L['func'].cfg.mode": "eager",
+        "object.__getattribute__(L['func'].cfg, '__dict__')['mode']": "eager",  # torch 2.12's GenericAttrSource
+        "L['func'].table['k'][-1]": 4,
+        "dict.__getitem__(L['func'].table, 'k')[0]": 3,
+        "list(dict.keys(L['func'].table))[0]": "k",
+        "type(L['func'].cfg)": Config,
+    }
+    for source, want in cases.items():
+        assert resolve(parse_source(source), local, {}) == want, source
+    for bad in ("object.__getattribute__(L['func'], name)", "getattr(L['func'], 'cfg')",
+                "object.__setattr__(L['func'], 'cfg', 1)", "L['func'].cfg.mode()"):
+        with pytest.raises(NotCheckable):
+            parse_source(bad)
