@@ -19,8 +19,8 @@ from .registration import Registration
 #    name the script already uses (rebinding `lib` or `meta_lib` would collect the
 #    Library it held, and everything registered on it with it) and a second paste
 #    reuses the Library instead of making another. Registering the same function
-#    again overrides the first (torch.library's allow_override, on by default), and
-#    register_fake likewise.
+#    again overrides the first (`lib.impl(..., allow_override=True)`: the default only
+#    since torch 2.13), and register_fake likewise.
 #  - A C++ Meta kernel sits inside an #ifndef of its own, so pasted twice it is
 #    compiled once; TORCH_LIBRARY_IMPL(ns, Meta, m) may appear once per op.
 #  - A line that replaces one of the user's (a schema, a decorator) uses the user's
@@ -42,7 +42,16 @@ def namespace_library(namespace: str) -> tuple[str, str]:
 def python_meta(reg: Registration, function: str) -> str:
     """`function` (a def) registered as the Meta kernel of `reg`, on its namespace's one Library."""
     lines, lib = namespace_library(reg.namespace)
-    return f'{lines}\n\n@torch.library.impl({lib}, "{_overload_name(reg)}", "Meta")\n{function}'
+    name = re.match(r"\s*def (\w+)\(", function)
+    assert name is not None, function
+    return f"{lines}\n\n{function.rstrip()}\n\n\n{meta_registration(lib, _overload_name(reg), name.group(1))}\n"
+
+
+def meta_registration(lib: str, op: str, function: str) -> str:
+    """The line that registers `function` as the Meta kernel of `op` on the Library `lib`; pasted again, it
+    replaces the first (allow_override: torch <= 2.12 refuses a second Python kernel for one key without it)."""
+    return f'{lib}.impl("{op}", {function}, "Meta", allow_override=True)  # pasted again, it replaces the first'
+
 
 
 def _library_var(reg: Registration) -> str:

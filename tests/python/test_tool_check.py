@@ -34,19 +34,19 @@ MISTAKES = {
     "missing_fake_library": {
         ("chk_mf_lib::pairwise_add", 1, "fake_exists", "chk_mf_lib::pairwise_add#1"):
             ['_graphex_libs["chk_mf_lib"] = torch.library.Library("chk_mf_lib", "FRAGMENT")',
-             '@torch.library.impl(_graphex_libs["chk_mf_lib"], "pairwise_add", "Meta")',
+             '_graphex_libs["chk_mf_lib"].impl("pairwise_add", pairwise_add_meta, "Meta", allow_override=True)',
              "torch.empty(torch.broadcast_shapes(x.shape, y.shape), dtype=x.dtype, device=x.device)"]},
     "missing_fake_cpp": {
         ("graphex_examples::needs_meta", 1, "fake_exists", "graphex_examples::needs_meta#1"):
             ["TORCH_LIBRARY_IMPL(graphex_examples, Meta, m)", "return at::empty_like(x);",
-             '@torch.library.impl(_graphex_libs["graphex_examples"], "needs_meta", "Meta")',
+             '_graphex_libs["graphex_examples"].impl("needs_meta", needs_meta_meta, "Meta", allow_override=True)',
              "return torch.empty_like(x)"]},
     "fake_wrong_shape": {
         ("chk_shape::sum_rows", 2, "fake_matches", "chk_shape::sum_rows#1"):
             ["@sum_rows.register_fake", "return x.new_empty(x.shape[:-1])"]},
     "fake_wrong_dtype": {
         ("chk_dtype::argmax_last", 2, "fake_matches", "chk_dtype::argmax_last#1"):
-            ['@torch.library.impl(_graphex_libs["chk_dtype"], "argmax_last", "Meta")',
+            ['_graphex_libs["chk_dtype"].impl("argmax_last", argmax_last_meta, "Meta", allow_override=True)',
              "x.new_empty(x.shape[:-1], dtype=torch.int64)"],
         ("graphex_examples::needs_meta", 2, "fake_matches", "graphex_examples::needs_meta#1"):
             ["return torch.empty_like(x)"]},

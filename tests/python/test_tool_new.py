@@ -327,7 +327,7 @@ def test_terminal_new_op_generates_files(terminal, tmp_path, capsys):
 
 @pytest.mark.parametrize("style_choice, expected", [
     ("1", "@add.register_fake"),
-    ("2", '@torch.library.impl(_graphex_libs["gx_tty2"], "add", "Meta")'),
+    ("2", '_graphex_libs["gx_tty2"].impl("add", add_meta, "Meta", allow_override=True)'),
     ("3", "TORCH_LIBRARY_IMPL(gx_tty2, Meta, m)"),
 ])
 def test_terminal_eager_op_gets_meta_skeleton_and_check(terminal, tmp_path, capsys, style_choice, expected):

@@ -75,14 +75,13 @@ def meta_block(spec: OpSpec, params: list[str] | None = None, ret: str | None = 
     a Library that already exists, e.g. the namespace's one Library of a printed fix), registered on that instead."""
     params = params if params is not None else _params(spec)
     ret = py_return(spec.returns) if ret is None else ret
-    head = ([f'meta_lib = torch.library.Library("{spec.namespace}", "IMPL", "Meta")', *[""] * blank,
-             f'@torch.library.impl(meta_lib, "{spec.name}")'] if lib is None else
-            [f'@torch.library.impl({lib}, "{spec.name}", "Meta")'])
-    return [
-        *head,
-        *py_def(f"{spec.name}_meta", params, ret),
-        *indent([_META_NOTE, *placeholder.py_fake(spec)]),
-    ]
+    body = [*py_def(f"{spec.name}_meta", params, ret), *indent([_META_NOTE, *placeholder.py_fake(spec)])]
+    if lib is None:
+        return [f'meta_lib = torch.library.Library("{spec.namespace}", "IMPL", "Meta")', *[""] * blank,
+                f'@torch.library.impl(meta_lib, "{spec.name}")', *body]
+    from ...custom_ops.fixes import meta_registration
+
+    return [*body, "", "", meta_registration(lib, spec.name, f"{spec.name}_meta")]
 
 
 def printed_imports(spec: OpSpec, *, annotate: bool = True) -> list[str]:
