@@ -52,6 +52,12 @@ def test_a_singular_matrix_raises_what_eager_raises():
     singular = torch.zeros(4, 4)
     with pytest.raises(torch.linalg.LinAlgError) as eager:
         torch.linalg.inv(singular)
+    try:
+        torch.compile(lambda a: torch.linalg.inv(a) + 1, backend="aot_eager", fullgraph=True)(singular)
+    except torch.linalg.LinAlgError:
+        pass
+    else:  # torch <= 2.12: AOTAutograd drops the unused _linalg_check_errors (no effect token yet)
+        pytest.skip(f"torch {torch.__version__}: aot_eager returns NaN for a singular matrix too (the check is dropped)")
     with pytest.raises(torch.linalg.LinAlgError) as replay:
         compiled(singular)
     assert isinstance(replay.value, graphex.ReplayError)
