@@ -88,6 +88,11 @@ def _call(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> tuple[Any, list
 
 
 def _error(e: BaseException) -> str:
+    """'Type: first line'; for Dynamo's BackendCompilerFailed, the backend's own exception (its first line is
+    only "backend='graphex' raised:")."""
+    inner = getattr(e, "inner_exception", None)
+    if inner is not None:
+        return f"{type(e).__name__}: " + _error(inner)
     lines = f"{type(e).__name__}: {e}".strip().splitlines()
     return lines[0][:300] if lines else type(e).__name__
 
