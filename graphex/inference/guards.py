@@ -477,10 +477,16 @@ def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
         return {"kind": "reads_environ"}  # Note [Environment variables are checked by name]
     if path[0] == ("L", "in_spec") or path == (("L", "flat_args"),):
         return None  # Note [cache_compile keys on what the trace read]: the call's own structure
+    keywords = getattr(guard.create_fn, "keywords", None) or {}
+    if kind == "HASATTR" and "attr" not in keywords and path[-1][0] == "attr" and len(path) > 1 \
+            and name.endswith("." + path[-1][1]):
+        # torch 2.11: the guard names the attribute's own source (`X.attr`) and checks hasattr(X, 'attr');
+        # since 2.12 it names X and passes attr. Recorded the same way for both.
+        attr = _attr_name(path[-1][1], name)
+        return {"kind": "hasattr", "source": name[:-len(attr) - 1], "arg": attr, "expect": bool(e.has_value)}
     if not e.has_value:
         raise NotCheckable(f"{kind} guard on {name} has no value")
     value = e.value
-    keywords = getattr(guard.create_fn, "keywords", None) or {}
     rec: dict[str, Any] = {"kind": "", "source": name}
     if kind in ("TYPE_MATCH", "FAKE_SCRIPT_TYPE_MATCH"):  # the latter: a script object's (a process group's) type
         rec.update(kind="type", expect=type_name(type(value)))
