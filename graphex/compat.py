@@ -358,3 +358,64 @@ def dynamo_side_effects() -> list[str] | None:
         source = getattr(var, "source", None)
         names.append(source_name(source) if source is not None else type(var).__name__)
     return names
+
+
+# -- inductor's pattern matcher: register_replacement (graphex/fusion/registration.py) ------------------------------
+
+# Note [A pattern's check sees every argument]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# register_replacement re-traces the search function on each match's real inputs and calls the
+# pattern's `extra_check` on that specific re-match. Up to torch 2.12 the re-match's kwargs lack a
+# scalar argument (one named in `scalar_workaround`) whose real value differs from its example
+# value: the re-trace bakes the real value in as a literal (2.13 puts the general match's value
+# back). A check reading the scalar then saw no value and declined: on 2.11 and 2.12 fused
+# decode_attention never fired on a model whose 1/sqrt(d) was not the example's. The scalar's value
+# is the one the re-trace was given, so graphex's trace function records its inputs and the check
+# reads a missing argument from them (the same thread, just before the check).
+# Also differing: `pattern_name` (since 2.12) and `get_decomp_fn` (since 2.12; 2.11 traces with
+# inductor's decompositions). graphex's trace function passes its own decompositions to the trace
+# itself, so every version traces patterns the way graphex's graphs are made.
+
+_trace_inputs = __import__("threading").local()
+
+
+def _traces(fn: Any, search_fn: Callable[..., Any]) -> bool:
+    """`fn` is `search_fn`, or torch's wrapper of it that takes symbolic sizes first (`search_fn_new`)."""
+    return fn is search_fn or any(getattr(c, "cell_contents", None) is search_fn for c in getattr(fn, "__closure__", None) or ())
+
+
+def register_replacement(search_fn: Callable[..., Any], replace_fn: Callable[..., Any], example_inputs: list[Any],
+                         trace_fn: Callable[..., Any], pass_dict: Any, extra_check: Callable[[Any], bool], *,
+                         get_decomp_fn: Callable[[], dict[Any, Any]], scalar_workaround: dict[str, Any] | None,
+                         search_fn_pattern: Any, skip_duplicates: bool, pattern_name: str) -> bool:
+    """torch's register_replacement with the same meaning on every supported torch: patterns traced with
+    `get_decomp_fn`'s table, and `extra_check` given every argument (Note [A pattern's check sees every
+    argument])."""
+    import inspect
+
+    from torch._inductor import pattern_matcher
+
+    argnames = list(inspect.signature(search_fn).parameters)
+    trace_takes_decomp = "get_decomp_fn" in inspect.signature(trace_fn).parameters
+
+    def trace(fn: Callable[..., Any], args: Any, **_ignored: Any) -> Any:
+        _trace_inputs.last = (fn, list(args))
+        return trace_fn(fn, args, get_decomp_fn=get_decomp_fn) if trace_takes_decomp else trace_fn(fn, args)
+
+    def check(match: Any) -> bool:
+        missing = [n for n in argnames if n not in match.kwargs]
+        if missing:
+            fn, args = getattr(_trace_inputs, "last", None) or (None, [])
+            _trace_inputs.last = None
+            if not _traces(fn, search_fn) or len(args) < len(argnames):
+                return False  # not the re-trace of this pattern that the check follows: decline rather than guess
+            given = dict(zip(argnames, args[len(args) - len(argnames):]))  # sizes first when the shapes are symbolic
+            match.kwargs = {**match.kwargs, **{n: given[n] for n in missing}}
+        return extra_check(match)
+
+    params = inspect.signature(pattern_matcher.register_replacement).parameters
+    optional = {"pattern_name": pattern_name, "get_decomp_fn": get_decomp_fn}
+    return bool(pattern_matcher.register_replacement(
+        search_fn, replace_fn, example_inputs, trace, pass_dict, extra_check=check,
+        scalar_workaround=scalar_workaround, search_fn_pattern=search_fn_pattern, skip_duplicates=skip_duplicates,
+        **{k: v for k, v in optional.items() if k in params}))

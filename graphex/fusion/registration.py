@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from torch._inductor.pattern_matcher import Match, PatternExpr, fwd_only
-from torch._inductor.pattern_matcher import register_replacement as _torch_register_replacement
 
+from .. import compat
 from . import manager
 
 
@@ -60,11 +60,11 @@ def register_named(name: str, search_fn: Callable[..., Any], replace_fn: Callabl
     with manager._lock:
         if not builtin:
             manager._ensure_builtins()  # built-ins first: at a shared anchor they are tried first
-        registered = _torch_register_replacement(
+        registered = compat.register_replacement(
             search_fn, replace_fn, list(example_inputs), trace_fn, manager.pattern_pass(),
-            extra_check=manager.checked(name, search_fn, replace_fn, extra_check), scalar_workaround=scalar_workaround,
-            search_fn_pattern=search_fn_pattern, skip_duplicates=skip_duplicates, pattern_name=name,
-            get_decomp_fn=no_decompositions)
+            manager.checked(name, search_fn, replace_fn, extra_check), get_decomp_fn=no_decompositions,
+            scalar_workaround=scalar_workaround, search_fn_pattern=search_fn_pattern,
+            skip_duplicates=skip_duplicates, pattern_name=name)
         if registered:
             from ..options import _callable_identity
 

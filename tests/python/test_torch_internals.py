@@ -201,6 +201,37 @@ def test_pattern_matcher_register_replacement_takes_what_graphex_passes():
     assert callable(getattr(Match, "replace_by_example", None)), VERSION
 
 
+def test_a_pattern_check_sees_a_scalar_whose_value_differs_from_the_example():
+    """Note [A pattern's check sees every argument]: torch <= 2.12 handed extra_check a re-match without a
+    scalar_workaround argument whose value differs from the example's (so fused decode_attention never
+    fired there); compat.register_replacement gives the check the value and traces with no decompositions."""
+    from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from graphex.fusion.registration import no_decompositions
+
+    seen = []
+
+    def search(x, s):
+        return torch.softmax(x * s, -1)  # _softmax stays whole: traced with graphex's (empty) decompositions
+
+    def replace(x, s):
+        return torch.softmax(x * s, -1).abs()  # (non-negative already: the same values, a visible op)
+
+    def check(match):
+        seen.append(match.kwargs.get("s"))
+        return True
+
+    patterns = PatternMatcherPass()
+    assert compat.register_replacement(search, replace, [torch.randn(2, 4)], fwd_only, patterns, check,
+                                       get_decomp_fn=no_decompositions, scalar_workaround={"s": 0.375},
+                                       search_fn_pattern=None, skip_duplicates=False, pattern_name="t"), VERSION
+    gm = make_fx(lambda x: torch.softmax(x * 3.0, -1), tracing_mode="fake")(torch.randn(2, 4))
+    assert patterns.apply(gm.graph) == 1, f"{VERSION}: the pattern did not match\n{gm.graph}"
+    assert seen == [3.0], f"{VERSION}: the check saw s={seen}"
+    assert any(n.target is torch.ops.aten.abs.default for n in gm.graph.nodes), VERSION
+
+
 def test_dynamo_hands_over_guards_with_the_fields_graphex_reads():
     """cache_compile records Dynamo's guards through torch.compile's guard_filter_fn
     (Note [cache_compile keys on what the trace read])."""
