@@ -420,10 +420,24 @@ def _mtime(path: str) -> float:
 
 def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec, options: Options,
                        dynamic: bool) -> Callable[..., Any]:
+    """torch.compile of the call, for the calls cache_compile cannot cache.
+
+    Note [The uncached path sees a new hook]
+    Dynamo builds no guards on a module's hooks dicts by default (torch._dynamo.config.
+    skip_nnmodule_hook_guards), so a forward hook registered after the first call is not seen by
+    plain torch.compile. A cached entry checks those dicts (Note [cache_compile keys on what the
+    trace read]); so that the uncached path is not stale where an entry would not be, its compiles
+    build the hook guards. (A method assigned to the class is still torch.compile's to see.)"""
     from .capture import make_flat
 
-    return torch.compile(make_flat(func, in_spec), backend="graphex", fullgraph=True, dynamic=dynamic,
-                         options=options)
+    compiled = torch.compile(make_flat(func, in_spec), backend="graphex", fullgraph=True, dynamic=dynamic,
+                             options=options)
+
+    def call(*flat: Any) -> Any:
+        with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):  # read when a compile builds guards
+            return compiled(*flat)
+
+    return call
 
 
 __all__ = ["cache_compile", "CachedFunction", "DEFAULT_DIR", "OptionsError"]

@@ -386,13 +386,17 @@ def record(entries: list[Any], *, input_sources: set[str], locals_: dict[str, An
             continue
         if rec is not None and rec["kind"] == "global_state" and global_state is not None:
             rec["expect"] = global_state  # the caller's, not the one Dynamo builds guards under
-        if rec is not None and "source" in rec:
-            path = parse_source(rec["source"])
+        if rec is not None and "source" in rec and e.has_value:
+            # the object the guard saw is the one its own source names (torch 2.11's hasattr guard names `X.attr`
+            # and the record checks X: the value is X.attr's)
+            path = parse_source(e.orig_guard.name)
             now = resolve(path, locals_, globals_)
             # `dict(x)` is a new copy each time it is read, and so is a code object's `co_varnames` (Python 3.11;
-            # torch 2.15 guards what traced code reads of a code object): equal, not identical
-            fresh = path[-1] == ("dict",) or (path[-1][0] == "attr" and str(path[-1][1]).startswith("co_")
-                                              and isinstance(resolve(path[:-1], locals_, globals_), types.CodeType))
+            # torch 2.15 guards what traced code reads of a code object) and a bound method (`X.__iter__`, which
+            # torch 2.11's hasattr guard names): equal, not identical
+            fresh = path[-1] == ("dict",) or isinstance(now, types.MethodType) or (
+                path[-1][0] == "attr" and str(path[-1][1]).startswith("co_")
+                and isinstance(resolve(path[:-1], locals_, globals_), types.CodeType))
             if not (now == e.value if fresh else now is e.value):
                 raise NotCheckable(f"graphex reads {rec['source']} as another object than Dynamo saw")
         if rec is None:
@@ -511,7 +515,9 @@ def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
         attr = _attr_name(keywords.get("attr"), name)
         rec.update(kind="hasattr", arg=attr, expect=hasattr(value, attr))
     elif kind in ("DICT_CONTAINS", "DICT_NOT_CONTAINS"):
-        rec.update(kind="contains", arg=constant(keywords.get("key")), expect=kind == "DICT_CONTAINS")
+        # torch 2.11 has no DICT_NOT_CONTAINS: DICT_CONTAINS(key, invert=True) checks the key is absent
+        rec.update(kind="contains", arg=constant(keywords.get("key")),
+                   expect=(kind == "DICT_CONTAINS") != bool(keywords.get("invert", False)))
     elif kind in ("DICT_KEYS_MATCH", "MAPPING_KEYS_CHECK", "DICT_KEYS"):
         rec.update(kind="keys", expect=[constant(k) for k in value.keys()])
     elif kind == "DUPLICATE_INPUT":

@@ -67,6 +67,7 @@ class Model(nn.Module):
         self.cfg = types.SimpleNamespace(mult=3.0)
         self.act = torch.tanh
         self.factors = [1.5]
+        self.flags = {"on": True}
         self.cached = graphex.inference.cache_compile(self._forward, cache_dir=cache_dir)
 
     def helper(self, y):
@@ -74,6 +75,7 @@ class Model(nn.Module):
 
     def _forward(self, x):
         y = self.proj(x) * self.scale * self.cfg.mult * SCALE * self.factors[0] + self.table["shift"]
+        y = y * (3.0 if "extra" in self.flags else 1.0) * (0.5 if "on" in self.flags else 1.0)  # a key's presence
         return self.act(self.helper(y))
 
 
@@ -97,6 +99,8 @@ CHANGES = {
     "config object": lambda m: setattr(m.cfg, "mult", 0.25),
     "global": lambda m: setattr(sys.modules[__name__], "SCALE", 7.0),
     "forward hook added": lambda m: m.proj.register_forward_hook(lambda mod, args, out: out * 10),
+    "dict key added": lambda m: m.flags.__setitem__("extra", None),  # torch 2.11 guards absence as invert=True
+    "dict key removed": lambda m: m.flags.pop("on"),
     "list item": lambda m: m.factors.__setitem__(0, -2.0),
     "method assigned to the class": lambda m: setattr(Model, "helper", _other_helper),
     "function's code replaced": lambda m: setattr(bump, "__code__", (lambda y: y * 0.5).__code__),
@@ -401,3 +405,17 @@ def test_source_paths_parse_to_steps_and_resolve_without_evaluating():
                 "object.__setattr__(L['func'], 'cfg', 1)", "L['func'].cfg.mode()"):
         with pytest.raises(NotCheckable):
             parse_source(bad)
+
+
+def test_the_uncached_path_sees_a_hook_added_after_the_first_call(tmp_path):
+    """Note [The uncached path sees a new hook]: a call cache_compile cannot cache (here: with grad enabled and
+    parameters that require grad) runs through torch.compile, whose guards by default skip modules' hooks dicts."""
+    torch.manual_seed(0)
+    m, x = Model(str(tmp_path)), torch.randn(4, 6)
+    with pytest.warns(UserWarning, match="without the cache"):
+        assert torch.equal(m.cached(x), m._forward(x))
+    assert torch.equal(m.cached(x), m._forward(x))
+    m.proj.register_forward_hook(lambda mod, args, out: out * 10)
+    for _ in range(2):
+        assert torch.equal(m.cached(x), m._forward(x)), "stale result after a forward hook was added"
+    assert m.cached.stats["writes"] == 0, m.cached.stats
