@@ -131,16 +131,20 @@ def test_library_op_without_meta_under_inductor_is_not_graphexs_error():
         compile_graphex(f)(torch.randn(3))
 
 
-@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+@pytest.mark.parametrize("mode", ["max-autotune", "max-autotune-no-cudagraphs"])
 def test_modes_graphex_does_not_implement_are_refused(mode):
     f = torch.compile(lambda x: x - 1, backend="graphex", mode=mode)
     with pytest.raises(graphex.OptionsError, match=f"mode='{mode}'.*Remove mode="):
         f(torch.ones(2))
 
 
-def test_default_mode_is_accepted():
-    f = torch.compile(lambda x: x - 1, backend="graphex", mode="default")
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_default_and_reduce_overhead_modes_are_graphex(mode):
+    """reduce-overhead is what graphex does anyway (transformers' CompileConfig passes it by default)."""
+    before = engine_runs()
+    f = torch.compile(lambda x: x - 1, backend="graphex", mode=mode)
     assert_same(f(torch.ones(2)), torch.zeros(2))
+    assert engine_runs() == before + 1, "the engine did not run the graph"
 
 
 def test_get_backend_binds_options_and_checks_them_at_once():
