@@ -33,6 +33,7 @@ from .errors import (
     FrozenInputReplaced,
 )
 from .options import Options
+from ._warn import GraphexWarning  # noqa: E402  (every warning graphex gives: filter it by this category)
 from .save_tensor import save_tensor  # noqa: E402  (print-like dump that survives replay)
 from .exporting import ExportError, export  # graphex.export is the function; the module is graphex.exporting
 from . import inference  # noqa: E402  (graphex.inference.cache_compile)
@@ -46,5 +47,5 @@ _install_trace_checks()
 __all__ = [
     "graphex_backend", "npugraph_ex_backend", "get_backend", "compile_fx", "Options", "GraphexError", "OptionsError", "CaptureError",
     "ProgramError", "SignatureError", "FrozenInputReplaced", "ReplayError", "CustomOpError", "CacheError", "export", "ExportError", "__version__",
-    "save_tensor", "register_replacement",
+    "save_tensor", "register_replacement", "GraphexWarning",
 ]

@@ -22,6 +22,7 @@ from torch._guards import detect_fake_mode
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass
 
 from .. import _log
+from .._warn import warn_once
 
 
 @dataclasses.dataclass
@@ -199,6 +200,12 @@ def registered_patterns() -> list[str]:
         return list(_registered)
 
 
+# Note [A fused compile that fused nothing says so]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# pattern_fusion_pass=True on a model no pattern matches (bfloat16, a spelling no pattern knows) runs
+# exact at exact mode's speed; a user who asked for fused mode would not learn it without GRAPHEX_LOG.
+# The first such graph in a process warns once (GraphexWarning); GRAPHEX_LOG=2 says why each match
+# was declined.
 def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]:
     """Replace every match of the registered patterns in `gm`; returns {pattern name: times fired}."""
     global _current
@@ -216,6 +223,11 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
                   ", ".join(f"{name} x{count}" for name, count in sorted(fired.items())))
     else:
         _log.info("%s: pattern fusion: no pattern matched", graph_name)
+        # Note [A fused compile that fused nothing says so]: without GRAPHEX_LOG a user could not tell
+        warn_once("fusion:nothing-fired",
+                  f"graphex: pattern_fusion_pass=True, but no fused kernel matched in {graph_name or 'the graph'}: "
+                  "it runs exact (eager's kernels). The built-in patterns fuse float32 tensors on the CPU "
+                  "(README, \"Fused mode\"); GRAPHEX_LOG=2 logs each match that was declined and why.")
     return fired
 
 

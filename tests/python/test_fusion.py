@@ -330,3 +330,32 @@ def test_fused_mode_with_frozen_parameters_and_cache_compile(how, tmp_path):
         want = decode(model, 2)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **MODEL_TOL)
+
+
+def test_a_fused_compile_that_fused_nothing_says_so_once(monkeypatch):
+    """Note [A fused compile that fused nothing says so]: bfloat16 matches no built-in pattern; the user is told
+    once per process, without GRAPHEX_LOG, and a compile where a kernel fired says nothing."""
+    import warnings
+
+    from graphex import _warn
+
+    monkeypatch.setattr(_warn, "_seen", set())
+    model = build_decoder(DecoderConfig(layers=1))
+    with warnings.catch_warnings(record=True) as fused_ok:
+        warnings.simplefilter("always")
+        k, v = model.new_cache()
+        with torch.no_grad():
+            compile_decoder(model, **FUSED)(torch.tensor([[5]]), torch.tensor([0]), k, v)
+    assert not [w for w in fused_ok if "no fused kernel matched" in str(w.message)]
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    x, w = torch.randn(2, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16)
+    with pytest.warns(graphex.GraphexWarning, match="no fused kernel matched in graph_.*runs exact"):
+        out = compile_decoder(rms, **FUSED)(x, w)
+    assert torch.equal(out, rms(x, w))
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        compile_decoder(lambda x, w: rms(x, w) + 1, **FUSED)(x, w)
+    assert not [w for w in again if "no fused kernel matched" in str(w.message)], "warned twice"
