@@ -1,0 +1,1 @@
+"""Testing helpers for graphex. `graphex.testing.sim` is the simulated accelerator ("gxsim")."""
