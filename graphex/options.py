@@ -46,6 +46,26 @@ _SPECS: dict[str, _Spec] = {
         "detected on the next call (a pointer compare per parameter; a byte compare of the few "
         "under 64 KiB that computed values were folded from) and the program is re-lowered "
         "(logged; a warning after 3)."),
+    "clone_input": _Spec(
+        True, (bool,),
+        "Device graphs (npugraph_ex's option of the same name): copy each user input into a static buffer "
+        "the graph owns before every replay, so a caller may pass new tensors each call. False: the graph is "
+        "captured on the first caller's buffers (no copy while the caller passes the same tensors; another "
+        "address is copied into them). Parameters, buffers and inputs the program writes in place (a KV "
+        "cache) are never copied: they are captured on their own memory and checked per call. CPU: no effect."),
+    "use_graph_pool": _Spec(
+        None, (type(None), tuple),
+        "Device graphs: a memory pool id (e.g. torch.cuda.graph_pool_handle(), or another graph's pool()) "
+        "that every device graph compiled with these options allocates from, so graphs of several compiled "
+        "functions share memory (npugraph_ex's option). None: see reuse_graph_pool_in_same_fx. CPU: no effect."),
+    "reuse_graph_pool_in_same_fx": _Spec(
+        True, (bool,),
+        "Device graphs: the graphs one compiled graph captures for its input signatures share one memory "
+        "pool (npugraph_ex's option). False: a private pool per device graph. CPU: no effect."),
+    "capture_error_mode": _Spec(
+        "default", (str,),
+        "Device graphs: what the device's capture refuses, as torch.accelerator.Graph takes it: 'default', "
+        "'global', 'thread_local' or 'relaxed' (CUDA's cudaStreamCaptureMode). CPU: no effect."),
     "inplace_pass": _Spec(
         True, (bool,),
         "Reinplace functional ops on intermediates (auto_functionalized custom ops, "
@@ -110,12 +130,19 @@ _SPECS: dict[str, _Spec] = {
 }
 
 
+_CAPTURE_ERROR_MODES = ("default", "global", "thread_local", "relaxed")
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     force_eager: bool = False
     capture_limit: int = 64
     clone_output: bool = False
     frozen_parameter: bool = False
+    clone_input: bool = True
+    use_graph_pool: tuple[int, int] | None = None
+    reuse_graph_pool_in_same_fx: bool = True
+    capture_error_mode: str = "default"
     inplace_pass: bool = True
     input_inplace_pass: bool = True
     remove_noop_ops: bool = True
@@ -153,6 +180,13 @@ class Options:
                 raise OptionsError(f"graphex: option {key!r} must be {wanted}, got {value!r}.")
         if options.get("capture_limit", 1) < 1:
             raise OptionsError(f"graphex: option 'capture_limit' must be at least 1, got {options['capture_limit']}.")
+        if options.get("capture_error_mode", "default") not in _CAPTURE_ERROR_MODES:
+            raise OptionsError(f"graphex: option 'capture_error_mode' must be one of {', '.join(_CAPTURE_ERROR_MODES)}, "
+                               f"got {options['capture_error_mode']!r}.")
+        pool = options.get("use_graph_pool")
+        if pool is not None and (len(pool) != 2 or not all(isinstance(p, int) for p in pool)):
+            raise OptionsError(f"graphex: option 'use_graph_pool' must be a pool id, a pair of ints (e.g. "
+                               f"torch.cuda.graph_pool_handle()), got {pool!r}.")
         if options.get("data_dump_stage", "optimized") not in ("original", "optimized"):
             raise OptionsError(f"graphex: option 'data_dump_stage' must be 'original' or 'optimized', "
                                f"got {options['data_dump_stage']!r}.")

@@ -108,8 +108,12 @@ class CompiledGraph:
             self.executor = build_executor(self.lowered)
             self.num_ops = self.lowered.num_ops
             self.dynamic = self.lowered.dynamic
-        # Note [capture_limit counts device graphs]: the CPU engine captures no per-shape device graphs.
+        # Note [capture_limit counts device graphs]: the CPU engine captures no per-shape device graphs; on an
+        # accelerator with a graph implementation the program is captured per signature (graphex/device_graphs.py).
         self.captures_per_shape = False
+        self.device_graphs: Any = None
+        if self.executor is not None:
+            self._attach_device_graphs()
         self._clone_outputs = _outputs_to_clone(gm) if options.clone_output else []
         if options.dump_tensor_data:  # Note [Dumps are written whole and bounded] (graphex/debug_dump.py)
             from .debug_dump import DumpingRun
@@ -150,6 +154,18 @@ class CompiledGraph:
         # Note [A frozen parameter is checked by identity], Note [Folding frozen parameters]
         executor.bind_frozen([(i, t, lowered.frozen_watch.get(i, 0)) for i, t in sorted(frozen.items())])
         self.lowered, self.executor, self.num_ops = lowered, executor, lowered.num_ops
+        if self.device_graphs is None:
+            self._attach_device_graphs()
+
+    def _attach_device_graphs(self) -> None:
+        """Inputs on an accelerator whose backend captures graphs: the program is replayed as device graphs."""
+        from .device_graphs import DeviceGraphs, graph_device
+
+        device = graph_device(self.gm)
+        if device is not None:
+            engine = self._run_frozen if self.lowered is not None and self.lowered.frozen_inputs else self.executor
+            self.device_graphs = DeviceGraphs(self.name, engine, self.gm, self.options, device,  # type: ignore[arg-type]
+                                              self.static_inputs)
 
     def _run_frozen(self, args: list[Any]) -> list[Any]:
         """The engine run of a frozen program; a replaced parameter re-lowers it first (once per replacement)."""
@@ -188,6 +204,8 @@ class CompiledGraph:
             op = self.lowered.node_ops[e.node_index]  # type: ignore[union-attr]
             raise explain_fake_mismatch(op, node["name"], e.output, e.expected, e.actual, node["source"]) from None
         self._enter(Phase.STEADY)
+        if self.device_graphs is not None:  # that run was this signature's warm-up: capture it now
+            self.device_graphs.ran_on_the_engine(args)
         outs = self._with_options_applied(outs)
         for watcher in list(self._watchers):
             watcher(args, outs)
@@ -198,6 +216,8 @@ class CompiledGraph:
             run = self._dumping_run
         elif self.options.force_eager:
             run = self.run_fx
+        elif self.device_graphs is not None:
+            run = self.device_graphs
         elif self.captures_per_shape or self._clone_outputs:
             run = self._run_with_options
         elif self.lowered is not None and self.lowered.frozen_inputs:

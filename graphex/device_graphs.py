@@ -1,0 +1,260 @@
+"""Device graphs: the engine's program captured on a device stream once per input signature, then replayed.
+
+On an accelerator a small step is bound by kernel launches; replaying a captured device graph (CUDA
+graphs, Ascend's aclgraph, torch.accelerator.Graph) launches the whole step at once. The program is
+the same one the CPU engine runs (the same passes, custom ops and plan): the engine runs it once on a
+capture stream while the device records, and each later call with that signature replays the
+recording. One implementation for every device: the graph comes from the device's torch backend
+(`compat.new_device_graph`), so CUDA, XPU and PrivateUse1 devices (graphex.testing.sim's "gxsim",
+Ascend's NPU) share this runner.
+
+Note [What a device graph reads and writes]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A replay reads and writes exactly the addresses the capture used. So, per input:
+- an input the program writes (a KV cache updated in place) or that an output aliases is captured
+  on the caller's own buffer: the write lands in the caller's tensor with no copy. Its address is
+  checked on every call; a new address recaptures (logged, naming the input).
+- a parameter or buffer (or a tensor marked with torch._dynamo.mark_static_address) is captured on
+  its own memory; its address is checked per call and a moved one recaptures. (npugraph_ex skips
+  that check under frozen_parameter=True; graphex keeps it: a replaced parameter replayed from its
+  old address would be a silently wrong result, and the check is a pointer compare.)
+- any other tensor input: with clone_input=True (the default) it is copied each call into a static
+  buffer the graph owns; with clone_input=False the graph is captured on the first caller's buffer
+  and a later call with another address is copied into that buffer.
+
+Note [Device graph outputs are never overwritten]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A replay writes its outputs into the graph pool's memory, which the next replay (of this graph, or
+of another graph sharing the pool) writes again. cudagraph trees hand out the pool's memory and
+raise when an overwritten output is read; graphex copies every output the graph computes out of the
+pool before returning it (one device copy per output: a decode step's logits), so an output a
+caller holds is never changed by a later call. Outputs that alias an input are that input's memory
+and are returned as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+from . import _log, compat
+from ._warn import warn_once
+from .options import Options
+
+_EAGER = object()  # a signature whose capture failed: it runs on the engine without a device graph
+
+
+def graph_device(gm: torch.fx.GraphModule) -> torch.device | None:
+    """The one accelerator the graph's tensor inputs live on, when its torch backend can capture graphs."""
+    devices = {v.device for n in gm.graph.find_nodes(op="placeholder")
+               if isinstance(v := n.meta.get("val"), torch.Tensor) and v.device.type not in ("cpu", "meta")}
+    if len(devices) != 1:
+        return None
+    (device,) = devices
+    return device if compat.has_device_graphs(device.type) else None
+
+
+def pinned_inputs(gm: torch.fx.GraphModule) -> dict[int, str]:
+    """Inputs a replay must see at the caller's own address (Note [What a device graph reads and writes]):
+    index -> why (the program writes it, or an output aliases it)."""
+    from torch._inductor.fx_utils import get_node_storage
+
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    by_storage = {get_node_storage(p): i for i, p in enumerate(placeholders)
+                  if isinstance(p.meta.get("val"), torch.Tensor)}
+    pinned: dict[int, str] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for arg, value in zip(node.target._schema.arguments, _bound_args(node)):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                for v in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(v, torch.fx.Node) and get_node_storage(v) in by_storage:
+                        pinned.setdefault(by_storage[get_node_storage(v)], f"written by {node.target.name()}")
+    out = gm.graph.output_node().args[0]
+    for o in out if isinstance(out, (list, tuple)) else (out,):
+        if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor):
+            i = by_storage.get(get_node_storage(o))
+            if i is not None:
+                pinned.setdefault(i, "an output aliases it")
+    return pinned
+
+
+def _bound_args(node: torch.fx.Node) -> list[Any]:
+    schema = node.target._schema  # type: ignore[union-attr]
+    values = list(node.args) + [None] * (len(schema.arguments) - len(node.args))
+    for i, arg in enumerate(schema.arguments):
+        if arg.name in node.kwargs:
+            values[i] = node.kwargs[arg.name]
+    return values
+
+
+def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
+    """One device graph per concrete signature: sizes, strides, dtypes, devices of tensors; ints by value."""
+    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else
+                 (type(a).__name__, a) for a in args)
+
+
+@dataclasses.dataclass
+class _Captured:
+    graph: Any
+    inputs: list[Any]          # what the capture ran on: static buffers, the caller's pinned tensors, non-tensors
+    addresses: dict[int, int]  # input index -> data_ptr() checked per call
+    copied: list[int]          # inputs copied into `inputs[i]` before each replay
+    outputs: list[Any]         # what the capture produced (in the pool, or aliases of inputs)
+    copy_out: list[int]        # outputs copied out of the pool (Note [Device graph outputs are never overwritten])
+
+
+class DeviceGraphs:
+    """The steady runner of a compiled graph whose inputs live on an accelerator with a graph implementation."""
+
+    def __init__(self, name: str, engine: Callable[[list[Any]], list[Any]], gm: torch.fx.GraphModule,
+                 options: Options, device: torch.device, static_inputs: Sequence[int]) -> None:
+        self.name = name
+        self.engine = engine
+        self.options = options
+        self.device = device
+        self.pinned = pinned_inputs(gm)
+        self.parameters = set(static_inputs)
+        self.graphs: dict[tuple[Any, ...], Any] = {}
+        self.captures = 0
+        self.replays = 0
+        self._pool: Any = None  # one pool for this compiled graph's signatures (reuse_graph_pool_in_same_fx)
+        self._lock = threading.Lock()
+        self._pool_outputs = self._outputs_in_pool(gm)
+
+    @staticmethod
+    def _outputs_in_pool(gm: torch.fx.GraphModule) -> list[int]:
+        from .runtime import _outputs_to_clone
+
+        return _outputs_to_clone(gm)
+
+    # -- the call ---------------------------------------------------------------------------------
+    def __call__(self, args: list[Any]) -> list[Any]:
+        key = _signature(args)
+        entry = self.graphs.get(key)
+        if entry is None:
+            return self._first_call_of(key, args)
+        if entry is _EAGER:
+            return self.engine(args)
+        moved = self._moved(entry, args)
+        if moved:
+            _log.info("%s: recapturing the device graph: %s", self.name, moved)
+            self._drop(key)
+            return self._first_call_of(key, args, recapture=True)
+        return self._replay(entry, args)
+
+    def _replay(self, entry: _Captured, args: list[Any]) -> list[Any]:
+        for i in entry.copied:
+            entry.inputs[i].copy_(args[i])
+        entry.graph.replay()
+        self.replays += 1
+        outs = list(entry.outputs)
+        for i in entry.copy_out:
+            outs[i] = outs[i].clone()
+        return outs
+
+    def _moved(self, entry: _Captured, args: list[Any]) -> str:
+        for i, ptr in entry.addresses.items():
+            a = args[i]
+            if a.data_ptr() == ptr:
+                continue
+            if i in self.pinned:
+                return f"input {i} ({self.pinned[i]}) is at another address than at capture"
+            if i in self.parameters:
+                return f"parameter or buffer input {i} moved since the capture"
+            entry.copied.append(i)  # clone_input=False: copied into the captured buffer from now on
+        return ""
+
+    def _drop(self, key: tuple[Any, ...]) -> None:
+        entry = self.graphs.pop(key, None)
+        if isinstance(entry, _Captured):
+            entry.graph.reset()
+
+    # -- capture ----------------------------------------------------------------------------------
+    def _pool_for_next(self) -> tuple[int, int] | None:
+        """use_graph_pool's pool; else this compiled graph's one pool (reuse_graph_pool_in_same_fx); else a new one."""
+        if self.options.use_graph_pool is not None:
+            return tuple(self.options.use_graph_pool)  # type: ignore[return-value]
+        return self._pool if self.options.reuse_graph_pool_in_same_fx else None
+
+    def _first_call_of(self, key: tuple[Any, ...], args: list[Any], recapture: bool = False) -> list[Any]:
+        """This call runs on the engine (the warm-up the device needs before a capture); then the capture."""
+        outs = self.engine(args)
+        self.ran_on_the_engine(args, key, recapture)
+        return outs
+
+    def ran_on_the_engine(self, args: list[Any], key: tuple[Any, ...] | None = None, recapture: bool = False) -> None:
+        """`args` just ran on the engine (its first run validates custom ops' fakes): capture their signature."""
+        key = key if key is not None else _signature(args)
+        with self._lock:
+            if key in self.graphs:
+                return
+            if not recapture and len(self.graphs) >= self.options.capture_limit:
+                warn_once(f"capture_limit:{self.name}",
+                          f"graphex: {self.name} has captured {self.options.capture_limit} device graphs, one per "
+                          "input signature (capture_limit); new signatures now run on the engine without a device "
+                          "graph. Raise options={'capture_limit': N} or pad inputs to a few fixed shapes.")
+                self.graphs[key] = _EAGER
+                return
+            self.graphs[key] = self._capture(args)
+
+    def _capture(self, args: list[Any]) -> Any:
+        inputs: list[Any] = []
+        addresses: dict[int, int] = {}
+        copied: list[int] = []
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor) or a.device.type == "cpu":
+                inputs.append(a)
+                continue
+            if i in self.pinned or i in self.parameters or not self.options.clone_input:
+                inputs.append(a)
+                addresses[i] = a.data_ptr()  # checked per call, frozen_parameter or not: a pointer compare each
+            else:
+                buffer = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                buffer.copy_(a)
+                inputs.append(buffer)
+                copied.append(i)
+        graph = compat.new_device_graph(self.device, self._pool_for_next(), self.options.capture_error_mode)
+        stream = torch.Stream(device=self.device)
+        compat.wait_stream(stream, self.device)
+        try:
+            with compat.on_stream(stream, self.device):
+                graph.capture_begin()
+                try:
+                    outputs = self.engine(inputs)
+                except BaseException:
+                    with contextlib.suppress(Exception):  # ends the capture; the body's error is the one to report
+                        graph.capture_end()
+                    raise
+                graph.capture_end()
+        except Exception as e:  # noqa: BLE001  a capture failure falls back, named, for this signature only
+            graph.reset()
+            warn_once(f"device_graph:capture:{self.name}:{type(e).__name__}",
+                      f"graphex: {self.name}: the program could not be captured into a {self.device.type} device "
+                      f"graph: {_capture_failure(e)}. This input signature runs on the engine without a device "
+                      "graph. A host sync in the model (.item(), .tolist(), a copy to the CPU, a data-dependent "
+                      "shape) breaks a capture: keep it out of the compiled function.")
+            return _EAGER
+        compat.wait_stream(torch.accelerator.current_stream(self.device), self.device, stream)
+        if self.options.use_graph_pool is None and self.options.reuse_graph_pool_in_same_fx and self._pool is None:
+            self._pool = graph.pool()
+        self.captures += 1
+        _log.info("%s: captured device graph %d on %s", self.name, len(self.graphs) + 1, self.device)
+        copy_out = [i for i in self._pool_outputs if isinstance(outputs[i], torch.Tensor)]
+        return _Captured(graph, inputs, addresses, copied, list(outputs), copy_out)
+
+
+def _capture_failure(e: BaseException) -> str:
+    """What broke a capture: the node, its op and the user's source line when the engine names them."""
+    finding = getattr(e, "finding", None)
+    if finding is not None:
+        where = f" at {finding.where}" if finding.where else ""
+        return f"node '{finding.node}' ({finding.op}){where}: {finding.what}"
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

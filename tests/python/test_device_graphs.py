@@ -1,0 +1,206 @@
+"""Device graphs (graphex/device_graphs.py) on the simulated accelerator gxsim (graphex.testing.sim): one replay per
+step, every result bit for bit the CPU's eager result, inputs written in place with no copy, outputs never
+overwritten, recaptures on a moved buffer, capture failures named and answered by running without a graph."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import graphex
+from graphex.testing import sim
+
+from conftest import captures
+
+DEV = sim.enable()
+
+
+def compiled(fn, dynamic=False, **options):
+    return torch.compile(fn, backend="graphex", fullgraph=True, dynamic=dynamic, options=options)
+
+
+def runner_of(before: set[int]):
+    (graph,) = [g for g in captures() if id(g) not in before]
+    assert graph.device_graphs is not None, "the compiled graph did not get device graphs"
+    return graph.device_graphs
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        return torch.softmax(self.norm(self.lin(x)).relu() * 2.5, dim=-1)
+
+
+def test_a_step_is_one_replay_and_equals_eager_on_the_cpu():
+    torch.manual_seed(0)
+    cpu = Block().eval()
+    dev = Block().eval()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to(DEV)
+    before = {id(g) for g in captures()}
+    step = compiled(dev)
+    xs = [torch.randn(4, 16) for _ in range(5)]
+    with torch.no_grad():
+        outs = [step(x.to(DEV)) for x in xs]  # call 1 runs on the engine, then captures; 2-5 replay
+        runner = runner_of(before)
+        assert runner.captures == 1 and runner.replays == 4
+        sim.reset_stats()
+        last = step(xs[0].to(DEV))
+        stats = sim.stats()
+        want = [cpu(x) for x in xs]
+    assert stats["graph_replays"] == 1 and stats["captures"] == 0
+    # outside the replay: the input copied in, the output copied out (and the .to() above)
+    assert stats["kernel_launches"] <= 3, stats
+    for got, w in zip(outs, want):
+        assert torch.equal(got.cpu(), w)
+    assert torch.equal(last.cpu(), want[0])
+
+
+def test_outputs_held_across_calls_and_signatures_are_never_overwritten():
+    """Note [Device graph outputs are never overwritten]: two signatures share one pool; every held output stays
+    what eager computed for its own call."""
+    f = compiled(lambda x, y: (x @ y).tanh() + x.sum())
+    torch.manual_seed(1)
+    calls = [(torch.randn(3, 5), torch.randn(5, 2)) if i % 2 else (torch.randn(6, 5), torch.randn(5, 4))
+             for i in range(10)]
+    held = [f(x.to(DEV), y.to(DEV)) for x, y in calls]
+    for (x, y), got in zip(calls, held):
+        assert torch.equal(got.cpu(), (x @ y).tanh() + x.sum())
+
+
+def test_a_kv_cache_is_written_in_place_with_no_copy():
+    """An input the program writes is captured on the caller's own buffer: the replay writes the caller's cache."""
+    def step(x, pos, cache):
+        cache.index_copy_(0, pos, x)
+        return cache.sum(0) * 2
+
+    f = compiled(step)
+    cache_dev, cache_cpu = torch.zeros(8, 4, device=DEV), torch.zeros(8, 4)
+    before = {id(g) for g in captures()}
+    for i in range(6):
+        x, pos = torch.full((1, 4), float(i + 1)), torch.tensor([i])
+        x_dev, pos_dev = x.to(DEV), pos.to(DEV)
+        sim.reset_stats()
+        out = f(x_dev, pos_dev, cache_dev)
+        stats = sim.stats()
+        want = step(x, pos, cache_cpu)
+        assert torch.equal(out.cpu(), want) and torch.equal(cache_dev.cpu(), cache_cpu), f"step {i}"
+        if i >= 1:  # a replay: x and pos copied in, the output copied out; never the cache (a model's GBs)
+            assert stats["graph_replays"] == 1 and stats["kernel_launches"] == 3, (i, stats)
+    runner = runner_of(before)
+    assert list(runner.pinned.values()) == ["written by aten::index_copy_"], runner.pinned
+
+
+def test_a_cache_at_a_new_address_recaptures(caplog):
+    def step(x, cache):
+        cache.add_(x)
+        return cache * 1
+
+    f = compiled(step)
+    a, b = torch.zeros(4, device=DEV), torch.zeros(4, device=DEV)
+    before = {id(g) for g in captures()}
+    for _ in range(3):
+        f(torch.ones(4, device=DEV), a)
+    runner = runner_of(before)
+    captured = runner.captures
+    out = f(torch.ones(4, device=DEV), b)  # another cache tensor: the graph must write b, not a
+    assert torch.equal(b.cpu(), torch.ones(4)) and torch.equal(a.cpu(), torch.full((4,), 3.0))
+    assert torch.equal(out.cpu(), torch.ones(4))
+    f(torch.ones(4, device=DEV), b)
+    assert torch.equal(b.cpu(), torch.full((4,), 2.0)) and runner.captures == captured + 1
+
+
+def test_a_replaced_parameter_recaptures():
+    torch.manual_seed(2)
+    m = nn.Linear(4, 3).to(DEV)
+    f = compiled(m)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            f(x.to(DEV))
+        m.weight = nn.Parameter(torch.randn(3, 4, device=DEV))
+        got = f(x.to(DEV))
+        want = torch.nn.functional.linear(x, m.weight.cpu(), m.bias.cpu())
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("clone_input", [True, False])
+def test_new_input_tensors_each_call(clone_input):
+    f = compiled(lambda x: x * 3 - 1, clone_input=clone_input)
+    torch.manual_seed(3)
+    xs = [torch.randn(5) for _ in range(5)]
+    for x in xs:
+        assert torch.equal(f(x.to(DEV)).cpu(), x * 3 - 1)
+
+
+def test_capture_limit_then_the_engine_with_one_warning():
+    f = compiled(lambda x: x + 1, dynamic=True, capture_limit=2)  # one program, a device graph per size
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for n in (2, 3, 4, 5):
+            for _ in range(3):
+                assert torch.equal(f(torch.ones(n, device=DEV)).cpu(), torch.full((n,), 2.0))
+    limit = [w for w in seen if "capture_limit" in str(w.message)]
+    assert len(limit) == 1, [str(w.message) for w in seen]
+
+
+def test_a_host_sync_in_a_custom_op_breaks_the_capture_and_falls_back_named():
+    """A custom op whose device kernel syncs with the host (.item()) cannot be captured: graphex warns naming the
+    op and runs that signature on the engine, with the right results."""
+    lib = torch.library.Library("gx_devgraph", "DEF")
+    lib.define("host_sync(Tensor x) -> Tensor")
+    lib.impl("host_sync", lambda x: x * float(x.sum().item()), "PrivateUse1")
+    lib.impl("host_sync", lambda x: x * float(x.sum().item()), "CPU")
+    lib.impl("host_sync", lambda x: torch.empty_like(x), "Meta")
+    f = compiled(lambda x: torch.ops.gx_devgraph.host_sync(x + 1))
+    x = torch.arange(4.0)
+    with pytest.warns(graphex.GraphexWarning, match="could not be captured.*host_sync|host_sync.*could not be captured"):
+        outs = [f(x.to(DEV)) for _ in range(3)]
+    for out in outs:
+        assert torch.equal(out.cpu(), (x + 1) * float((x + 1).sum()))
+    # the device is usable after the failed capture
+    assert torch.equal((torch.ones(2, device=DEV) * 2).cpu(), torch.full((2,), 2.0))
+
+
+def test_the_cpu_engine_gets_no_device_graphs():
+    before = {id(g) for g in captures()}
+    f = compiled(lambda x: x + 1)
+    f(torch.ones(3))
+    (graph,) = [g for g in captures() if id(g) not in before]
+    assert graph.device_graphs is None
+
+
+@pytest.mark.parametrize("custom_ops", [True, False])
+def test_the_shipped_decoder_decodes_as_one_replay_per_step_bit_for_bit(custom_ops):
+    """The repo's decoder (its custom ops: RMSNorm, rotary, the in-place KV-cache update) through torch.compile on
+    gxsim: every step after the first is one replay, the KV cache is written in place (never copied), and every
+    step's logits and both caches are bit for bit eager's on the CPU."""
+    from examples.models.decoder import DecoderConfig, build_decoder
+
+    cfg = DecoderConfig(layers=2, custom_ops=custom_ops)
+    cpu = build_decoder(cfg)
+    dev = build_decoder(cfg).to(DEV)
+    k_cpu, v_cpu = cpu.new_cache()
+    k_dev, v_dev = k_cpu.clone().to(DEV), v_cpu.clone().to(DEV)
+    step = compiled(dev)
+    token = torch.tensor([[1]])
+    with torch.no_grad():
+        for i in range(5):
+            pos = torch.tensor([i])
+            token_dev, pos_dev = token.to(DEV), pos.to(DEV)
+            sim.reset_stats()
+            got = step(token_dev, pos_dev, k_dev, v_dev)
+            stats = sim.stats()
+            want = cpu(token, pos, k_cpu, v_cpu)
+            assert torch.equal(got.cpu(), want), f"step {i}: logits differ"
+            assert torch.equal(k_dev.cpu(), k_cpu) and torch.equal(v_dev.cpu(), v_cpu), f"step {i}: cache differs"
+            if i >= 1:  # token and pos copied in, the logits copied out: 3 launches, the whole step one replay
+                assert stats["graph_replays"] == 1 and stats["kernel_launches"] == 3, (i, stats)
+            token = want.argmax(-1)
