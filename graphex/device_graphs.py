@@ -100,6 +100,12 @@ def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
                  (type(a).__name__, a) for a in args)
 
 
+def _static_signature(args: Sequence[Any]) -> tuple[Any, ...]:
+    """A graph compiled with static shapes has one signature: Dynamo's guards already checked every tensor's
+    sizes, strides, dtype and device and every int before this call (TENSOR_MATCH, CONSTANT_MATCH)."""
+    return ()
+
+
 @dataclasses.dataclass
 class _Captured:
     graph: Any
@@ -114,7 +120,7 @@ class DeviceGraphs:
     """The steady runner of a compiled graph whose inputs live on an accelerator with a graph implementation."""
 
     def __init__(self, name: str, engine: Callable[[list[Any]], list[Any]], gm: torch.fx.GraphModule,
-                 options: Options, device: torch.device, static_inputs: Sequence[int]) -> None:
+                 options: Options, device: torch.device, static_inputs: Sequence[int], dynamic: bool) -> None:
         self.name = name
         self.engine = engine
         self.options = options
@@ -127,6 +133,7 @@ class DeviceGraphs:
         self._pool: Any = None  # one pool for this compiled graph's signatures (reuse_graph_pool_in_same_fx)
         self._lock = threading.Lock()
         self._pool_outputs = self._outputs_in_pool(gm)
+        self._key = _signature if dynamic else _static_signature
 
     @staticmethod
     def _outputs_in_pool(gm: torch.fx.GraphModule) -> list[int]:
@@ -136,7 +143,7 @@ class DeviceGraphs:
 
     # -- the call ---------------------------------------------------------------------------------
     def __call__(self, args: list[Any]) -> list[Any]:
-        key = _signature(args)
+        key = self._key(args)
         entry = self.graphs.get(key)
         if entry is None:
             return self._first_call_of(key, args)
@@ -191,7 +198,7 @@ class DeviceGraphs:
 
     def ran_on_the_engine(self, args: list[Any], key: tuple[Any, ...] | None = None, recapture: bool = False) -> None:
         """`args` just ran on the engine (its first run validates custom ops' fakes): capture their signature."""
-        key = key if key is not None else _signature(args)
+        key = key if key is not None else self._key(args)
         with self._lock:
             if key in self.graphs:
                 return

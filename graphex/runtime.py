@@ -165,7 +165,7 @@ class CompiledGraph:
         if device is not None:
             engine = self._run_frozen if self.lowered is not None and self.lowered.frozen_inputs else self.executor
             self.device_graphs = DeviceGraphs(self.name, engine, self.gm, self.options, device,  # type: ignore[arg-type]
-                                              self.static_inputs)
+                                              self.static_inputs, dynamic=self.dynamic)
 
     def _run_frozen(self, args: list[Any]) -> list[Any]:
         """The engine run of a frozen program; a replaced parameter re-lowers it first (once per replacement)."""

@@ -63,10 +63,11 @@ def test_a_step_is_one_replay_and_equals_eager_on_the_cpu():
     assert torch.equal(last.cpu(), want[0])
 
 
-def test_outputs_held_across_calls_and_signatures_are_never_overwritten():
-    """Note [Device graph outputs are never overwritten]: two signatures share one pool; every held output stays
-    what eager computed for its own call."""
-    f = compiled(lambda x, y: (x @ y).tanh() + x.sum())
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_outputs_held_across_calls_and_signatures_are_never_overwritten(dynamic):
+    """Note [Device graph outputs are never overwritten]: with dynamic=True two signatures' device graphs share one
+    pool (reuse_graph_pool_in_same_fx); every held output stays what eager computed for its own call."""
+    f = compiled(lambda x, y: (x @ y).tanh() + x.sum(), dynamic=dynamic)
     torch.manual_seed(1)
     calls = [(torch.randn(3, 5), torch.randn(5, 2)) if i % 2 else (torch.randn(6, 5), torch.randn(5, 4))
              for i in range(10)]
@@ -204,3 +205,69 @@ def test_the_shipped_decoder_decodes_as_one_replay_per_step_bit_for_bit(custom_o
             if i >= 1:  # token and pos copied in, the logits copied out: 3 launches, the whole step one replay
                 assert stats["graph_replays"] == 1 and stats["kernel_launches"] == 3, (i, stats)
             token = want.argmax(-1)
+
+
+def test_graphs_of_two_functions_sharing_one_pool_keep_their_outputs():
+    """use_graph_pool: one pool for the device graphs of two compiled functions, called in alternation."""
+    pool = sim.graph_pool_handle()
+    f = compiled(lambda x: (x * 2).exp(), use_graph_pool=pool)
+    g = compiled(lambda x: (x + 3).sin() * x, use_graph_pool=pool)
+    torch.manual_seed(4)
+    xs = [torch.randn(8) for _ in range(6)]
+    before = {id(c) for c in captures()}
+    held = [(f(x.to(DEV)), g(x.to(DEV))) for x in xs]
+    runners = [c.device_graphs for c in captures() if id(c) not in before]
+    assert len(runners) == 2
+    for runner in runners:
+        (entry,) = runner.graphs.values()
+        assert sim.pool_of(entry.outputs[0]) == pool, "the graph did not allocate from use_graph_pool's pool"
+    for x, (a, b) in zip(xs, held):
+        assert torch.equal(a.cpu(), (x * 2).exp()) and torch.equal(b.cpu(), (x + 3).sin() * x)
+
+
+def test_custom_ops_of_each_registration_style_replay_inside_the_graph():
+    """custom_op + register_fake (in place, on a cache: zero copies) and Library define/impl + Meta with a
+    PrivateUse1 kernel, inside one device graph; the C++ TORCH_LIBRARY style is the shipped decoder's test above."""
+    @torch.library.custom_op("gx_devgraph2::scaled_add_", mutates_args=("cache",))
+    def scaled_add_(cache: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        cache.add_(x, alpha=alpha)
+
+    @scaled_add_.register_fake
+    def _(cache, x, alpha):
+        return None
+
+    lib = torch.library.Library("gx_devgraph2", "DEF")
+    lib.define("twice_plus(Tensor x) -> Tensor")
+    lib.impl("twice_plus", lambda x: x * 2 + 1, "PrivateUse1")
+    lib.impl("twice_plus", lambda x: x * 2 + 1, "CPU")
+    lib.impl("twice_plus", lambda x: torch.empty_like(x), "Meta")
+
+    def step(x, cache):
+        torch.ops.gx_devgraph2.scaled_add_(cache, x, 0.5)
+        return torch.ops.gx_devgraph2.twice_plus(cache)
+
+    f = compiled(step)
+    cache_dev, cache_cpu = torch.zeros(6, device=DEV), torch.zeros(6)
+    torch.manual_seed(5)
+    for i in range(4):
+        x = torch.randn(6)
+        x_dev = x.to(DEV)
+        sim.reset_stats()
+        out = f(x_dev, cache_dev)
+        stats = sim.stats()
+        want = step(x, cache_cpu)
+        assert torch.equal(out.cpu(), want) and torch.equal(cache_dev.cpu(), cache_cpu), f"call {i}"
+        if i >= 1:  # x copied in, the output copied out; the cache written where it is
+            assert stats["graph_replays"] == 1 and stats["kernel_launches"] == 2, (i, stats)
+
+
+def test_the_graph_class_is_torchs_generic_one_where_torch_has_it():
+    """Note [Which graph class a device uses]: torch.accelerator.Graph (torch >= 2.12 here, through gxsim's
+    REGISTER_GRAPH_IMPL), else the backend module's own class (torch.gxsim.GXSIMGraph, as torch.cuda.CUDAGraph)."""
+    from graphex import compat
+
+    cls = compat._device_graph_class(DEV)
+    if hasattr(torch.accelerator, "Graph"):
+        assert cls is torch.accelerator.Graph, torch.__version__
+    else:
+        assert cls is sim.Graph, torch.__version__
