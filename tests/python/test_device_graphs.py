@@ -271,3 +271,18 @@ def test_the_graph_class_is_torchs_generic_one_where_torch_has_it():
         assert cls is torch.accelerator.Graph, torch.__version__
     else:
         assert cls is sim.Graph, torch.__version__
+
+
+def test_a_tensor_marked_static_is_captured_on_its_own_memory():
+    """torch._dynamo.mark_static_address: like a parameter, read where it is (no copy per call), address checked."""
+    table = torch.randn(16, device=DEV)
+    torch._dynamo.mark_static_address(table)
+    f = compiled(lambda x, t: x * t)
+    x = torch.randn(16)
+    x_dev = x.to(DEV)
+    for i in range(3):
+        sim.reset_stats()
+        out = f(x_dev, table)
+        stats = sim.stats()
+    assert torch.equal(out.cpu(), x * table.cpu())
+    assert stats["graph_replays"] == 1 and stats["kernel_launches"] == 2, stats  # x in, the output out; not table
