@@ -13,6 +13,7 @@
 #   make fuzz-loader  build, then libFuzzer on the artifact loader (FUZZ_LOADER_S seconds), corpus merged
 #   make deploy-demo  build, export the shipped decoder, build examples/deploy (C++) against the
 #                     installed package, generate tokens in C++ and compare them with Python's
+#   make gpu-check  on a GPU machine: build against its torch, then the device-graph checks and decode benchmark on cuda
 #   make test-torch TORCH=2.14.1   the same build and tests against another torch, in its own
 #                                 venv (.venv-torch2.14.1) and build folder (build/torch2.14.1)
 # Variables: PYTHON (interpreter that creates .venv), TESTS (pytest paths, default tests/python), TEST_JOBS (pytest
@@ -29,7 +30,7 @@ STAMP_FUZZ := build/.graphex-fuzz-deps
 STAMP_BENCH := $(VENV)/.graphex-bench-deps
 TORCH_VERSION := 2.13.0
 
-.PHONY: all build schema demo test test-cpp test-python test-default-isa test-torch bench soak clean distclean
+.PHONY: all build schema demo test test-cpp test-python test-default-isa test-torch gpu-check bench soak clean distclean
 
 all: build
 
@@ -129,6 +130,15 @@ test-torch: $(STAMP_SYS)
 	  -C build-dir=$(ALT_BUILD) $$($(ALT_PY) scripts/cmake_args_for_torch.py) -e .
 	cd $(ALT_BUILD) && ctest --output-on-failure --timeout 120
 	GRAPHEX_BUILD_DIR=$(CURDIR)/$(ALT_BUILD) $(ALT_PY) $(PYTEST) $(TESTS) $(PYTEST_ARGS)
+
+# On a GPU machine (torch with CUDA already installed, no package registry needed): build graphex against that torch,
+# then scripts/gpu_check.py: the device-graph checks on cuda (one replay per decode step, bit for bit eager; held
+# outputs; a moved KV cache) and the decode-step benchmark (eager, reduce-overhead, inductor, graphex), written to
+# gpu_check.json. About 8 minutes. Without a GPU: python scripts/gpu_check.py --device gxsim --quick.
+GPU_PY ?= python3
+gpu-check:
+	$(GPU_PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(GPU_PY) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Every OpInfo (float32/float16/bfloat16/int64, static and dynamic) through graphex, classified against eager and
 # aot_eager: sweeps/results/opinfo.{md,json}. OPINFO_ARGS e.g. --ops add,mul or --shard 0/10 (python -m sweeps.opinfo -h).

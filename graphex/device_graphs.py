@@ -47,6 +47,16 @@ from ._warn import warn_once
 from .options import Options
 
 _EAGER = object()  # a signature whose capture failed: it runs on the engine without a device graph
+_WARM = object()   # a signature that ran once on the engine: its next call captures
+
+# Note [A signature is captured on its second call]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The first call of a signature runs on the engine: the warm-up a device needs before a capture (lazy
+# initialization, workspace allocation; torch.cuda.graphs' docs ask for it), and a graph Dynamo uses
+# only once (transformers' StaticCache initializes itself on the first call, and Dynamo recompiles
+# once it has) is never captured at all. The second call captures, then replays to compute its
+# result (a capture does not run the work); later calls replay. A buffer that moved recaptures at
+# once (no warm-up: the program has run on this signature).
 
 
 def graph_device(gm: torch.fx.GraphModule) -> torch.device | None:
@@ -145,15 +155,20 @@ class DeviceGraphs:
     def __call__(self, args: list[Any]) -> list[Any]:
         key = self._key(args)
         entry = self.graphs.get(key)
-        if entry is None:
-            return self._first_call_of(key, args)
+        if entry is None:  # Note [A signature is captured on its second call]
+            outs = self.engine(args)
+            self.ran_on_the_engine(args, key)
+            return outs
+        if entry is _WARM:
+            entry = self._capture_once(key, args)
+        elif entry is not _EAGER:
+            moved = self._moved(entry, args)
+            if moved:
+                _log.info("%s: recapturing the device graph: %s", self.name, moved)
+                self._drop(key)
+                entry = self._capture_once(key, args)
         if entry is _EAGER:
             return self.engine(args)
-        moved = self._moved(entry, args)
-        if moved:
-            _log.info("%s: recapturing the device graph: %s", self.name, moved)
-            self._drop(key)
-            return self._first_call_of(key, args, recapture=True)
         return self._replay(entry, args)
 
     def _replay(self, entry: _Captured, args: list[Any]) -> list[Any]:
@@ -190,26 +205,28 @@ class DeviceGraphs:
             return tuple(self.options.use_graph_pool)  # type: ignore[return-value]
         return self._pool if self.options.reuse_graph_pool_in_same_fx else None
 
-    def _first_call_of(self, key: tuple[Any, ...], args: list[Any], recapture: bool = False) -> list[Any]:
-        """This call runs on the engine (the warm-up the device needs before a capture); then the capture."""
-        outs = self.engine(args)
-        self.ran_on_the_engine(args, key, recapture)
-        return outs
-
-    def ran_on_the_engine(self, args: list[Any], key: tuple[Any, ...] | None = None, recapture: bool = False) -> None:
-        """`args` just ran on the engine (its first run validates custom ops' fakes): capture their signature."""
+    def ran_on_the_engine(self, args: list[Any], key: tuple[Any, ...] | None = None) -> None:
+        """`args` just ran on the engine (the first run of a graph validates custom ops' fakes): their signature is
+        warm, and its next call captures."""
         key = key if key is not None else self._key(args)
         with self._lock:
             if key in self.graphs:
                 return
-            if not recapture and len(self.graphs) >= self.options.capture_limit:
+            if len(self.graphs) >= self.options.capture_limit:
                 warn_once(f"capture_limit:{self.name}",
                           f"graphex: {self.name} has captured {self.options.capture_limit} device graphs, one per "
                           "input signature (capture_limit); new signatures now run on the engine without a device "
                           "graph. Raise options={'capture_limit': N} or pad inputs to a few fixed shapes.")
                 self.graphs[key] = _EAGER
                 return
-            self.graphs[key] = self._capture(args)
+            self.graphs[key] = _WARM
+
+    def _capture_once(self, key: tuple[Any, ...], args: list[Any]) -> Any:
+        with self._lock:
+            entry = self.graphs.get(key)
+            if entry is _WARM or entry is None:
+                entry = self.graphs[key] = self._capture(args)
+        return entry
 
     def _capture(self, args: list[Any]) -> Any:
         inputs: list[Any] = []

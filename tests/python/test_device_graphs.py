@@ -93,7 +93,7 @@ def test_a_kv_cache_is_written_in_place_with_no_copy():
         stats = sim.stats()
         want = step(x, pos, cache_cpu)
         assert torch.equal(out.cpu(), want) and torch.equal(cache_dev.cpu(), cache_cpu), f"step {i}"
-        if i >= 1:  # a replay: x and pos copied in, the output copied out; never the cache (a model's GBs)
+        if i >= 2:  # a replay: x and pos copied in, the output copied out; never the cache (a model's GBs)
             assert stats["graph_replays"] == 1 and stats["kernel_launches"] == 3, (i, stats)
     runner = runner_of(before)
     assert list(runner.pinned.values()) == ["written by aten::index_copy_"], runner.pinned
@@ -202,7 +202,7 @@ def test_the_shipped_decoder_decodes_as_one_replay_per_step_bit_for_bit(custom_o
             want = cpu(token, pos, k_cpu, v_cpu)
             assert torch.equal(got.cpu(), want), f"step {i}: logits differ"
             assert torch.equal(k_dev.cpu(), k_cpu) and torch.equal(v_dev.cpu(), v_cpu), f"step {i}: cache differs"
-            if i >= 1:  # token and pos copied in, the logits copied out: 3 launches, the whole step one replay
+            if i >= 2:  # token and pos copied in, the logits copied out: 3 launches, the whole step one replay
                 assert stats["graph_replays"] == 1 and stats["kernel_launches"] == 3, (i, stats)
             token = want.argmax(-1)
 
@@ -257,7 +257,7 @@ def test_custom_ops_of_each_registration_style_replay_inside_the_graph():
         stats = sim.stats()
         want = step(x, cache_cpu)
         assert torch.equal(out.cpu(), want) and torch.equal(cache_dev.cpu(), cache_cpu), f"call {i}"
-        if i >= 1:  # x copied in, the output copied out; the cache written where it is
+        if i >= 2:  # x copied in, the output copied out; the cache written where it is
             assert stats["graph_replays"] == 1 and stats["kernel_launches"] == 2, (i, stats)
 
 

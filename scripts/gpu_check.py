@@ -1,0 +1,218 @@
+"""The device-graph check on a real accelerator (issue 20 point 7), in one run of at most ~8 minutes.
+
+    make gpu-check                          # on a GPU machine: build graphex, then this script on cuda
+    python scripts/gpu_check.py --device gxsim --quick   # the same checks on the simulated device (no GPU)
+
+1. Checks (the device tests' claims, on the real device): the shipped decoder through torch.compile is one
+   replay per step after the first, its logits and KV caches bit for bit eager's on the same device; outputs
+   held across calls are not overwritten; a KV cache at a new address recaptures.
+2. Benchmark of a one-token decode step (the shipped decoder; a transformers Llama-style decoder from a config at
+   batch 1 and 8 when transformers is installed): eager, torch.compile(mode="reduce-overhead"), inductor and
+   graphex: median step time, first-call time. Inductor's are CUDA-only (skipped on other devices).
+
+Writes OUT.json and prints a table (default out: gpu_check.json). Exit status 1 if a check fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _sync(device: torch.device) -> None:
+    torch.accelerator.synchronize(device) if device.type != "cpu" else None
+
+
+def _compile(model, backend: str, **kw):
+    torch._dynamo.reset()
+    return torch.compile(model, backend=backend, fullgraph=True, dynamic=False, **kw)
+
+
+def _runners():
+    from graphex.runtime import live_graphs
+
+    return [g.device_graphs for g in live_graphs() if g.device_graphs is not None]
+
+
+# ---- 1. checks -------------------------------------------------------------------------------------------------
+
+def check_decoder(device: torch.device, steps: int) -> dict:
+    from examples.models.decoder import DecoderConfig, build_decoder
+
+    cfg = DecoderConfig(layers=2)
+    eager = build_decoder(cfg).to(device)
+    model = build_decoder(cfg).to(device)
+    k_e, v_e = (t.to(device) for t in eager.new_cache())
+    k_g, v_g = k_e.clone(), v_e.clone()
+    step = _compile(model, "graphex")
+    token = torch.tensor([[1]], device=device)
+    with torch.no_grad():
+        for i in range(steps):
+            pos = torch.tensor([i], device=device)
+            got = step(token, pos, k_g, v_g)
+            want = eager(token, pos, k_e, v_e)
+            assert torch.equal(got, want), f"step {i}: logits differ from eager on {device}"
+            assert torch.equal(k_g, k_e) and torch.equal(v_g, v_e), f"step {i}: KV cache differs"
+            token = want.argmax(-1)
+    (runner,) = _runners()
+    assert runner.captures == 1 and runner.replays == steps - 1, (runner.captures, runner.replays)
+    return {"steps": steps, "captures": runner.captures, "replays": runner.replays, "bitwise": True}
+
+
+def check_held_outputs(device: torch.device) -> dict:
+    f = _compile(lambda x, y: (x @ y).tanh() + x.sum(), "graphex")
+    torch.manual_seed(1)
+    calls = [(torch.randn(6, 5, device=device), torch.randn(5, 4, device=device)) for _ in range(8)]
+    held = [f(x, y) for x, y in calls]
+    ref = [(x @ y).tanh() + x.sum() for x, y in calls]
+    assert all(torch.equal(h, r) for h, r in zip(held, ref)), "a held output was overwritten by a later replay"
+    return {"calls": len(calls)}
+
+
+def check_recapture(device: torch.device) -> dict:
+    def step(x, cache):
+        cache.add_(x)
+        return cache * 1
+
+    f = _compile(step, "graphex")
+    a, b = torch.zeros(4, device=device), torch.zeros(4, device=device)
+    for _ in range(3):
+        f(torch.ones(4, device=device), a)
+    f(torch.ones(4, device=device), b)
+    assert torch.equal(b.cpu(), torch.ones(4)) and torch.equal(a.cpu(), torch.full((4,), 3.0)), "wrote the old cache"
+    return {"recaptured": True}
+
+
+# ---- 2. benchmark ----------------------------------------------------------------------------------------------
+
+def _median_ms(fn, device: torch.device, calls: int, rounds: int = 5) -> float:
+    times = []
+    for _ in range(rounds):
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync(device)
+        times.append((time.perf_counter() - start) / calls * 1e3)
+    return statistics.median(times)
+
+
+def _workloads(device: torch.device, quick: bool):
+    from examples.models.decoder import DecoderConfig, build_decoder
+
+    cfg = DecoderConfig(layers=2) if quick else DecoderConfig()
+    model = build_decoder(cfg).to(device)
+    k, v = (t.to(device) for t in model.new_cache())
+    yield "shipped decoder", model, (torch.tensor([[1]], device=device), torch.tensor([3], device=device), k, v)
+    try:
+        import transformers
+    except ImportError:
+        return
+    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+
+    transformers.logging.set_verbosity_error()
+    for batch in (1, 8):
+        cfg = LlamaConfig(vocab_size=1024, hidden_size=256 if quick else 1024, intermediate_size=512 if quick else 2816,
+                          num_hidden_layers=2 if quick else 8, num_attention_heads=8, num_key_value_heads=4,
+                          max_position_embeddings=256)
+        torch.manual_seed(0)
+        llama = LlamaForCausalLM(cfg).eval().to(device)
+        ids = torch.ones(batch, 1, dtype=torch.long, device=device)
+        pos = torch.tensor([5], device=device)
+
+        class Step(torch.nn.Module):
+            """One decode step over a StaticCache; `fresh()` gives each backend its own cache (the cache counts the
+            tokens written: a few hundred calls per backend stay inside max_cache_len)."""
+
+            def __init__(self, m):
+                super().__init__()
+                self.m = m
+                self.fresh()
+
+            def fresh(self):
+                self.cache = StaticCache(config=cfg, max_cache_len=1024)
+
+            def forward(self, ids, pos):
+                return self.m(input_ids=ids, past_key_values=self.cache, cache_position=pos, use_cache=True).logits
+
+        yield f"transformers Llama, batch {batch}", Step(llama), (ids, pos)
+
+
+def benchmark(device: torch.device, quick: bool, log) -> list[dict]:
+    rows = []
+    backends = [("eager", None), ("graphex", "graphex")]
+    if device.type == "cuda":
+        backends[1:1] = [("reduce-overhead", "inductor-ro"), ("inductor", "inductor")]
+    calls = 20 if quick else 100
+    for name, model, args in _workloads(device, quick):
+        row = {"workload": name}
+        with torch.no_grad():
+            for label, backend in backends:
+                if hasattr(model, "fresh"):
+                    model.fresh()
+                try:
+                    if backend is None:
+                        fn = model
+                    elif backend == "inductor-ro":
+                        fn = _compile(model, "inductor", mode="reduce-overhead")
+                    else:
+                        fn = _compile(model, backend)
+                    _sync(device)
+                    start = time.perf_counter()
+                    fn(*args)
+                    _sync(device)
+                    row[f"{label} first call s"] = round(time.perf_counter() - start, 3)
+                    for _ in range(3):
+                        fn(*args)
+                    row[f"{label} ms"] = round(_median_ms(lambda: fn(*args), device, calls), 4)
+                except Exception as e:  # noqa: BLE001  one backend failing is a row entry, not the end of the run
+                    row[f"{label} ms"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        log(json.dumps(row))
+        rows.append(row)
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", help="cuda (default), or gxsim for the simulated device")
+    p.add_argument("--quick", action="store_true", help="small models and few calls (a dry run)")
+    p.add_argument("--out", default="gpu_check.json")
+    args = p.parse_args()
+    import graphex  # noqa: F401
+
+    if args.device == "gxsim":
+        from graphex.testing import sim
+
+        sim.enable()
+    device = torch.device(args.device)
+    report = {"torch": torch.__version__, "device": str(device), "checks": {}, "failed": []}
+    if device.type == "cuda":
+        report["gpu"] = torch.cuda.get_device_name(device)
+    print(f"graphex gpu-check: torch {torch.__version__} on {report.get('gpu', device)}", flush=True)
+    for name, fn in (("decoder one replay per step, bitwise", lambda: check_decoder(device, 6)),
+                     ("held outputs not overwritten", lambda: check_held_outputs(device)),
+                     ("a moved KV cache recaptures", lambda: check_recapture(device))):
+        try:
+            report["checks"][name] = fn()
+            print(f"  ok    {name}", flush=True)
+        except Exception:  # noqa: BLE001
+            report["failed"].append(name)
+            report["checks"][name] = traceback.format_exc(limit=3)
+            print(f"  FAIL  {name}\n{traceback.format_exc(limit=3)}", flush=True)
+    report["benchmark"] = benchmark(device, args.quick, lambda line: print("  " + line, flush=True))
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out}")
+    return 1 if report["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
