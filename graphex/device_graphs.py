@@ -60,13 +60,22 @@ _WARM = object()   # a signature that ran once on the engine: its next call capt
 
 
 def graph_device(gm: torch.fx.GraphModule) -> torch.device | None:
-    """The one accelerator the graph's tensor inputs live on, when its torch backend can capture graphs."""
-    devices = {v.device for n in gm.graph.find_nodes(op="placeholder")
-               if isinstance(v := n.meta.get("val"), torch.Tensor) and v.device.type not in ("cpu", "meta")}
-    if len(devices) != 1:
+    """The one accelerator the graph's tensor inputs live on, when its torch backend can capture graphs.
+
+    A graph with a CPU tensor input is not captured (as inductor's cudagraphs skip it): a capture bakes a CPU
+    scalar's value into the recorded launch, so a replay would not see the next call's value."""
+    devices = {v.device for n in gm.graph.find_nodes(op="placeholder") if isinstance(v := n.meta.get("val"), torch.Tensor)}
+    accelerators = {d for d in devices if d.type not in ("cpu", "meta")}
+    if len(accelerators) != 1:
         return None
-    (device,) = devices
-    return device if compat.has_device_graphs(device.type) else None
+    (device,) = accelerators
+    if not compat.has_device_graphs(device.type):
+        return None
+    if any(d.type == "cpu" for d in devices):
+        _log.info("graphex: a graph on %s with a CPU tensor input runs on the engine without device graphs "
+                  "(a capture would bake the CPU value in); move that input to %s to capture it", device, device.type)
+        return None
+    return device
 
 
 def pinned_inputs(gm: torch.fx.GraphModule) -> dict[int, str]:
@@ -182,15 +191,18 @@ class DeviceGraphs:
         return outs
 
     def _moved(self, entry: _Captured, args: list[Any]) -> str:
+        now_copied = []
         for i, ptr in entry.addresses.items():
-            a = args[i]
-            if a.data_ptr() == ptr:
+            if args[i].data_ptr() == ptr:
                 continue
             if i in self.pinned:
                 return f"input {i} ({self.pinned[i]}) is at another address than at capture"
             if i in self.parameters:
                 return f"parameter or buffer input {i} moved since the capture"
-            entry.copied.append(i)  # clone_input=False: copied into the captured buffer from now on
+            now_copied.append(i)  # clone_input=False: copied into the captured buffer from now on
+        for i in now_copied:
+            del entry.addresses[i]
+            entry.copied.append(i)
         return ""
 
     def _drop(self, key: tuple[Any, ...]) -> None:

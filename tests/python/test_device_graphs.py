@@ -286,3 +286,28 @@ def test_a_tensor_marked_static_is_captured_on_its_own_memory():
         stats = sim.stats()
     assert torch.equal(out.cpu(), x * table.cpu())
     assert stats["graph_replays"] == 1 and stats["kernel_launches"] == 2, stats  # x in, the output out; not table
+
+
+def test_a_graph_with_a_cpu_tensor_input_is_not_captured():
+    """A CPU scalar's value would be baked into the capture; such a graph runs on the engine, right each call."""
+    f = compiled(lambda x, s: x * s)
+    x = torch.ones(3, device=DEV)
+    before = {id(g) for g in captures()}
+    for i in range(4):
+        assert torch.equal(f(x, torch.tensor(float(i))).cpu(), torch.full((3,), float(i)))
+    (graph,) = [g for g in captures() if id(g) not in before]
+    assert graph.device_graphs is None
+
+
+def test_clone_input_false_copies_a_new_address_into_the_captured_buffer_once_per_call():
+    f = compiled(lambda x: x + 1, clone_input=False)
+    before = {id(g) for g in captures()}
+    first = torch.zeros(4, device=DEV)
+    f(first)
+    f(first)
+    runner = runner_of(before)
+    for i in range(5):
+        x = torch.full((4,), float(i), device=DEV)
+        assert torch.equal(f(x).cpu(), torch.full((4,), i + 1.0))
+    ((entry,),) = [list(runner.graphs.values())]
+    assert entry.copied == [0] and not entry.addresses, (entry.copied, entry.addresses)
