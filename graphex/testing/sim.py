@@ -62,9 +62,18 @@ def _device_module() -> types.ModuleType:
     mod.current_device = lambda: 0
     mod.set_device = lambda device: None
     mod.synchronize = lambda device=None: torch.accelerator.synchronize()
-    # gxsim kernels draw from the CPU generator (seeded by torch.manual_seed already).
+    # gxsim kernels draw from the CPU generator (seeded by torch.manual_seed already), so its RNG state is the
+    # CPU's: torch.random.fork_rng (which opcheck and AOTAutograd run over every registered device) saves and
+    # restores it through these.
     mod.manual_seed_all = lambda seed: None
     mod.manual_seed = lambda seed: None
+    mod.get_rng_state = lambda device=None: torch.get_rng_state()
+    mod.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
+    mod.get_rng_state_all = lambda: [torch.get_rng_state()]
+    mod.set_rng_state_all = lambda states: torch.set_rng_state(states[0])
+    mod.initial_seed = torch.initial_seed
+    mod.seed = lambda: None
+    mod.seed_all = lambda: None
     mod.get_amp_supported_dtype = lambda: []
     mod.GXSIMGraph = Graph  # a backend's own graph class, as torch.cuda.CUDAGraph (Note [Which graph class a device uses])
     return mod
