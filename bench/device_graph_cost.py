@@ -10,19 +10,13 @@ their difference; and the same split on the CPU (what torch.compile adds around 
 """
 import argparse
 import statistics
-import time
 
 import torch
 
 from examples.models.decoder import DecoderConfig, build_decoder
 from graphex.testing import sim
 
-
-def per_call_us(fn, calls=300):
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
+from .cache_call_cost import per_call_us
 
 
 def main() -> None:
@@ -66,7 +60,7 @@ def main() -> None:
         results = {name: [] for name in rows}
         for _ in range(args.rounds):
             for name, fn in rows.items():
-                results[name].append(per_call_us(fn))
+                results[name].append(per_call_us(fn, calls=300))
     medians = {name: statistics.median(r) for name, r in results.items()}
     print(f"shipped decoder ({cfg.layers} layers, custom ops), 1 thread, median of {args.rounds} rounds x 300 calls")
     for name, us in medians.items():

@@ -28,6 +28,19 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
+def small_decoders(custom_ops: bool):
+    """The shipped decoder, small, on the CPU and on gxsim with the same weights, and a KV cache for each
+    (build_decoder loads the example ops' library, which make build builds)."""
+    from examples.models.decoder import DecoderConfig, build_decoder
+
+    cfg = DecoderConfig(vocab_size=64, hidden=32, heads=2, layers=2, intermediate=48, max_positions=8,
+                        custom_ops=custom_ops)
+    cpu_model = build_decoder(cfg)
+    sim_model = build_decoder(cfg).to(DEV)
+    k, v = cpu_model.new_cache()
+    return cpu_model, sim_model, (k, v), (k.to(DEV), v.to(DEV))
+
+
 # ---- enabling -------------------------------------------------------------------------------------
 
 def test_enable_is_idempotent_and_registers_the_device():
@@ -107,21 +120,7 @@ def test_nn_module_on_gxsim_matches_cpu():
 
 @pytest.mark.parametrize("custom_ops", [False, True])
 def test_shipped_decoder_on_gxsim_matches_cpu(custom_ops):
-    from examples.models.decoder import DecoderConfig, build_decoder
-
-    if custom_ops:
-        from examples import ops
-
-        try:
-            ops.load()
-        except FileNotFoundError as e:
-            pytest.skip(str(e))
-    cfg = DecoderConfig(vocab_size=64, hidden=32, heads=2, layers=2, intermediate=48, max_positions=8,
-                        custom_ops=custom_ops)
-    cpu_model = build_decoder(cfg)
-    sim_model = build_decoder(cfg).to(DEV)
-    k, v = cpu_model.new_cache()
-    ks, vs = k.to(DEV), v.to(DEV)
+    cpu_model, sim_model, (k, v), (ks, vs) = small_decoders(custom_ops)
     tokens = torch.tensor([[1]])
     tokens_s = tokens.to(DEV)
     with torch.no_grad():
@@ -412,21 +411,7 @@ def test_decoder_step_captured_once_replays_every_step(custom_ops):
     """One decode step of the shipped decoder (its custom ops included) captured once; each step
     writes the static inputs and replays, bit for bit the CPU's eager loop, with no launch outside
     the replay."""
-    from examples.models.decoder import DecoderConfig, build_decoder
-
-    if custom_ops:
-        from examples import ops
-
-        try:
-            ops.load()
-        except FileNotFoundError as e:
-            pytest.skip(str(e))
-    cfg = DecoderConfig(vocab_size=64, hidden=32, heads=2, layers=2, intermediate=48, max_positions=8,
-                        custom_ops=custom_ops)
-    cpu_model = build_decoder(cfg)
-    sim_model = build_decoder(cfg).to(DEV)
-    k, v = cpu_model.new_cache()
-    ks, vs = k.to(DEV), v.to(DEV)
+    cpu_model, sim_model, (k, v), (ks, vs) = small_decoders(custom_ops)
     tokens_s = torch.zeros(1, 1, dtype=torch.long, device=DEV)
     pos_s = torch.zeros(1, dtype=torch.long, device=DEV)
     g = sim.Graph()
