@@ -74,7 +74,8 @@ _DEVICE_TYPES = {"cpu": DeviceType.DeviceType.CPU, "cuda": DeviceType.DeviceType
 _SYM_FNS = {"add": "Add", "sub": "Sub", "mul": "Mul", "floordiv": "FloorDiv", "truediv": "TrueDiv", "mod": "Mod",
             "pow": "Pow", "neg": "Neg", "abs": "Abs", "eq": "Eq", "ne": "Ne", "lt": "Lt", "le": "Le", "gt": "Gt",
             "ge": "Ge", "and": "And", "or": "Or", "not": "Not", "max": "Max", "min": "Min", "float": "ToFloat",
-            "int": "ToInt", "ceil": "Ceil", "floor": "Floor", "scalar_tensor": "ScalarTensor"}
+            "int": "ToInt", "ceil": "Ceil", "floor": "Floor", "scalar_tensor": "ScalarTensor",
+            "ite": "IfThenElse"}
 _INPUT_KINDS = {"tensor": InputKind.InputKind.Tensor, "int": InputKind.InputKind.Int,
                 "float": InputKind.InputKind.Float, "bool": InputKind.InputKind.Bool,
                 "other": InputKind.InputKind.Other}

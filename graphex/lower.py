@@ -54,7 +54,7 @@ _SYM_FNS: dict[Callable[..., Any], str] = {
     operator.gt: "gt", operator.ge: "ge", operator.and_: "and", operator.or_: "or",
     operator.not_: "not", torch.sym_not: "not", torch.sym_max: "max", torch.sym_min: "min",
     torch.sym_float: "float", torch.sym_int: "int", math.ceil: "ceil", math.floor: "floor",
-    math.trunc: "int",
+    math.trunc: "int", torch.sym_ite: "ite",
 }
 for _name, _spec_name in (("_sym_ceil", "ceil"), ("_sym_floor", "floor")):
     if hasattr(torch, _name):

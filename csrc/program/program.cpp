@@ -15,7 +15,7 @@ namespace {
 
 using spec::Value;
 
-constexpr std::array<std::pair<std::string_view, SymFn>, 25> kSymFns = {{
+constexpr std::array<std::pair<std::string_view, SymFn>, 26> kSymFns = {{
     {"add", SymFn::Add},         {"sub", SymFn::Sub},     {"mul", SymFn::Mul},
     {"floordiv", SymFn::FloorDiv}, {"truediv", SymFn::TrueDiv}, {"mod", SymFn::Mod},
     {"pow", SymFn::Pow},         {"neg", SymFn::Neg},     {"abs", SymFn::Abs},
@@ -24,7 +24,7 @@ constexpr std::array<std::pair<std::string_view, SymFn>, 25> kSymFns = {{
     {"and", SymFn::And},         {"or", SymFn::Or},       {"not", SymFn::Not},
     {"max", SymFn::Max},         {"min", SymFn::Min},     {"float", SymFn::ToFloat},
     {"int", SymFn::ToInt},       {"ceil", SymFn::Ceil},   {"floor", SymFn::Floor},
-    {"scalar_tensor", SymFn::ScalarTensor},
+    {"scalar_tensor", SymFn::ScalarTensor}, {"ite", SymFn::IfThenElse},
 }};
 
 std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
@@ -190,7 +190,9 @@ Instruction buildBuiltin(const fb::Node& node, InstrKind kind, const NodeInfo& i
 }
 
 static_assert(static_cast<int>(SymFn::ScalarTensor) == static_cast<int>(fb::SymFn::ScalarTensor) &&
-                  static_cast<int>(SymFn::Floor) == static_cast<int>(fb::SymFn::Floor),
+                  static_cast<int>(SymFn::Floor) == static_cast<int>(fb::SymFn::Floor) &&
+                  static_cast<int>(SymFn::IfThenElse) == static_cast<int>(fb::SymFn::IfThenElse) &&
+                  static_cast<int>(SymFn::IfThenElse) == static_cast<int>(fb::SymFn::MAX),
               "SymFn and the schema's fb::SymFn list the functions in the same order");
 
 }  // namespace

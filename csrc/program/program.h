@@ -72,6 +72,7 @@ enum class SymFn : uint8_t {
   Eq, Ne, Lt, Le, Gt, Ge, And, Or, Not,
   Max, Min, ToFloat, ToInt, Ceil, Floor,
   ScalarTensor,  // a number used where an operator wants a Tensor: a wrapped-number tensor
+  IfThenElse,    // cond ? a : b (torch.sym_ite, e.g. narrow's start read from a tensor)
 };
 
 struct Instruction {

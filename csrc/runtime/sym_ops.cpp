@@ -56,6 +56,9 @@ c10::IValue applySymFn(SymFn fn, const c10::IValue* args, size_t n) {
       t.unsafeGetTensorImpl()->set_wrapped_number(true);
       return t;
     }
+    case SymFn::IfThenElse:
+      arity(3);
+      return asBool(args[0]) ? args[1] : args[2];
     case SymFn::Neg:
     case SymFn::Abs:
     case SymFn::Not:

@@ -28,3 +28,4 @@ class SymFn(object):
     Ceil = 22
     Floor = 23
     ScalarTensor = 24
+    IfThenElse = 25

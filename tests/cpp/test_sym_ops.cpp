@@ -43,3 +43,13 @@ TEST(SymOps, WrongOperandsAreAnError) {
   EXPECT_THROW(apply1(SymFn::Add, 1), std::runtime_error);
   EXPECT_THROW(apply(SymFn::Add, 1, c10::IValue("x")), std::runtime_error);
 }
+
+TEST(SymOps, IfThenElsePicksByTheCondition) {  // torch.sym_ite
+  c10::IValue yes[3] = {true, 4, -7};
+  c10::IValue no[3] = {false, 4, -7};
+  c10::IValue from_int[3] = {0, 1.5, 2.5};
+  EXPECT_EQ(applySymFn(SymFn::IfThenElse, yes, 3).toInt(), 4);
+  EXPECT_EQ(applySymFn(SymFn::IfThenElse, no, 3).toInt(), -7);
+  EXPECT_EQ(applySymFn(SymFn::IfThenElse, from_int, 3).toDouble(), 2.5);
+  EXPECT_THROW(applySymFn(SymFn::IfThenElse, yes, 2), std::runtime_error);
+}

@@ -101,3 +101,20 @@ def test_control_flow_error_advises_force_eager_and_that_works():
     compiled = compile_graphex(f, force_eager=True)  # the fix, applied
     assert_same(compiled(x), f(x))
     assert_same(compiled(-x.abs()), f(-x.abs()))
+
+
+@pytest.mark.default_isa
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("start", [1, -3])
+def test_narrow_with_a_tensor_start_replays_its_sym_ite(dynamic, start):
+    """narrow(x, dim, start: Tensor, length) reads start on the host and picks `start + size` for a negative one
+    with torch.sym_ite: the engine evaluates it (the OpInfo matrix's only graphex-only error, 8 cases)."""
+    def f(x, s):
+        return torch.narrow(x, 1, s, 2) * 2
+
+    compiled = torch.compile(f, backend="graphex", fullgraph=True, dynamic=dynamic)
+    x = torch.randn(3, 5)
+    before = engine_runs()
+    for s in (start, start + 1):
+        assert_same(compiled(x, torch.tensor(s)), f(x, torch.tensor(s)))
+    assert engine_runs() > before, "the engine did not run the graph"
