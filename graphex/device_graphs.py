@@ -46,6 +46,12 @@ from . import _log, compat
 from ._warn import warn_once
 from .options import Options
 
+# Note [One replay at a time]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A device graph reads its static input buffers and writes its pool: two threads replaying it at once
+# would copy their inputs into the same buffers and read each other's outputs. The CPU engine runs
+# calls from several threads at once (each run has its own values); a compiled graph's device graphs
+# take one call at a time (a lock per compiled graph: uncontended it costs well under a microsecond).
 _EAGER = object()  # a signature whose capture failed: it runs on the engine without a device graph
 _WARM = object()   # a signature that ran once on the engine: its next call captures
 
@@ -151,6 +157,7 @@ class DeviceGraphs:
         self.replays = 0
         self._pool: Any = None  # one pool for this compiled graph's signatures (reuse_graph_pool_in_same_fx)
         self._lock = threading.Lock()
+        self._call_lock = threading.RLock()
         self._pool_outputs = self._outputs_in_pool(gm)
         self._key = _signature if dynamic else _static_signature
 
@@ -162,6 +169,10 @@ class DeviceGraphs:
 
     # -- the call ---------------------------------------------------------------------------------
     def __call__(self, args: list[Any]) -> list[Any]:
+        with self._call_lock:  # Note [One replay at a time]
+            return self._call(args)
+
+    def _call(self, args: list[Any]) -> list[Any]:
         key = self._key(args)
         entry = self.graphs.get(key)
         if entry is None:  # Note [A signature is captured on its second call]
