@@ -18,16 +18,9 @@ _loaded = False
 
 def library_path() -> Path:
     """Where `make build` put the library: installed next to graphex._C, or in the build tree."""
-    import graphex
+    from graphex._libraries import built_library
 
-    candidates = [Path(p) / "_examples" / LIBRARY for p in graphex.__path__]
-    root = Path(__file__).resolve().parents[2]
-    candidates.append(root / "build" / "py" / LIBRARY)
-    for path in candidates:
-        if path.exists():
-            return path
-    raise FileNotFoundError(
-        f"{LIBRARY} not found (looked in {', '.join(str(c) for c in candidates)}); run `make build`.")
+    return built_library("_examples", LIBRARY, "run `make build`")
 
 
 def load() -> None:

@@ -38,17 +38,9 @@ def library_path() -> Path:
     """$GRAPHEX_SIM_LIB, else installed next to graphex._C (graphex/_sim/), else the build tree."""
     if os.environ.get(ENV_LIBRARY):
         return Path(os.environ[ENV_LIBRARY])
-    import graphex
+    from .._libraries import built_library
 
-    candidates = [Path(p) / "_sim" / LIBRARY for p in graphex.__path__]
-    root = Path(__file__).resolve().parents[2]
-    candidates.append(root / "build" / "py" / LIBRARY)
-    for path in candidates:
-        if path.exists():
-            return path
-    raise FileNotFoundError(
-        f"{LIBRARY} not found (looked in {', '.join(str(c) for c in candidates)}); build the graphex_sim "
-        f"target or set {ENV_LIBRARY}.")
+    return built_library("_sim", LIBRARY, f"build the graphex_sim target (make build) or set {ENV_LIBRARY}")
 
 
 def _device_module() -> types.ModuleType:
