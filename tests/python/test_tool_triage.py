@@ -393,7 +393,7 @@ def test_position_as_tensor_has_a_reason_and_a_fix_that_works(results, fixed):
 def test_rnn_tells_about_allow_rnn_and_the_fix_captures_it(results, fixed):
     doc = report(results, "rnn", 1)
     (f,) = of_kind(doc, "graph-break")
-    assert f["title"] == "Attempted to wrap RNN, GRU, or LSTM" and "allow_rnn = True" in f["fix"]
+    assert f["title"] == "Attempted to wrap RNN, GRU, or LSTM" and "allow_rnn = True" in f["fix"], f
     assert f["where"].startswith(line_of("rnn_lstm.py", "self.rnn(x)"))
     (b,) = doc["bisections"]  # nothing of graphex ran: not reported as a match
     assert b["stages"]["replay"].startswith("graphex captured no graph")

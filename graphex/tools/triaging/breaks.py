@@ -32,6 +32,9 @@ _PREAMBLE = re.compile(r"^(Encountered graph break when attempting to trace [^\n
                        r"\s*\n", re.S)
 _GENERIC_HINTS = ("report an issue", "fundamental", "Dynamo tracing rules", "TORCHDYNAMO_VERBOSE", "please visit")
 
+# What a delayed break (torch 2.15) is called: the gb_type Dynamo gave it before.
+_DELAYED_TITLES: list[tuple[str, str]] = [(r"RNN, GRU, or LSTM", "Attempted to wrap RNN, GRU, or LSTM")]
+
 # (pattern on "gb_type\nreason", fix); the first that matches wins.
 _FIXES: list[tuple[str, str]] = [
     (r"Attempted to wrap RNN|RNN, GRU, or LSTM",
@@ -177,4 +180,14 @@ def _finding(b: _Break) -> Finding:
     fix = next((fix for pattern, fix in _FIXES if re.search(pattern, text)), "")
     if not fix:
         fix = _dynamo_hint(b.reason) or "move this code outside the compiled function, or rewrite it with torch ops."
-    return Finding("graph-break", b.gb_type, where=where, fix=fix, detail=_explanation(b.reason))
+    return Finding("graph-break", _title(b), where=where, fix=fix, detail=_explanation(b.reason))
+
+
+def _title(b: _Break) -> str:
+    """Dynamo's graph-break type; a break Dynamo delays gets a generic one (torch 2.15 delays RNN/GRU/LSTM as
+    'Unsupported function call (delayed)'), so a known break keeps the name it had (_DELAYED_TITLES)."""
+    if "(delayed)" in b.gb_type:
+        for pattern, title in _DELAYED_TITLES:
+            if re.search(pattern, b.reason):
+                return title
+    return b.gb_type
