@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import types
 from typing import Any, Callable, Iterator
 
@@ -376,7 +377,7 @@ def dynamo_side_effects() -> list[str] | None:
 # inductor's decompositions). graphex's trace function passes its own decompositions to the trace
 # itself, so every version traces patterns the way graphex's graphs are made.
 
-_trace_inputs = __import__("threading").local()
+_trace_inputs = threading.local()
 
 
 def _traces(fn: Any, search_fn: Callable[..., Any]) -> bool:

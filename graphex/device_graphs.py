@@ -158,14 +158,10 @@ class DeviceGraphs:
         self._pool: Any = None  # one pool for this compiled graph's signatures (reuse_graph_pool_in_same_fx)
         self._lock = threading.Lock()
         self._call_lock = threading.RLock()
-        self._pool_outputs = self._outputs_in_pool(gm)
+        from .runtime import _outputs_to_clone  # the outputs the graph computes (not aliases of an input)
+
+        self._pool_outputs = _outputs_to_clone(gm)
         self._key = _signature if dynamic else _static_signature
-
-    @staticmethod
-    def _outputs_in_pool(gm: torch.fx.GraphModule) -> list[int]:
-        from .runtime import _outputs_to_clone
-
-        return _outputs_to_clone(gm)
 
     # -- the call ---------------------------------------------------------------------------------
     def __call__(self, args: list[Any]) -> list[Any]:
