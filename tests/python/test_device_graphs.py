@@ -150,6 +150,17 @@ def test_capture_limit_then_the_engine_with_one_warning():
                 assert torch.equal(f(torch.ones(n, device=DEV)).cpu(), torch.full((n,), 2.0))
     limit = [w for w in seen if "capture_limit" in str(w.message)]
     assert len(limit) == 1, [str(w.message) for w in seen]
+    assert "options={'capture_limit': N}" in str(limit[0].message)
+    # the printed fix, applied: a higher limit captures every size, with no warning
+    g = compiled(lambda x: x + 2, dynamic=True, capture_limit=4)
+    before = {id(c) for c in captures()}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for n in (2, 3, 4, 5):
+            for _ in range(3):
+                assert torch.equal(g(torch.ones(n, device=DEV)).cpu(), torch.full((n,), 3.0))
+    assert not [w for w in seen if "capture_limit" in str(w.message)]
+    assert runner_of(before).captures == 4
 
 
 def test_a_host_sync_in_a_custom_op_breaks_the_capture_and_falls_back_named():
