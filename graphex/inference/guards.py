@@ -43,6 +43,7 @@ from __future__ import annotations
 import ast
 import builtins
 import collections
+import contextvars
 import enum
 import os
 import hashlib
@@ -64,7 +65,7 @@ class NotCheckable(Exception):
 # A path is a root and steps: ("L", name) or ("G", name), then ("attr", name), ("item", key), ("type",),
 # ("key", i) (the i-th key of a dict: Dynamo's `list(dict.keys(x))[i]`), ("dict",) (`dict(x)`, of a class's
 # __dict__), ("item_at", path) (`x[<the object at path>]`), ("dict_item", k) / ("dict_item_at", path)
-# (`dict.__getitem__(x, k)`).
+# (`dict.__getitem__(x, k)`), ("cv_get", (has_default, default)) (`x.get()` of a ContextVar, torch 2.15).
 Path = tuple[tuple[Any, ...], ...]
 
 
@@ -118,6 +119,11 @@ def parse_source(name: str) -> Path:
                 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
             walk(node.args[0])  # object.__getattribute__(x, 'name'): past a class's own __getattr__ (torch 2.12)
             steps.append(("object_attr", node.args[1].value))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and len(node.args) <= 1 and not node.keywords \
+                and all(isinstance(a, ast.Constant) and type(a.value) in _CONSTANT_TYPES for a in node.args):
+            walk(node.func.value)  # Note [A ContextVar is read by its get()]
+            steps.append(("cv_get", (bool(node.args), node.args[0].value if node.args else None)))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("type", "dict") \
                 and len(node.args) == 1 and not node.keywords:
             walk(node.args[0])
@@ -151,6 +157,22 @@ def resolve_global(name: str, globals_: dict[str, Any]) -> Any:
     return globals_.get(name, _MISSING)
 
 
+def contextvar_get(var: Any, arg: tuple[bool, Any]) -> Any:
+    """`var.get()` / `var.get(default)`, only of a ContextVar (anything else is not read: TypeError).
+
+    Note [A ContextVar is read by its get()]
+    Since torch 2.15 Dynamo traces `ContextVar.get()` (torch's config module keeps a user's override
+    of each option in one: `torch.compiler.config._config[name].user_override`) and guards the
+    ContextVar by identity and what get() returned, under the source `<the var>.get()`. A cache entry
+    records both: the ContextVar by its name at that path (identity()), and get()'s value, read
+    again on every call; a path step of its own, never pinned by a dict watch, since set() changes
+    it without touching any dict."""
+    if type(var) is not contextvars.ContextVar:
+        raise TypeError(f"{type(var).__qualname__} is not a ContextVar")
+    has_default, default = arg
+    return var.get(default) if has_default else var.get()
+
+
 # One table for both readers of a path: `resolve` (here, now) and the generated check (_Emitter.var):
 # step kind -> (how to read it, the code that reads it; `{b}` the base, `{a}` the argument).
 _STEPS: dict[str, tuple[Callable[[Any, Any], Any], str]] = {
@@ -163,6 +185,7 @@ _STEPS: dict[str, tuple[Callable[[Any, Any], Any], str]] = {
     "key": (lambda v, a: list(dict.keys(v))[a], "list(dict.keys({b}))[{a!r}]"),
     "item_at": (lambda v, a: v[a], "{b}[{a}]"),
     "dict_item_at": (dict.__getitem__, "dict.__getitem__({b}, {a})"),
+    "cv_get": (contextvar_get, "cv_get({b}, {a!r})"),
 }
 _KEYED_BY_PATH = {"item_at", "dict_item_at"}  # the argument is itself a path, read first
 
@@ -182,7 +205,7 @@ def resolve(path: Path, locals_: dict[str, Any], globals_: dict[str, Any]) -> An
                 if arg is _MISSING:
                     return _MISSING
             value = read(value, arg)
-    except (AttributeError, KeyError, IndexError, TypeError):
+    except (AttributeError, LookupError, TypeError):  # LookupError: KeyError, IndexError, an unset ContextVar
         return _MISSING
     return value
 
@@ -286,8 +309,32 @@ def identity(value: Any) -> Any:
     if type(value).__name__ == "ProcessGroup" and hasattr(value, "group_name"):
         # by its name (Note [A program belongs to its world], graphex/distributed.py: the key holds the world)
         return ["process_group", value.group_name, value.size()]
+    if type(value) is contextvars.ContextVar:  # Note [A ContextVar is read by its get()]: by name, at its path
+        return ["contextvar", value.name]
+    if type(value) is object:  # a sentinel (`_UNSET = object()`): by the module global that holds it
+        where = _module_global(value)
+        if where is not None:
+            return ["global", *where]
     raise NotCheckable(f"an object of type {type(value).__qualname__} compared by identity, which another "
                        "process cannot check")
+
+
+def _module_global(value: Any) -> tuple[str, str] | None:
+    """(module, name) of the first loaded module (by name) whose global `name` is `value`, or None.
+
+    Note [A sentinel is the module global that holds it]
+    A bare `object()` has no name of its own; torch's config module returns one (`_UNSET_SENTINEL`)
+    from a ContextVar's get() when no override is set, and Dynamo guards it by identity. The same
+    object in another process is the one the same module global holds, so that is its fingerprint,
+    and a loaded entry finds it there again and compares by identity."""
+    for mod_name in sorted(m for m in list(sys.modules) if isinstance(m, str)):
+        mod = sys.modules.get(mod_name)
+        found = getattr(mod, "__dict__", None) if isinstance(mod, types.ModuleType) else None
+        if isinstance(found, dict):
+            for name, v in list(found.items()):
+                if v is value and isinstance(name, str):
+                    return mod_name, name
+    return None
 
 
 def type_name(t: type) -> list[str]:
@@ -458,6 +505,16 @@ def _global_hooks_empty(globals_: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
+    try:
+        return _record_guard(e, input_sources)
+    except NotCheckable as err:
+        name = getattr(e.orig_guard, "name", "")
+        if name and name not in str(err):  # say which guard: the source the trace read
+            raise NotCheckable(f"{err} ({e.guard_type} guard on {name})") from None
+        raise
+
+
+def _record_guard(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
     kind, guard = e.guard_type, e.orig_guard
     name = guard.name
     if kind in _SKIPPED:
@@ -556,6 +613,10 @@ def _find_by_identity(fingerprint: Any) -> Any:
     kind = fingerprint[0]
     if kind == "module":
         return sys.modules.get(fingerprint[1], _MISSING)
+    if kind == "global":  # Note [A sentinel is the module global that holds it]
+        mod = sys.modules.get(fingerprint[1])
+        found = getattr(mod, "__dict__", {}) if isinstance(mod, types.ModuleType) else {}
+        return found.get(fingerprint[2], _MISSING) if isinstance(found, dict) else _MISSING
     if kind in ("class", "function", "enum"):
         obj: Any = sys.modules.get(fingerprint[1], _MISSING)
         for part in fingerprint[2].split("."):
@@ -690,7 +751,8 @@ class GuardSet:
         namespace: dict[str, Any] = {"H": tuple(held), "P": [(watch, [])], "new_watch": _C.StateWatch,
                                      "watched": watched,
                                      "__builtins__": {"type": type, "len": len, "list": list, "dict": dict, "object": object,
-                                                      "hasattr": hasattr, "float": float, "Exception": Exception}}
+                                                      "hasattr": hasattr, "float": float, "Exception": Exception,
+                                                      "cv_get": contextvar_get}}
         exec(compile(source, "<graphex guards>", "exec"), namespace)  # generated from typed records only
         self._published = namespace["P"]
         self.run, self.source, self.always = namespace["run"], source, always
@@ -950,8 +1012,8 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
             cond += f" and {_hold(held, _ClassUnchanged(type(value), expect[2]))}()"
         return cond, None
     if kind == "id":
-        try:
-            now = identity(value)
+        try:  # a sentinel: the very object its module global holds here (Note [A sentinel is the module global ...])
+            now = expect if expect[0] == "global" and _find_by_identity(expect) is value else identity(value)
         except NotCheckable:
             now = ["object", type(value).__qualname__]
         if now != expect:

@@ -7,6 +7,7 @@ records (Note [A cache file is loaded only when it is the user's own]).
 from __future__ import annotations
 
 import collections
+import contextvars
 import json
 import math
 import os
@@ -20,7 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import graphex
+from graphex import compat
 from graphex.inference import entry as entry_mod
+from graphex.inference import guards
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROJECT = os.path.join(HERE, "cache_guard_project")
@@ -41,15 +44,19 @@ def three_processes(tmp_path_factory):
     return [_run_scenarios(cache, v) for v in ("a", "b", "a")]
 
 
-SCENARIOS = ["Namespace", "DictAttr", "StoredFunction", "ReplacedMethod", "NewShapeAfterChange", "transformers"]
+_TRACES_CONTEXTVAR = pytest.mark.skipif(compat.TORCH_VERSION < (2, 15),
+                                        reason="Dynamo traces ContextVar.get() since torch 2.15 (before: a graph break)")
+SCENARIOS = ["Namespace", "DictAttr", "StoredFunction", "ReplacedMethod", "NewShapeAfterChange", "transformers",
+             pytest.param("ContextVarRead", marks=_TRACES_CONTEXTVAR)]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_state_the_trace_read_is_checked_across_processes(three_processes, scenario):
     """Process a compiles with one value; process b (another value: a SimpleNamespace config, a dict's values, a
     function stored on the module, a method assigned to the class from another module, an attribute changed
-    in-process before a new shape compiled, transformers' config._attn_implementation) must miss and match
-    eager; a second process a hits the first one's entry."""
+    in-process before a new shape compiled, transformers' config._attn_implementation, a ContextVar set where
+    process a leaves its sentinel default) must miss and match eager; a second process a hits the first one's
+    entry."""
     first, other, again = (run[scenario] for run in three_processes)
     assert first["equal"] and other["equal"] and again["equal"], (first, other, again)
     assert first["writes"] >= 1, first
@@ -377,6 +384,32 @@ def test_a_hard_link_to_an_entry_is_refused(tmp_path):
     assert stats["hits"] == 0, stats
 
 
+_UNSET = object()
+_MODE = contextvars.ContextVar("graphex_test_mode", default=_UNSET)
+
+
+def _reads_mode(x):
+    v = _MODE.get()
+    return x.relu() if v is _UNSET else x * v
+
+
+@_TRACES_CONTEXTVAR
+def test_a_contextvar_set_after_the_first_call_is_seen(tmp_path):
+    """Note [A ContextVar is read by its get()]: get() is read again on every call (set() changes no dict the
+    fast path watches), and the sentinel default is found by its module global (cached, not refused)."""
+    fn = graphex.inference.cache_compile(_reads_mode, cache_dir=str(tmp_path))
+    x = torch.randn(5)
+    for value in (_UNSET, 3.0, 3.0, -2.0, _UNSET):
+        token = None if value is _UNSET else _MODE.set(value)
+        try:
+            for _ in range(2):  # the second call takes the watched fast path
+                assert torch.equal(fn(x), _reads_mode(x)), f"stale result with the ContextVar at {value}"
+        finally:
+            if token is not None:
+                _MODE.reset(token)
+    assert fn.stats["compiles"] == fn.stats["writes"] == 3, fn.stats  # unset, 3.0, -2.0 (unset again: kept in memory)
+
+
 def test_source_paths_parse_to_steps_and_resolve_without_evaluating():
     """The access paths Dynamo's guards name (2.11-2.15 spellings) parse to typed steps and resolve; a path that
     calls anything else is NotCheckable (never evaluated)."""
@@ -401,8 +434,22 @@ def test_source_paths_parse_to_steps_and_resolve_without_evaluating():
     }
     for source, want in cases.items():
         assert resolve(parse_source(source), local, {}) == want, source
+    # torch 2.15's ContextVarGetSource: `x.get()` / `x.get(default)` reads a ContextVar, and only a ContextVar
+    local["func"].var = contextvars.ContextVar("graphex_parse_test")
+    assert parse_source("L['func'].var.get(7)")[-1] == ("cv_get", (True, 7))
+    assert resolve(parse_source("L['func'].var.get(7)"), local, {}) == 7
+    assert resolve(parse_source("L['func'].var.get()"), local, {}) is guards._MISSING  # unset: LookupError
+    token = local["func"].var.set("on")
+    assert resolve(parse_source("L['func'].var.get()"), local, {}) == "on"
+    local["func"].var.reset(token)
+    assert resolve(parse_source("L['func'].table.get('k')"), local, {}) is guards._MISSING  # a dict's get: not called
+    assert guards.identity(local["func"].var) == ["contextvar", "graphex_parse_test"]
+    assert guards.identity(_UNSET) == ["global", __name__, "_UNSET"]  # Note [A sentinel is the module global ...]
+    with pytest.raises(NotCheckable):
+        guards.identity(object())  # a bare object no module global holds has no portable identity
     for bad in ("object.__getattribute__(L['func'], name)", "getattr(L['func'], 'cfg')",
-                "object.__setattr__(L['func'], 'cfg', 1)", "L['func'].cfg.mode()"):
+                "object.__setattr__(L['func'], 'cfg', 1)", "L['func'].cfg.mode()", "L['func'].var.get(L['x'])",
+                "L['func'].var.get(default=1)"):
         with pytest.raises(NotCheckable):
             parse_source(bad)
 

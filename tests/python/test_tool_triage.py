@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from graphex import compat
 from graphex.cli import main
 from graphex.tools.triaging import recompiles
 from graphex.tools.triaging.dynamo_logs import LogEvent
@@ -395,8 +396,13 @@ def test_rnn_tells_about_allow_rnn_and_the_fix_captures_it(results, fixed):
     (f,) = of_kind(doc, "graph-break")
     assert f["title"] == "Attempted to wrap RNN, GRU, or LSTM" and "allow_rnn = True" in f["fix"], f
     assert f["where"].startswith(line_of("rnn_lstm.py", "self.rnn(x)"))
-    (b,) = doc["bisections"]  # nothing of graphex ran: not reported as a match
-    assert b["stages"]["replay"].startswith("graphex captured no graph")
+    (b,) = doc["bisections"]
+    if compat.TORCH_VERSION >= (2, 15):
+        # Dynamo 2.15 delays the break and compiles what follows the LSTM (the Linear head) through graphex: that part
+        # was captured and is compared; the summary still says the script's compile failed, not "every stage matches"
+        assert b["stages"]["replay"] == "bitwise equal" and "failed in the script" in doc["summary"], b
+    else:  # nothing of graphex ran: not reported as a match
+        assert b["stages"]["replay"].startswith("graphex captured no graph"), b
     assert "every stage matches" not in doc["summary"]
     doc = after_fix(fixed, "rnn", 0)
     assert doc["findings"] == [] and doc["bisections"][0]["stages"]["replay"] == "bitwise equal"

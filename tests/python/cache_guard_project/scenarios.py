@@ -6,6 +6,7 @@ Each scenario builds its model with the variant's value, calls it through cache_
 eager. A process of variant "b" after one of "a" must miss (the entry was traced with "a"'s value) and
 match eager; a second process of "a" must hit.
 """
+import contextvars
 import json
 import sys
 import types
@@ -15,6 +16,7 @@ from torch import nn
 
 import graphex
 import helpers_a
+from graphex import compat
 import helpers_b
 
 CACHE, VARIANT = sys.argv[1], sys.argv[2]
@@ -71,6 +73,18 @@ class NewShapeAfterChange(nn.Module):  # a plain attribute changed in-process be
         return x * self.scale
 
 
+_UNSET = object()  # a sentinel default, as torch's own config module keeps (torch 2.15: _UNSET_SENTINEL)
+MODE = contextvars.ContextVar("graphex_scenario_mode", default=_UNSET)
+if not A:
+    MODE.set(3.0)
+
+
+class ContextVarRead(nn.Module):  # a ContextVar's value (Dynamo traces ContextVar.get() since torch 2.15)
+    def _forward(self, x):
+        v = MODE.get()
+        return x.relu() if v is _UNSET else x * v
+
+
 def transformers_attention():
     """config._attn_implementation ("eager" vs "sdpa"): read through transformers' config object."""
     import transformers
@@ -112,6 +126,8 @@ def main():
         run(m, x)
         m.scale = 3.0
     report["NewShapeAfterChange"] = run(m, torch.randn(4, 5))
+    if compat.TORCH_VERSION >= (2, 15):
+        report["ContextVarRead"] = run(cached(ContextVarRead(), "ContextVarRead"), x)
     ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
     mask = torch.tensor([[0, 1, 1, 1, 1, 1]])  # a padded token: eager and sdpa attention differ
     report["transformers"] = run(cached(transformers_attention(), "transformers"), ids, mask)
