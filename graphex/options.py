@@ -15,28 +15,47 @@ from .errors import OptionsError
 
 @dataclasses.dataclass(frozen=True)
 class _Spec:
-    default: Any
-    types: tuple[type, ...]
+    """What `from_user` checks of one option, and what `graphex options` prints."""
+    types: tuple[Any, ...]
     doc: str
+    choices: tuple[Any, ...] | None = None  # the only values allowed
+    minimum: int | None = None
+    keyed: bool = True  # part of a cache entry's key (False: it does not change the program made)
 
 
-_SPECS: dict[str, _Spec] = {
-    "force_eager": _Spec(
+def _option(default: Any, types: tuple[Any, ...], doc: str, *, choices: tuple[Any, ...] | None = None,
+            minimum: int | None = None, keyed: bool = True) -> Any:
+    """One option: its default, the types it takes, its meaning (Note [An option is declared once])."""
+    return dataclasses.field(default=default, metadata={"spec": _Spec(types, doc, choices, minimum, keyed)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Note [An option is declared once]
+    Each field below is one option: its name, type, default and meaning in one place. The validation
+    (`from_user`), the README's table and `graphex options` (`option_docs`), the cache key
+    (`cache_key`) and triage (graphex.passes' pass options) all read these fields; nothing repeats
+    a default or a name."""
+
+    force_eager: bool = _option(
         False, (bool,),
         "Run the optimized ATen graph (after all graphex passes) with PyTorch's FX "
         "interpreter instead of the C++ engine. For bisecting: if results differ with "
-        "False but not with True, the engine is at fault; otherwise a pass is."),
-    "capture_limit": _Spec(
+        "False but not with True, the engine is at fault; otherwise a pass is.")
+
+    capture_limit: int = _option(
         64, (int,),
         "Most device graphs (one per concrete input signature) one compiled graph captures, "
         "as in npugraph_ex; past the limit that graph runs eagerly, with one warning. The CPU "
         "engine captures no device graphs: a dynamic=True program is one program that serves "
-        "every shape and int value, so on the CPU the limit is never reached."),
-    "clone_output": _Spec(
+        "every shape and int value, so on the CPU the limit is never reached.", minimum=1)
+
+    clone_output: bool = _option(
         False, (bool,),
         "Clone every output the graph computes before returning it. On CPU outputs are "
-        "always fresh tensors, so this only costs a copy; kept for npugraph_ex scripts."),
-    "frozen_parameter": _Spec(
+        "always fresh tensors, so this only costs a copy; kept for npugraph_ex scripts.")
+
+    frozen_parameter: bool = _option(
         False, (bool,),
         "Treat parameters and buffers as constants of the captured program: they are bound "
         "once, on the first call, instead of on every call, and ops that read only them (the "
@@ -45,117 +64,105 @@ _SPECS: dict[str, _Spec] = {
         "changing one a folded value came from (any write, `.data` and views included), is "
         "detected on the next call (a pointer compare per parameter; a byte compare of the few "
         "under 64 KiB that computed values were folded from) and the program is re-lowered "
-        "(logged; a warning after 3)."),
-    "clone_input": _Spec(
+        "(logged; a warning after 3).")
+
+    clone_input: bool = _option(
         True, (bool,),
         "Device graphs (npugraph_ex's option of the same name): copy each user input into a static buffer "
         "the graph owns before every replay, so a caller may pass new tensors each call. False: the graph is "
         "captured on the first caller's buffers (no copy while the caller passes the same tensors; another "
         "address is copied into them). Parameters, buffers and inputs the program writes in place (a KV "
-        "cache) are never copied: they are captured on their own memory and checked per call. CPU: no effect."),
-    "use_graph_pool": _Spec(
+        "cache) are never copied: they are captured on their own memory and checked per call. CPU: no effect.")
+
+    use_graph_pool: tuple[int, int] | None = _option(
         None, (type(None), tuple),
         "Device graphs: a memory pool id (e.g. torch.cuda.graph_pool_handle(), or another graph's pool()) "
         "that every device graph compiled with these options allocates from, so graphs of several compiled "
-        "functions share memory (npugraph_ex's option). None: see reuse_graph_pool_in_same_fx. CPU: no effect."),
-    "reuse_graph_pool_in_same_fx": _Spec(
+        "functions share memory (npugraph_ex's option). None: see reuse_graph_pool_in_same_fx. CPU: no effect.")
+
+    reuse_graph_pool_in_same_fx: bool = _option(
         True, (bool,),
         "Device graphs: the graphs one compiled graph captures for its input signatures share one memory "
-        "pool (npugraph_ex's option). False: a private pool per device graph. CPU: no effect."),
-    "capture_error_mode": _Spec(
+        "pool (npugraph_ex's option). False: a private pool per device graph. CPU: no effect.")
+
+    capture_error_mode: str = _option(
         "default", (str,),
         "Device graphs: what the device's capture refuses, as torch.accelerator.Graph takes it: 'default', "
-        "'global', 'thread_local' or 'relaxed' (CUDA's cudaStreamCaptureMode). CPU: no effect."),
-    "inplace_pass": _Spec(
+        "'global', 'thread_local' or 'relaxed' (CUDA's cudaStreamCaptureMode). CPU: no effect.", choices=("default", "global", "thread_local", "relaxed"))
+
+    inplace_pass: bool = _option(
         True, (bool,),
         "Reinplace functional ops on intermediates (auto_functionalized custom ops, "
-        "index_put, scatter) so they write in place instead of cloning."),
-    "input_inplace_pass": _Spec(
+        "index_put, scatter) so they write in place instead of cloning.")
+
+    input_inplace_pass: bool = _option(
         True, (bool,),
         "Turn 'out-of-place op + copy_ back into the input' (what functionalization makes of "
         "an in-place update of a graph input, e.g. a KV cache) back into the in-place op, so "
-        "the caller's tensor is written directly with no copy."),
-    "remove_noop_ops": _Spec(
+        "the caller's tensor is written directly with no copy.")
+
+    remove_noop_ops: bool = _option(
         True, (bool,),
         "Drop ops that do nothing (clone of a dead value, view to the same shape, "
-        "same-dtype conversion, ...)."),
-    "cse": _Spec(
+        "same-dtype conversion, ...).")
+
+    cse: bool = _option(
         True, (bool,),
         "Compute a pure ATen call repeated with the same arguments once (a mask or a table "
-        "recomputed per layer): the same value, bit for bit. Custom operators are never merged."),
-    "pattern_fusion_pass": _Spec(
+        "recomputed per layer): the same value, bit for bit. Custom operators are never merged.")
+
+    pattern_fusion_pass: bool = _option(
         False, (bool,),
         "Fused mode (npugraph_ex's option of the same name; off by default here, so the default stays bit for "
         "bit with eager): replace subgraphs of the ATen graph with graphex's fused C++ CPU kernels (RMSNorm, "
         "add + RMSNorm, SiLU-gated MLP, rotary embedding, one-token attention; float32) and with the patterns "
         "users register with graphex.register_replacement. Results are then within abs(fused - eager) <= "
-        "1e-5 + 1e-5 * abs(eager) per fused op, not bitwise; GRAPHEX_LOG=1 says which patterns fired."),
-    "post_grad_custom_pre_pass": _Spec(
+        "1e-5 + 1e-5 * abs(eager) per fused op, not bitwise; GRAPHEX_LOG=1 says which patterns fired.")
+
+    post_grad_custom_pre_pass: Callable[..., Any] | None = _option(
         None, (type(None), Callable),  # type: ignore[arg-type]
         "A callable `fn(graph: torch.fx.Graph) -> None` run on the functional ATen graph "
-        "before graphex's own passes."),
-    "post_grad_custom_post_pass": _Spec(
+        "before graphex's own passes.")
+
+    post_grad_custom_post_pass: Callable[..., Any] | None = _option(
         None, (type(None), Callable),  # type: ignore[arg-type]
         "A callable `fn(graph: torch.fx.Graph) -> None` run after graphex's passes, just "
-        "before the graph is lowered to the C++ program."),
-    "dump_dir": _Spec(
+        "before the graph is lowered to the C++ program.")
+
+    dump_dir: str | None = _option(
         None, (type(None), str, os.PathLike),
         "Directory to write, per captured graph, its readable code (graph_N.py) and the "
-        "engine's plan (graph_N.plan.txt). Also set by the GRAPHEX_DUMP environment variable."),
-    "validate_fake": _Spec(
+        "engine's plan (graph_N.plan.txt). Also set by the GRAPHEX_DUMP environment variable.", keyed=False)
+
+    validate_fake: bool = _option(
         True, (bool,),
         "On the first replay, check each custom op's real outputs against what its "
         "fake/Meta function promised (shape, dtype, device) and raise a CustomOpError naming "
-        "the op, both results and the fix. Done by the engine during that run: no extra run."),
-    "dump_tensor_data": _Spec(
+        "the op, both results and the fix. Done by the engine during that run: no extra run.")
+
+    dump_tensor_data: bool = _option(
         False, (bool,),
         "Dump the graph inputs and every op's output of each replay (npugraph_ex's option of the same "
         "name), as data_dump_dir/graph_N/call_K/NNN_<node>.pt plus index.json. For per-op accuracy "
         "(`graphex triage` uses it). Off: no cost; on: every replay is slower and writes every "
-        "intermediate tensor (see data_dump_calls)."),
-    "data_dump_stage": _Spec(
+        "intermediate tensor (see data_dump_calls).")
+
+    data_dump_stage: str = _option(
         "optimized", (str,),
         "With dump_tensor_data: 'optimized' dumps the C++ engine's own values (after graphex's passes, "
         "as replayed); 'original' runs the functional ATen graph from before graphex's passes with "
         "torch.fx on clones of the inputs (eager kernels) and dumps its values; the replay itself "
-        "still runs on the engine."),
-    "data_dump_dir": _Spec(
+        "still runs on the engine.", choices=("optimized", "original"))
+
+    data_dump_dir: str | None = _option(
         None, (type(None), str, os.PathLike),
-        "With dump_tensor_data: where the dumps go (default: ./graphex_data_dump)."),
-    "data_dump_calls": _Spec(
+        "With dump_tensor_data: where the dumps go (default: ./graphex_data_dump).", keyed=False)
+
+    data_dump_calls: int = _option(
         8, (int,),
         "With dump_tensor_data: how many replays of each graph are dumped (the first N); later "
         "replays run the plain engine. A dumped call writes the inputs plus every op's outputs, "
-        "about the sum of all intermediate tensor sizes of the graph."),
-}
-
-
-_CAPTURE_ERROR_MODES = ("default", "global", "thread_local", "relaxed")
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    force_eager: bool = False
-    capture_limit: int = 64
-    clone_output: bool = False
-    frozen_parameter: bool = False
-    clone_input: bool = True
-    use_graph_pool: tuple[int, int] | None = None
-    reuse_graph_pool_in_same_fx: bool = True
-    capture_error_mode: str = "default"
-    inplace_pass: bool = True
-    input_inplace_pass: bool = True
-    remove_noop_ops: bool = True
-    cse: bool = True
-    pattern_fusion_pass: bool = False
-    post_grad_custom_pre_pass: Callable[..., Any] | None = None
-    post_grad_custom_post_pass: Callable[..., Any] | None = None
-    dump_dir: str | None = None
-    validate_fake: bool = True
-    dump_tensor_data: bool = False
-    data_dump_stage: str = "optimized"
-    data_dump_dir: str | None = None
-    data_dump_calls: int = 8
+        "about the sum of all intermediate tensor sizes of the graph.", minimum=1)
 
     @staticmethod
     def from_user(options: dict[str, Any] | Options | None) -> Options:
@@ -163,13 +170,14 @@ class Options:
         if isinstance(options, Options):
             return options
         options = dict(options or {})
-        unknown = sorted(set(options) - set(_SPECS))
+        specs = _specs()
+        unknown = sorted(set(options) - set(specs))
         if unknown:
             raise OptionsError(
                 f"graphex: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}. "
-                f"Valid options: {', '.join(sorted(_SPECS))}. See `python -m graphex options` for what each does.")
+                f"Valid options: {', '.join(sorted(specs))}. See `python -m graphex options` for what each does.")
         for key, value in options.items():
-            spec = _SPECS[key]
+            spec = specs[key]
             ok = any(_is_instance(value, t) for t in spec.types)
             if spec.types == (bool,) and not isinstance(value, bool):
                 ok = False
@@ -178,48 +186,41 @@ class Options:
             if not ok:
                 wanted = " or ".join(_type_name(t) for t in spec.types)
                 raise OptionsError(f"graphex: option {key!r} must be {wanted}, got {value!r}.")
-        if options.get("capture_limit", 1) < 1:
-            raise OptionsError(f"graphex: option 'capture_limit' must be at least 1, got {options['capture_limit']}.")
-        if options.get("capture_error_mode", "default") not in _CAPTURE_ERROR_MODES:
-            raise OptionsError(f"graphex: option 'capture_error_mode' must be one of {', '.join(_CAPTURE_ERROR_MODES)}, "
-                               f"got {options['capture_error_mode']!r}.")
+            if spec.minimum is not None and value < spec.minimum:
+                raise OptionsError(f"graphex: option {key!r} must be at least {spec.minimum}, got {value}.")
+            if spec.choices is not None and value not in spec.choices:
+                raise OptionsError(f"graphex: option {key!r} must be one of {', '.join(map(repr, spec.choices))}, "
+                                   f"got {value!r}.")
         pool = options.get("use_graph_pool")
         if pool is not None and (len(pool) != 2 or not all(isinstance(p, int) for p in pool)):
             raise OptionsError(f"graphex: option 'use_graph_pool' must be a pool id, a pair of ints (e.g. "
                                f"torch.cuda.graph_pool_handle()), got {pool!r}.")
-        if options.get("data_dump_stage", "optimized") not in ("original", "optimized"):
-            raise OptionsError(f"graphex: option 'data_dump_stage' must be 'original' or 'optimized', "
-                               f"got {options['data_dump_stage']!r}.")
-        if options.get("data_dump_calls", 1) < 1:
-            raise OptionsError(f"graphex: option 'data_dump_calls' must be at least 1, got {options['data_dump_calls']}.")
-        if options.get("data_dump_dir") is not None:
-            options["data_dump_dir"] = os.fspath(options["data_dump_dir"])
         if options.get("dump_dir") is None and os.environ.get("GRAPHEX_DUMP"):
             options["dump_dir"] = os.environ["GRAPHEX_DUMP"]
-        if options.get("dump_dir") is not None:
-            options["dump_dir"] = os.fspath(options["dump_dir"])
+        for key in ("dump_dir", "data_dump_dir"):
+            if options.get(key) is not None:
+                options[key] = os.fspath(options[key])
         return Options(**options)
 
     def cache_key(self) -> dict[str, Any]:
-        """The options as plain data for a cache key (callables by qualified name and source)."""
+        """The options that change the program made, as plain data for a cache key (callables by qualified name
+        and source). The fusion patterns registered are keyed by the cache itself (graphex.inference)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
+            if not f.metadata["spec"].keyed:
+                continue
             value = getattr(self, f.name)
-            if f.name in ("dump_dir", "data_dump_dir"):
-                continue  # where dumps go does not change the program
-            if callable(value):
-                value = _callable_identity(value)
-            out[f.name] = value
-        if self.pattern_fusion_pass:  # the patterns registered are part of the program made
-            from .fusion.manager import registered_patterns
-
-            out["fusion_patterns"] = registered_patterns()
+            out[f.name] = _callable_identity(value) if callable(value) else value
         return out
+
+
+def _specs() -> dict[str, _Spec]:
+    return {f.name: f.metadata["spec"] for f in dataclasses.fields(Options)}
 
 
 def option_docs() -> list[tuple[str, Any, str]]:
     """(name, default, meaning) for every option, in declaration order."""
-    return [(name, spec.default, spec.doc) for name, spec in _SPECS.items()]
+    return [(f.name, f.default, f.metadata["spec"].doc) for f in dataclasses.fields(Options)]
 
 
 def _is_instance(value: Any, t: Any) -> bool:

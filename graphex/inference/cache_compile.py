@@ -33,6 +33,7 @@ from .. import _C, _log
 from .._warn import warn_once
 from ..distributed import describe_world, world_key, world_mismatch
 from ..errors import OptionsError
+from ..fusion.manager import registered_patterns
 from ..options import Options
 from . import keys
 from .capture import compile_cold, guards_scope
@@ -282,6 +283,8 @@ class CachedFunction:
                 "function": keys.function_identity(self._func),
                 "module": keys.module_structure(self._module) if isinstance(self._module, torch.nn.Module) else None,
                 "options": self._options.cache_key(),
+                # the patterns registered are part of the program fused mode makes
+                "fusion_patterns": registered_patterns() if self._options.pattern_fusion_pass else None,
                 "dynamic": self._dynamic,
                 "in_spec": pytree.treespec_dumps(in_spec),
                 "signature": keys.input_signature(flat, self._dynamic), "grad": torch.is_grad_enabled(),

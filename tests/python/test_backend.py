@@ -59,7 +59,9 @@ def test_unknown_option_is_a_value_error_listing_the_valid_ones():
 
 
 @pytest.mark.parametrize("options", [{"capture_limit": 0}, {"capture_limit": "8"}, {"force_eager": 1},
-                                     {"post_grad_custom_pre_pass": "not callable"}])
+                                     {"post_grad_custom_pre_pass": "not callable"}, {"capture_error_mode": "strict"},
+                                     {"data_dump_stage": "both"}, {"data_dump_calls": 0}, {"use_graph_pool": (1,)},
+                                     {"dump_dir": 3}])
 def test_bad_option_values_are_rejected(options):
     f = compile_graphex(lambda x: x + 1, **options)
     with pytest.raises(graphex.OptionsError, match=next(iter(options))):

@@ -210,3 +210,50 @@ def test_cli_lists_and_clears(warm, tmp_path):
                            text=True)
     assert clear.returncode == 0 and "removed 2" in clear.stdout
     assert entries(target) == []
+
+
+def test_a_fusion_pattern_registered_later_is_part_of_the_key(tmp_path):
+    """Fused mode's program depends on the patterns registered: an entry compiled before a user's pattern was
+    registered is not loaded after it (the pattern would not fire), in this process or the next one."""
+    code = textwrap.dedent(f"""
+        import sys, torch, graphex
+        CALLS = []
+
+        @torch.library.custom_op("cache_key_test::tanh_mul", mutates_args=())
+        def tanh_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            CALLS.append(1)
+            return torch.tanh(a) * b
+
+        @tanh_mul.register_fake
+        def _(a, b):
+            return torch.empty_like(a)
+
+        def f(a, b):
+            return torch.tanh(a) * b + 1
+
+        def run():
+            fn = graphex.inference.cache_compile(f, cache_dir={str(tmp_path)!r}, options={{"pattern_fusion_pass": True}})
+            a, b = torch.randn(4, 8), torch.randn(4, 8)
+            with torch.no_grad():
+                assert torch.equal(fn(a, b), f(a, b))
+            return fn.stats
+
+        if sys.argv[1] == "register":
+            graphex.register_replacement(lambda a, b: torch.tanh(a) * b, lambda a, b: tanh_mul(a, b),
+                                         [torch.randn(4, 4), torch.randn(4, 4)])
+        print(run(), len(CALLS))
+    """)
+    script = tmp_path / "fused.py"
+    script.write_text(code)
+
+    def run(mode: str) -> str:
+        proc = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=300,
+                              cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert run("plain").startswith("{'hits': 0, 'misses': 1, 'compiles': 1, 'writes': 1}")
+    assert run("plain") == "{'hits': 1, 'misses': 0, 'compiles': 0, 'writes': 0} 0"
+    # the pattern registered: the plain entry is not loaded, the new compile fuses (the custom op runs)
+    assert run("register") == "{'hits': 0, 'misses': 1, 'compiles': 1, 'writes': 1} 1"
+    assert run("register") == "{'hits': 1, 'misses': 0, 'compiles': 0, 'writes': 0} 1"
