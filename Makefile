@@ -84,10 +84,10 @@ $(STAMP_VENV): pyproject.toml
 build: $(STAMP_SYS) $(STAMP_VENV)
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 
-# The benchmark's dependencies (bench/requirements.txt: transformers, onnxruntime, onnx, onnxscript), pinned; for
-# make bench and the bench tests only (tests/python/test_bench_peers.py skips without them). About 30 s.
-$(STAMP_BENCH): $(STAMP_VENV) bench/requirements.txt
-	$(PIP) install -q -r bench/requirements.txt
+# The benchmark's dependencies (bench/requirements.txt: transformers, onnxruntime, onnx, onnxscript) and the test
+# tools (tests/requirements.txt: import-linter), pinned; for make bench and the tests only. About 30 s.
+$(STAMP_BENCH): $(STAMP_VENV) bench/requirements.txt tests/requirements.txt
+	$(PIP) install -q -r bench/requirements.txt -r tests/requirements.txt
 	@touch $@
 
 # The suite, then its bitwise subset once more on ATen's portable kernels (test-default-isa), last.
@@ -125,7 +125,7 @@ test-torch: $(STAMP_SYS)
 	@$(ALT_PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH)')" 2>/dev/null || \
 	  $(ALT_PY) -m pip install -q torch==$(TORCH)
 	$(ALT_PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest pytest-xdist numpy matplotlib expecttest \
-	  -r bench/requirements.txt
+	  -r bench/requirements.txt -r tests/requirements.txt
 	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} $(ALT_PY) -m pip install -q --no-build-isolation --no-deps \
 	  -C build-dir=$(ALT_BUILD) $$($(ALT_PY) scripts/cmake_args_for_torch.py) -e .
 	cd $(ALT_BUILD) && ctest --output-on-failure --timeout 120

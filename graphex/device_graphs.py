@@ -145,7 +145,10 @@ class DeviceGraphs:
     """The steady runner of a compiled graph whose inputs live on an accelerator with a graph implementation."""
 
     def __init__(self, name: str, engine: Callable[[list[Any]], list[Any]], gm: torch.fx.GraphModule,
-                 options: Options, device: torch.device, static_inputs: Sequence[int], dynamic: bool) -> None:
+                 options: Options, device: torch.device, static_inputs: Sequence[int], dynamic: bool,
+                 computed_outputs: Sequence[int]) -> None:
+        """`computed_outputs`: the outputs the graph computes (not aliases of an input), which a replay copies
+        out (Note [Device graph outputs are never overwritten])."""
         self.name = name
         self.engine = engine
         self.options = options
@@ -158,9 +161,7 @@ class DeviceGraphs:
         self._pool: Any = None  # one pool for this compiled graph's signatures (reuse_graph_pool_in_same_fx)
         self._lock = threading.Lock()
         self._call_lock = threading.RLock()
-        from .runtime import _outputs_to_clone  # the outputs the graph computes (not aliases of an input)
-
-        self._pool_outputs = _outputs_to_clone(gm)
+        self._pool_outputs = list(computed_outputs)
         self._key = _signature if dynamic else _static_signature
 
     # -- the call ---------------------------------------------------------------------------------

@@ -73,10 +73,11 @@ def world_mismatch(built_for: dict[str, Any] | None, here: dict[str, Any] | None
             "collectives name the process groups of the world it was traced in, so it never runs in another")
 
 
-def collective_failure(graph: str, node: str) -> tuple[str, str]:
-    """(why, fix) for a collective or wait_tensor that failed at replay
-    (Note [A collective that fails names its peers])."""
-    collective, group_name = _collective_of(graph, node)
+def collective_failure(gm: Any, node: str) -> tuple[str, str]:
+    """(why, fix) for a collective or wait_tensor that failed at replay, `node` of the torch.fx GraphModule `gm`
+    (None when the graph is not known: an entry of the compile cache) (Note [A collective that fails names
+    its peers])."""
+    collective, group_name = _collective_of(gm, node)
     where = "this rank"
     timeout = None
     if _initialized():
@@ -97,20 +98,15 @@ def collective_failure(graph: str, node: str) -> tuple[str, str]:
     return why, fix
 
 
-def _collective_of(graph: str, node: str) -> tuple[str, str | None]:
-    """('all_reduce', group name) for the failed node: a wait_tensor is traced back to the collective
-    it waits for, through the live CompiledGraph of that name."""
-    from .runtime import live_graphs
-
-    for compiled in live_graphs():
-        if compiled.name != graph:
-            continue
-        target = next((n for n in compiled.gm.graph.nodes if n.name == node), None)
-        while target is not None and "wait_tensor" in str(target.target) and target.args:
-            target = target.args[0] if hasattr(target.args[0], "target") else None
-        if target is not None and hasattr(target.target, "_schema"):
-            schema = target.target._schema
-            names = [a.name for a in schema.arguments]
-            group = target.args[names.index("group_name")] if "group_name" in names[:len(target.args)] else None
-            return f"the collective {schema.name.split('::')[-1]}", group if isinstance(group, str) else None
+def _collective_of(gm: Any, node: str) -> tuple[str, str | None]:
+    """('the collective all_reduce', group name) for the failed node: a wait_tensor is traced back to the
+    collective it waits for."""
+    target = next((n for n in gm.graph.nodes if n.name == node), None) if gm is not None else None
+    while target is not None and "wait_tensor" in str(target.target) and target.args:
+        target = target.args[0] if hasattr(target.args[0], "target") else None
+    if target is not None and hasattr(target.target, "_schema"):
+        schema = target.target._schema
+        names = [a.name for a in schema.arguments]
+        group = target.args[names.index("group_name")] if "group_name" in names[:len(target.args)] else None
+        return f"the collective {schema.name.split('::')[-1]}", group if isinstance(group, str) else None
     return "a collective", None

@@ -123,7 +123,7 @@ class CacheError(GraphexError):
 # and an IndexError), created once per class. Its finding carries the kernel's own message
 # (what), the user's source line (where), the op and the node; a Python kernel's exception is
 # kept as __cause__ and its class is the one mixed in. The C++ executor reports the kind of a
-# c10 error (csrc/runtime/executor.h, KernelErrorKind); graphex._C calls make_replay_error.
+# c10 error (csrc/runtime/executor.h, KernelErrorKind); graphex._C calls graphex.runtime.make_replay_error.
 
 _replay_classes: dict[type, type[ReplayError]] = {}
 
@@ -166,8 +166,9 @@ def _c10_error_class(kind: str) -> type[BaseException]:
 
 
 def make_replay_error(kind: str, message: str, graph: str, node: str, op: str, source: str,
-                      cause: BaseException | None = None) -> ReplayError:
-    """The error for an operator that failed at replay (called by graphex._C).
+                      cause: BaseException | None = None, *, why: str = "", fix: str = "") -> ReplayError:
+    """The error for an operator that failed at replay (graphex._C calls it through graphex.runtime, which adds
+    `why` and `fix` where it knows more: Note [A collective that fails names its peers]).
 
     `kind` names the c10 error class (IndexError, LinAlgError, ...; RuntimeError for a plain
     c10::Error); `cause` is a Python kernel's exception, whose class wins and which becomes __cause__.
@@ -179,11 +180,6 @@ def make_replay_error(kind: str, message: str, graph: str, node: str, op: str, s
         base = _c10_error_class(kind)
     what = message.strip().rstrip(".") or f"{base.__name__} without a message"
     raised_at = _kernel_line(cause)
-    why = fix = ""
-    from .distributed import collective_failure, is_collective
-
-    if is_collective(op):  # Note [A collective that fails names its peers]
-        why, fix = collective_failure(graph, node)
     finding = Finding(what=what, where=source, op=op, node=node, why=why, fix=fix,
                       detail=f"raised in the kernel at {raised_at}" if raised_at else "")
     text = finding.render(prefix=f"graphex: {graph}: node '{node}' ({op}) failed: ")

@@ -41,8 +41,9 @@ import torch.fx
 from torch._inductor.fx_utils import get_node_storage
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _C, _log, _spec
+from . import _C, _log, _spec, errors
 from ._warn import warn_once
+from .distributed import collective_failure, is_collective
 from .lower import LoweredGraph, lower
 from .errors import FrozenInputReplaced
 from .options import Options
@@ -59,6 +60,17 @@ _order = itertools.count()
 def live_graphs() -> list["CompiledGraph"]:
     """Every CompiledGraph still referenced (by Dynamo's cache or by you), oldest first."""
     return [g for _, g in sorted(_live.items())]
+
+
+def make_replay_error(kind: str, message: str, graph: str, node: str, op: str, source: str,
+                      cause: BaseException | None = None) -> errors.ReplayError:
+    """The error graphex._C raises for an operator that failed at replay: errors.make_replay_error, with what
+    the live graph of that name tells about a collective (Note [A collective that fails names its peers])."""
+    why = fix = ""
+    if is_collective(op):
+        gm = next((g.gm for g in live_graphs() if g.name == graph), None)
+        why, fix = collective_failure(gm, node)
+    return errors.make_replay_error(kind, message, graph, node, op, source, cause, why=why, fix=fix)
 
 
 class Phase(enum.Enum):
@@ -165,7 +177,8 @@ class CompiledGraph:
         if device is not None:
             engine = self._run_frozen if self.lowered is not None and self.lowered.frozen_inputs else self.executor
             self.device_graphs = DeviceGraphs(self.name, engine, self.gm, self.options, device,  # type: ignore[arg-type]
-                                              self.static_inputs, dynamic=self.dynamic)
+                                              self.static_inputs, dynamic=self.dynamic,
+                                              computed_outputs=_outputs_to_clone(self.gm))
 
     def _run_frozen(self, args: list[Any]) -> list[Any]:
         """The engine run of a frozen program; a replaced parameter re-lowers it first (once per replacement)."""

@@ -153,15 +153,16 @@ const ErrorClasses& errorClasses() {
   return storage
       .call_once_and_store_result([] {
         py::module_ errors = py::module_::import("graphex.errors");
+        py::module_ runtime = py::module_::import("graphex.runtime");  // adds what a live graph tells
         return ErrorClasses{errors.attr("ProgramError"), errors.attr("SignatureError"),
                             errors.attr("FrozenInputReplaced"), errors.attr("ReplayError"),
-                            errors.attr("FakeMismatch"), errors.attr("make_replay_error")};
+                            errors.attr("FakeMismatch"), runtime.attr("make_replay_error")};
       })
       .get_stored();
 }
 
 // Note [A replay error keeps its cause] (runtime/executor.h): raise the ReplayError that is
-// also what eager raises, built by graphex.errors.make_replay_error from the error's fields.
+// also what eager raises, built by graphex.runtime.make_replay_error from the error's fields.
 [[noreturn]] void raiseReplayError(const ExecutionError& e) {
   py::object cause = e.kind == KernelErrorKind::Foreign ? pythonCause(e.cause) : py::none();  // first: see above
   py::object err = errorClasses().make_replay_error(kindName(e.kind), e.kernel_message, e.graph, e.node, e.op, e.source, cause);

@@ -207,7 +207,7 @@ def cpp_meta_skeleton(reg: Registration, rule: str | None = None, *, unknown: st
 # `empty_like` guess that compiles and then plans the wrong shape.
 # tests/python/test_fixes_apply.py compiles one.
 def cpp_params(schema: torch._C.FunctionSchema) -> str:
-    from graphex.tools.newgen.typemap import TYPES
+    from .typemap import TYPES
 
     text = str(schema).split("(", 1)[1].rsplit(") ->", 1)[0]
     out = []

@@ -3,7 +3,7 @@
     styles.py       the registration styles (no torch)
     plan.py         which files each command writes (and the Meta skeleton for an existing op)
     spec.py         parse and check the op's schema (torch._C.parse_schema) into an OpSpec
-    typemap.py      schema type -> Python annotation, C++ type, sample value
+    (graphex/custom_ops/typemap.py: schema type -> Python annotation, C++ type, sample value; the library's fixes use it too)
     placeholder.py  the trivial kernel bodies and fake functions every generated op starts with
     text.py         small text helpers: signatures that wrap, string literals
     pystyles.py     the registration module for --style custom_op and --style library

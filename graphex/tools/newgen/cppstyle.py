@@ -16,7 +16,7 @@ from . import placeholder
 from .pystyles import meta_block, unannotated_params
 from .spec import OpSpec, SkeletonError
 from .text import cpp_fn, cpp_str, indent, join
-from .typemap import TYPES, cpp_return
+from ...custom_ops.typemap import TYPES, cpp_return
 
 _META_NOTE = "// Shape, dtype and device only, never data: torch.compile traces the op with this."
 

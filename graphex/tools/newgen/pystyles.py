@@ -10,7 +10,7 @@ from __future__ import annotations
 from . import placeholder
 from .spec import OpSpec, SkeletonError
 from .text import indent, join, py_def, py_str
-from .typemap import TYPES, py_default, py_return, typing_imports
+from ...custom_ops.typemap import TYPES, py_default, py_return, typing_imports
 
 _INPLACE_NOTE = "# An in-place op declares every input it writes ({how}) and returns none of them."
 _META_NOTE = "# Shape, dtype and device only, never data: torch.compile traces the op with this."

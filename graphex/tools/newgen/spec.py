@@ -16,7 +16,7 @@ import torch
 
 from graphex.errors import GraphexError
 
-from .typemap import TYPES
+from ...custom_ops.typemap import TYPES
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 # Parameters of torch's auto_functionalized (the HOP in-place custom ops are compiled through).

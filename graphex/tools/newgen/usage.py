@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .spec import Arg, OpSpec
 from .text import WIDTH, camel, commented, indent, join, py_call, py_tuple
-from .typemap import TYPES
+from ...custom_ops.typemap import TYPES
 
 _GRAPHEX_IMPORT = 'import graphex  # noqa: F401  (registers backend="graphex")'
 
