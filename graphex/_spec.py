@@ -71,11 +71,6 @@ _MEMORY_FORMATS = {torch.contiguous_format: MemoryFormat.MemoryFormat.Contiguous
 _DEVICE_TYPES = {"cpu": DeviceType.DeviceType.CPU, "cuda": DeviceType.DeviceType.CUDA,
                  "meta": DeviceType.DeviceType.Meta, "xpu": DeviceType.DeviceType.XPU,
                  "mps": DeviceType.DeviceType.MPS, "hpu": DeviceType.DeviceType.HPU}
-_SYM_FNS = {"add": "Add", "sub": "Sub", "mul": "Mul", "floordiv": "FloorDiv", "truediv": "TrueDiv", "mod": "Mod",
-            "pow": "Pow", "neg": "Neg", "abs": "Abs", "eq": "Eq", "ne": "Ne", "lt": "Lt", "le": "Le", "gt": "Gt",
-            "ge": "Ge", "and": "And", "or": "Or", "not": "Not", "max": "Max", "min": "Min", "float": "ToFloat",
-            "int": "ToInt", "ceil": "Ceil", "floor": "Floor", "scalar_tensor": "ScalarTensor",
-            "ite": "IfThenElse"}
 _INPUT_KINDS = {"tensor": InputKind.InputKind.Tensor, "int": InputKind.InputKind.Int,
                 "float": InputKind.InputKind.Float, "bool": InputKind.InputKind.Bool,
                 "other": InputKind.InputKind.Other}
@@ -239,7 +234,7 @@ class _Encoder:
             if off is not None:
                 getattr(Node, "Add" + key.capitalize())(b, off)
         if n["kind"] == "sym":
-            Node.AddSym(b, getattr(SymFn.SymFn, _SYM_FNS[n["fn"]]))
+            Node.AddSym(b, getattr(SymFn.SymFn, n["fn"]))  # the schema's name (graphex/lower.py)
         Node.AddArgs(b, args)
         if kwargs is not None:
             Node.AddKwargs(b, kwargs)

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from . import _log
 from ._source import display_name, source_line
 from ._spec import Const, Slot
+from .fb import SymFn as _fb_sym
 from .custom_ops.registration import is_custom
 from .errors import CaptureError, Finding
 from .fold import fold_frozen
@@ -45,26 +46,28 @@ class LoweredGraph:
         return any("expect" in n for n in self.spec["nodes"])
 
 
-# Python callables that appear in graphs with symbolic shapes, by spec name.
+# Python callables that appear in graphs with symbolic shapes, by the schema's name of the function
+# (csrc/schema/program.fbs, enum SymFn: the one list; `graphex.fb.SymFn` is flatc's copy of it).
+_S = {name: name for name in vars(_fb_sym.SymFn) if not name.startswith("_")}  # a name it lacks: KeyError at import
 _SYM_FNS: dict[Callable[..., Any], str] = {
-    operator.add: "add", operator.sub: "sub", operator.mul: "mul",
-    operator.floordiv: "floordiv", operator.truediv: "truediv", operator.mod: "mod",
-    operator.pow: "pow", operator.neg: "neg", operator.abs: "abs",
-    operator.eq: "eq", operator.ne: "ne", operator.lt: "lt", operator.le: "le",
-    operator.gt: "gt", operator.ge: "ge", operator.and_: "and", operator.or_: "or",
-    operator.not_: "not", torch.sym_not: "not", torch.sym_max: "max", torch.sym_min: "min",
-    torch.sym_float: "float", torch.sym_int: "int", math.ceil: "ceil", math.floor: "floor",
-    math.trunc: "int", torch.sym_ite: "ite",
+    operator.add: _S["Add"], operator.sub: _S["Sub"], operator.mul: _S["Mul"],
+    operator.floordiv: _S["FloorDiv"], operator.truediv: _S["TrueDiv"], operator.mod: _S["Mod"],
+    operator.pow: _S["Pow"], operator.neg: _S["Neg"], operator.abs: _S["Abs"],
+    operator.eq: _S["Eq"], operator.ne: _S["Ne"], operator.lt: _S["Lt"], operator.le: _S["Le"],
+    operator.gt: _S["Gt"], operator.ge: _S["Ge"], operator.and_: _S["And"], operator.or_: _S["Or"],
+    operator.not_: _S["Not"], torch.sym_not: _S["Not"], torch.sym_max: _S["Max"], torch.sym_min: _S["Min"],
+    torch.sym_float: _S["ToFloat"], torch.sym_int: _S["ToInt"], math.ceil: _S["Ceil"], math.floor: _S["Floor"],
+    math.trunc: _S["ToInt"], torch.sym_ite: _S["IfThenElse"],
 }
-for _name, _spec_name in (("_sym_ceil", "ceil"), ("_sym_floor", "floor")):
+for _name, _spec_name in (("_sym_ceil", "Ceil"), ("_sym_floor", "Floor")):
     if hasattr(torch, _name):
-        _SYM_FNS[getattr(torch, _name)] = _spec_name
+        _SYM_FNS[getattr(torch, _name)] = _S[_spec_name]
 try:  # the FX-level sym helpers torch uses in shape expressions
     from torch.fx.experimental import sym_node as _sym_node
 
-    for _name, _spec_name in (("sym_max", "max"), ("sym_min", "min")):
+    for _name, _spec_name in (("sym_max", "Max"), ("sym_min", "Min")):
         if hasattr(_sym_node, _name):
-            _SYM_FNS[getattr(_sym_node, _name)] = _spec_name
+            _SYM_FNS[getattr(_sym_node, _name)] = _S[_spec_name]
 except ImportError:  # pragma: no cover
     pass
 
@@ -298,8 +301,8 @@ class _Lowering:
         """An argument the schema types as Tensor: a symbolic number there becomes a wrapped-number tensor."""
         if isinstance(a, torch.fx.Node) and not isinstance(a.meta.get("val"), torch.Tensor) and a in self.value_of:
             slot = self.new_slot()
-            self.nodes.append({"kind": "sym", "name": f"{a.name}_as_tensor", "target": "sym.scalar_tensor",
-                               "source": source_line(user), "fn": "scalar_tensor",
+            self.nodes.append({"kind": "sym", "name": f"{a.name}_as_tensor", "target": "sym.ScalarTensor",
+                               "source": source_line(user), "fn": _S["ScalarTensor"],
                                "args": [self.arg(a, user)], "outs": [slot.index]})
             return slot
         return self.arg(a, user)

@@ -15,18 +15,6 @@ namespace {
 
 using spec::Value;
 
-constexpr std::array<std::pair<std::string_view, SymFn>, 26> kSymFns = {{
-    {"add", SymFn::Add},         {"sub", SymFn::Sub},     {"mul", SymFn::Mul},
-    {"floordiv", SymFn::FloorDiv}, {"truediv", SymFn::TrueDiv}, {"mod", SymFn::Mod},
-    {"pow", SymFn::Pow},         {"neg", SymFn::Neg},     {"abs", SymFn::Abs},
-    {"eq", SymFn::Eq},           {"ne", SymFn::Ne},       {"lt", SymFn::Lt},
-    {"le", SymFn::Le},           {"gt", SymFn::Gt},       {"ge", SymFn::Ge},
-    {"and", SymFn::And},         {"or", SymFn::Or},       {"not", SymFn::Not},
-    {"max", SymFn::Max},         {"min", SymFn::Min},     {"float", SymFn::ToFloat},
-    {"int", SymFn::ToInt},       {"ceil", SymFn::Ceil},   {"floor", SymFn::Floor},
-    {"scalar_tensor", SymFn::ScalarTensor}, {"ite", SymFn::IfThenElse},
-}};
-
 std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
 
 std::vector<std::optional<int64_t>> dims(const flatbuffers::Vector<int64_t>* v) {
@@ -172,7 +160,7 @@ Instruction buildBuiltin(const fb::Node& node, InstrKind kind, const NodeInfo& i
     auto code = static_cast<int>(node.sym());
     if (code < 0 || code > static_cast<int>(fb::SymFn::MAX))
       throw ProgramError(what + ": unknown arithmetic function " + std::to_string(code));
-    instr.sym = static_cast<SymFn>(code);  // Note [graphex owns its enums on disk]: same order as fb::SymFn
+    instr.sym = static_cast<SymFn>(code);
   }
   const spec::List args = argList(node.args());
   for (size_t i = 0; i < args.size(); ++i) {
@@ -189,24 +177,17 @@ Instruction buildBuiltin(const fb::Node& node, InstrKind kind, const NodeInfo& i
   return instr;
 }
 
-static_assert(static_cast<int>(SymFn::ScalarTensor) == static_cast<int>(fb::SymFn::ScalarTensor) &&
-                  static_cast<int>(SymFn::Floor) == static_cast<int>(fb::SymFn::Floor) &&
-                  static_cast<int>(SymFn::IfThenElse) == static_cast<int>(fb::SymFn::IfThenElse) &&
-                  static_cast<int>(SymFn::IfThenElse) == static_cast<int>(fb::SymFn::MAX),
-              "SymFn and the schema's fb::SymFn list the functions in the same order");
-
 }  // namespace
 
 std::optional<SymFn> symFnFromName(std::string_view name) {
-  for (const auto& [n, fn] : kSymFns)
-    if (n == name) return fn;
+  for (int code = 0; code <= static_cast<int>(fb::SymFn::MAX); ++code)
+    if (name == fb::EnumNamesSymFn()[code]) return static_cast<SymFn>(code);
   return std::nullopt;
 }
 
 const char* symFnName(SymFn fn) {
-  for (const auto& [n, f] : kSymFns)
-    if (f == fn) return n.data();
-  return "?";
+  const char* name = fb::EnumNameSymFn(fn);
+  return name != nullptr && *name != '\0' ? name : "?";
 }
 
 size_t Program::numOps() const {

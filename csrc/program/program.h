@@ -10,6 +10,7 @@
 
 #include "program/signature.h"
 #include "program/spec.h"
+#include "program_generated.h"
 
 namespace graphex::fb {
 struct Program;
@@ -65,15 +66,9 @@ enum class InstrKind : uint8_t {
   Sym,      // integer / float arithmetic on sizes (dynamic shapes)
 };
 
-// Arithmetic used by symbolic shapes. Python semantics (floor division and
-// modulo round toward negative infinity).
-enum class SymFn : uint8_t {
-  Add, Sub, Mul, FloorDiv, TrueDiv, Mod, Pow, Neg, Abs,
-  Eq, Ne, Lt, Le, Gt, Ge, And, Or, Not,
-  Max, Min, ToFloat, ToInt, Ceil, Floor,
-  ScalarTensor,  // a number used where an operator wants a Tensor: a wrapped-number tensor
-  IfThenElse,    // cond ? a : b (torch.sym_ite, e.g. narrow's start read from a tensor)
-};
+// Arithmetic used by symbolic shapes, Python semantics (floor division and modulo round toward
+// negative infinity): the schema's enum itself (csrc/schema/program.fbs lists the functions, once).
+using SymFn = fb::SymFn;
 
 struct Instruction {
   InstrKind kind = InstrKind::Op;
@@ -95,7 +90,7 @@ struct Instruction {
 // What a node was in the user's graph; only read when reporting an error or dumping.
 struct NodeInfo {
   std::string name;    // FX node name, e.g. "addmm_3"
-  std::string target;  // "aten::addmm" or "sym.mul"
+  std::string target;  // "aten::addmm" or "sym.Mul"
   std::string source;  // user source line, "model.py:42 in forward: y = self.fc(x)"
 };
 
@@ -122,7 +117,7 @@ struct Program {
   size_t numOps() const;
 };
 
-// Parse the "sym" function name used in specs ("add", "floordiv", ...).
+// By the schema's names ("Add", "FloorDiv", "IfThenElse"), for messages and the C++ tests' program builder.
 std::optional<SymFn> symFnFromName(std::string_view name);
 const char* symFnName(SymFn fn);
 

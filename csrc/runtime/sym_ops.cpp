@@ -91,14 +91,14 @@ c10::IValue applySymFn(SymFn fn, const c10::IValue* args, size_t n) {
         case SymFn::Sub: return ints ? c10::IValue(asInt(a) - asInt(b)) : c10::IValue(asDouble(a) - asDouble(b));
         case SymFn::Mul: return ints ? c10::IValue(asInt(a) * asInt(b)) : c10::IValue(asDouble(a) * asDouble(b));
         case SymFn::FloorDiv:
-          if (asDouble(b) == 0.0) throw std::runtime_error("sym.floordiv: division by zero");
+          if (asDouble(b) == 0.0) throw std::runtime_error("sym.FloorDiv: division by zero");
           return ints ? c10::IValue(floorDiv(asInt(a), asInt(b)))
                       : c10::IValue(std::floor(asDouble(a) / asDouble(b)));
         case SymFn::TrueDiv:
-          if (asDouble(b) == 0.0) throw std::runtime_error("sym.truediv: division by zero");
+          if (asDouble(b) == 0.0) throw std::runtime_error("sym.TrueDiv: division by zero");
           return asDouble(a) / asDouble(b);
         case SymFn::Mod:
-          if (asDouble(b) == 0.0) throw std::runtime_error("sym.mod: modulo by zero");
+          if (asDouble(b) == 0.0) throw std::runtime_error("sym.Mod: modulo by zero");
           if (ints) return floorMod(asInt(a), asInt(b));
           {
             double r = std::fmod(asDouble(a), asDouble(b));

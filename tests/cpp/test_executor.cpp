@@ -74,7 +74,7 @@ TEST(Executor, TensorListsAndGetItem) {
 TEST(Executor, SymbolicSizesAreComputedPerCall) {
   // n = sym_size(x, 0); m = n * 2; y = x.view([m // 2, -1])... here: new_zeros([m])
   std::string spec = program(4, L({scalarInput("s0", 0, "int"), tensorInput("x", 1, {3})}),
-                       L({builtin("sym", "m", L({Slot(0), I(2)}), 2, "mul"),
+                       L({builtin("sym", "m", L({Slot(0), I(2)}), 2, "Mul"),
                           op("zeros", "aten::new_zeros", "default", L({Slot(1), L({Slot(2)})}), {3})}),
                        L({Slot(3), Slot(2)}));
   Executor ex(Program::load(spec));
