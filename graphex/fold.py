@@ -42,8 +42,11 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-# What the engine watches on a frozen input (Note [Folding frozen parameters]); ordered by strength.
-WATCH_IDENTITY, WATCH_DATA, WATCH_CONTENTS = 0, 1, 2
+from . import _C
+
+# What the engine watches on a frozen input (Note [Folding frozen parameters]); ordered by strength. Defined once,
+# by the engine (csrc/runtime/executor.h, Executor::Watch).
+WATCH_IDENTITY, WATCH_DATA, WATCH_CONTENTS = _C.WATCH_IDENTITY, _C.WATCH_DATA, _C.WATCH_CONTENTS
 
 # Note [Folding frozen parameters]: the most bytes of frozen inputs one computed fold may read by contents
 # (each run compares them with a copy).

@@ -145,7 +145,7 @@ py::object pythonCause(const std::exception_ptr& cause) {
 // initialization, and never destroyed (a function-local `static py::object` would be released
 // after the interpreter is gone, and its initialization can deadlock with the GIL).
 struct ErrorClasses {
-  py::object program_error, signature_error, frozen_input_replaced, replay_error, fake_mismatch, make_replay_error;
+  py::object program_error, signature_error, frozen_input_replaced, replay_error, fake_mismatch;
 };
 
 const ErrorClasses& errorClasses() {
@@ -153,11 +153,19 @@ const ErrorClasses& errorClasses() {
   return storage
       .call_once_and_store_result([] {
         py::module_ errors = py::module_::import("graphex.errors");
-        py::module_ runtime = py::module_::import("graphex.runtime");  // adds what a live graph tells
         return ErrorClasses{errors.attr("ProgramError"), errors.attr("SignatureError"),
                             errors.attr("FrozenInputReplaced"), errors.attr("ReplayError"),
-                            errors.attr("FakeMismatch"), runtime.attr("make_replay_error")};
+                            errors.attr("FakeMismatch")};
       })
+      .get_stored();
+}
+
+// graphex.runtime.make_replay_error: imported at the first replay error, not at module init (graphex.runtime
+// imports this module), the same one-time way.
+const py::object& makeReplayError() {
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> storage;
+  return storage
+      .call_once_and_store_result([] { return py::module_::import("graphex.runtime").attr("make_replay_error"); })
       .get_stored();
 }
 
@@ -165,7 +173,7 @@ const ErrorClasses& errorClasses() {
 // also what eager raises, built by graphex.runtime.make_replay_error from the error's fields.
 [[noreturn]] void raiseReplayError(const ExecutionError& e) {
   py::object cause = e.kind == KernelErrorKind::Foreign ? pythonCause(e.cause) : py::none();  // first: see above
-  py::object err = errorClasses().make_replay_error(kindName(e.kind), e.kernel_message, e.graph, e.node, e.op, e.source, cause);
+  py::object err = makeReplayError()(kindName(e.kind), e.kernel_message, e.graph, e.node, e.op, e.source, cause);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
   throw py::error_already_set();
 }
@@ -270,6 +278,11 @@ PYBIND11_MODULE(_C, m) {
 
   m.attr("SPEC_FORMAT_VERSION") = format::kFormatVersion;
 
+  // What the engine watches on a frozen input (Executor::Watch, the one definition; graphex/fold.py reads these).
+  m.attr("WATCH_IDENTITY") = static_cast<int>(Executor::Watch::Identity);
+  m.attr("WATCH_DATA") = static_cast<int>(Executor::Watch::Data);
+  m.attr("WATCH_CONTENTS") = static_cast<int>(Executor::Watch::Contents);
+
   py::class_<Executor, std::shared_ptr<Executor>>(m, "Executor")
       .def(py::init(&makeExecutor), py::arg("program"), py::arg("constants"),
            "Build a program from program bytes (verified first) and the constant tensors it refers to "
@@ -280,7 +293,8 @@ PYBIND11_MODULE(_C, m) {
            [](Executor& e, const std::vector<std::tuple<size_t, at::Tensor, int>>& frozen) {
              std::vector<Executor::FrozenInput> inputs;
              for (const auto& [index, tensor, watch] : frozen) {
-               if (watch < 0 || watch > 2) throw py::value_error("graphex: watch level must be 0, 1 or 2");
+               if (watch < static_cast<int>(Executor::Watch::Identity) || watch > static_cast<int>(Executor::Watch::Contents))
+                 throw py::value_error("graphex: watch level must be WATCH_IDENTITY, WATCH_DATA or WATCH_CONTENTS");
                inputs.push_back({index, tensor, static_cast<Executor::Watch>(watch)});
              }
              e.bindFrozen(std::move(inputs));
