@@ -178,6 +178,10 @@ class DeviceGraphs:
             return outs
         if entry is _WARM:
             entry = self._capture_once(key, args)
+        elif entry is not _EAGER and self.options.force_recapture:  # a fresh capture for every call
+            _log.detail("%s: recapturing the device graph (force_recapture)", self.name)
+            self._drop(key)
+            entry = self._capture_once(key, args)
         elif entry is not _EAGER:
             moved = self._moved(entry, args)
             if moved:
@@ -214,6 +218,7 @@ class DeviceGraphs:
         return ""
 
     def _drop(self, key: tuple[Any, ...]) -> None:
+        """Forget `key`'s device graph (its memory goes back to the pool); the caller captures it again at once."""
         entry = self.graphs.pop(key, None)
         if isinstance(entry, _Captured):
             entry.graph.reset()

@@ -85,6 +85,12 @@ class Options:
         "Device graphs: the graphs one compiled graph captures for its input signatures share one memory "
         "pool (npugraph_ex's option). False: a private pool per device graph. CPU: no effect.")
 
+    force_recapture: bool = _option(
+        False, (bool,),
+        "Device graphs (npugraph_ex's option of the same name): capture the device graph again before every "
+        "call instead of replaying the one captured, to tell a wrong result of replaying a stale capture from "
+        "one of the program itself. Every call pays a capture: for debugging only. CPU: no effect.")
+
     capture_error_mode: str = _option(
         "default", (str,),
         "Device graphs: what the device's capture refuses, as torch.accelerator.Graph takes it: 'default', "

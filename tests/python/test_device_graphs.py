@@ -348,3 +348,19 @@ def test_calls_from_several_threads_each_get_their_own_result():
     for t in threads:
         t.join()
     assert not wrong, f"{len(wrong)} of 800 calls returned another thread's result"
+
+
+def test_force_recapture_captures_before_every_call_and_stays_equal_to_eager():
+    """npugraph_ex's force_recapture: no call replays an earlier capture; results (held ones too) equal eager."""
+    torch.manual_seed(3)
+    w = torch.randn(8, 8)
+    f = compiled(lambda x, w: (x @ w).sigmoid() * 3, force_recapture=True)
+    before = {id(g) for g in captures()}
+    xs = [torch.randn(2, 8) for _ in range(5)]
+    wd = w.to(DEV)
+    held = [f(x.to(DEV), wd) for x in xs]
+    runner = runner_of(before)
+    assert runner.captures == 4 and runner.replays == 4, (runner.captures, runner.replays)  # call 1: the engine
+    assert len(runner.graphs) == 1  # one signature: each capture replaced the last, no growth toward capture_limit
+    for x, got in zip(xs, held):
+        assert torch.equal(got.cpu(), (x @ w).sigmoid() * 3)
