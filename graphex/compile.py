@@ -106,12 +106,13 @@ def capture(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], options: Op
     name = f"graph_{graph_id}"
     fake_mode = detect_fake_mode(flat_inputs)
     original = keep_original(fx_gm, options)  # None unless data_dump_stage='original'
-    kept = run_passes(fx_gm, options, fake_mode, name)
-    for copy in kept:
+    done = run_passes(fx_gm, options, fake_mode, name)
+    for copy in done.kept:
         _log.info("%s: %s", name, copy)
 
     static_inputs = _static_input_indices(len(flat_inputs))
-    compiled = CompiledGraph(name, fx_gm, options, static_inputs=static_inputs, kept_copies=kept)
+    compiled = CompiledGraph(name, fx_gm, options, static_inputs=static_inputs, kept_copies=done.kept,
+                             fused=done.fused)
     ctx = TracingContext.try_get()
     compiled.original_gm = original
     compiled.aot_metadata = getattr(ctx, "fw_metadata", None) if ctx is not None else None

@@ -38,7 +38,7 @@ from .overloads import resolve_packets
 from .reinplace import KeptCopy, reinplace_graph
 from .symbolic import expand_sym_sums
 
-__all__ = ["run_passes", "KeptCopy", "PIPELINE", "Pass", "pass_options", "switched_off", "is_on"]
+__all__ = ["run_passes", "PassesDone", "KeptCopy", "PIPELINE", "Pass", "pass_options", "switched_off", "is_on"]
 
 
 @dataclasses.dataclass
@@ -48,6 +48,15 @@ class _Run:
     fake_mode: object
     name: str
     kept: list[KeptCopy] = dataclasses.field(default_factory=list)
+    fused: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class PassesDone:
+    """What the passes decided, kept on the compiled graph (CompiledGraph.kept_copies, .fused) for tools and tests:
+    the copies the replay still makes, with their reasons, and how often each fusion pattern fired."""
+    kept: list[KeptCopy]
+    fused: dict[str, int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +89,7 @@ def _pattern_fusion(r: _Run) -> None:
     from ..fusion import run_fusion
 
     with V.set_fake_mode(r.fake_mode):
-        run_fusion(r.gm, r.name)
+        r.fused = run_fusion(r.gm, r.name)
 
 
 def _cse(r: _Run) -> None:
@@ -130,8 +139,9 @@ def is_on(value: Any) -> bool:
     return value is not None and value is not False
 
 
-def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object, name: str = "") -> list[KeptCopy]:
-    """Transform `gm` in place; returns the copies the replay still has to make, with reasons."""
+def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object, name: str = "") -> PassesDone:
+    """Transform `gm` in place; returns what the passes decided (the copies the replay still has to make, with
+    reasons; the fusion patterns that fired)."""
     restore_kept_kernels(gm.graph)  # Note [Interpolation runs eager's kernel]
     run = _Run(gm, options, fake_mode, name)
     for p in PIPELINE:
@@ -141,7 +151,7 @@ def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object, na
             p.run(run)
     gm.graph.lint()
     gm.recompile()
-    return run.kept
+    return PassesDone(run.kept, run.fused)
 
 
 def _new_nodes_inherit_source(gm: torch.fx.GraphModule) -> contextlib.AbstractContextManager[None]:
