@@ -20,8 +20,9 @@ from typing import Any, Sequence
 from graphex._vendor import flatbuffers
 import torch
 
-from .fb import (Arg, ArgKind, Binding, BindingKind, Device, DeviceType, DType, Expect, Input, InputKind, Kwarg,
-                 Layout, Leaf, LeafKind, MemoryFormat, Node, NodeKind, Program, SymFn, Tensor, TensorMeta)
+from .fb import (Arg, ArgKind, Binding, BindingKind, Device, DeviceType, DType, Expect, Guard, GuardOp, Input,
+                 InputKind, Kwarg, Layout, Leaf, LeafKind, MemoryFormat, Node, NodeKind, Program, SymFn, Tensor,
+                 TensorMeta)
 
 FILE_IDENTIFIER = b"GXPG"
 # Bump with kFormatVersion in csrc/program/format.h when the meaning of any field changes.
@@ -99,10 +100,12 @@ def _device_type(device: torch.device) -> int:
 
 def encode(spec: dict[str, Any], constants: Sequence[torch.Tensor] = (), *,
            bindings: Sequence[dict[str, Any]] | None = None, leaves: Sequence[dict[str, Any]] | None = None,
-           tree: str | None = None, weights_file: str | None = None, info: dict[str, Any] | None = None) -> bytes:
+           tree: str | None = None, weights_file: str | None = None, info: dict[str, Any] | None = None,
+           guards: Sequence[Any] | None = None) -> bytes:
     """Bytes of one Program: `spec` is LoweredGraph.spec; `constants` are stored inline when given
-    (else the caller passes them to the executor). The keyword parts make a deployable artifact."""
-    return _Encoder().program(spec, constants, bindings, leaves, tree, weights_file, info)
+    (else the caller passes them to the executor). The keyword parts make a deployable artifact; `guards`: the
+    shape guards of a dynamic=True trace (graphex.inference.shape_guards.ShapeGuard), written even when empty."""
+    return _Encoder().program(spec, constants, bindings, leaves, tree, weights_file, info, guards)
 
 
 class _Encoder:
@@ -280,9 +283,25 @@ class _Encoder:
             Leaf.AddValue(self.b, value)
         return Leaf.End(self.b)
 
-    def program(self, spec: dict[str, Any], constants: Sequence[torch.Tensor], bindings: Any, leaves: Any,
-                tree: str | None, weights_file: str | None, info: dict[str, Any] | None) -> bytes:
+    def guard(self, g: Any) -> int:
+        """Note [An exported program checks its shape guards]: the ops in order (postfix), and the text."""
         b = self.b
+        text = b.CreateString(g.text)
+        Guard.StartOpsVector(b, len(g.ops))
+        for op in reversed(g.ops):
+            GuardOp.CreateGuardOp(b, op.kind, getattr(SymFn.SymFn, op.fn), op.operands, op.input, op.dim, op.value)
+        ops = b.EndVector()
+        Guard.Start(b)
+        Guard.AddOps(b, ops)
+        Guard.AddText(b, text)
+        return Guard.End(b)
+
+    def program(self, spec: dict[str, Any], constants: Sequence[torch.Tensor], bindings: Any, leaves: Any,
+                tree: str | None, weights_file: str | None, info: dict[str, Any] | None,
+                guards: Sequence[Any] | None = None) -> bytes:
+        b = self.b
+        guards_off = self.vector(Program.StartGuardsVector, [self.guard(g) for g in guards]) \
+            if guards is not None else None
         consts = self.vector(Program.StartConstantsVector, [self.constant(t) for t in constants]) if constants else None
         name = b.CreateString(spec["name"])
         inputs = self.vector(Program.StartInputsVector, [self.input(e) for e in spec["inputs"]])
@@ -304,7 +323,8 @@ class _Encoder:
             Program.AddConstants(b, consts)
         Program.AddCheckSignature(b, bool(spec.get("check_signature", True)))
         for add, off in ((Program.AddBindings, binds), (Program.AddLeaves, leafs), (Program.AddTree, tree_off),
-                         (Program.AddWeightsFile, weights_off), (Program.AddInfo, info_off)):
+                         (Program.AddWeightsFile, weights_off), (Program.AddInfo, info_off),
+                         (Program.AddGuards, guards_off)):
             if off is not None:
                 add(b, off)
         b.FinishSizePrefixed(Program.End(b), file_identifier=FILE_IDENTIFIER)  # the size tells truncation

@@ -71,6 +71,11 @@ def export(model_or_fn: torch.nn.Module | Callable[..., Any], example_inputs: Se
         raise ExportError(finding=Finding(
             what=f"cannot export {getattr(func, '__qualname__', func)}: {why}", where="",
             fix="change what the message names; graphex.inference.cache_compile has the same limits"))
+    if entry.header.get("unexportable"):  # Note [An exported program checks its shape guards]
+        raise ExportError(finding=Finding(
+            what=f"cannot export {getattr(func, '__qualname__', func)} with dynamic=True: {entry.header['unexportable']}",
+            where="", fix="export with dynamic=False (one artifact per shape), or keep this model on "
+                          "graphex.inference.cache_compile, which checks such guards in Python"))
     _refuse_python_operators(entry.program)
     _refuse_collectives(entry.program)
     weights: dict[str, torch.Tensor] = {}

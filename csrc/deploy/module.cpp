@@ -108,6 +108,7 @@ Module Module::load(const std::string& path) {
       m.leaves_.push_back(std::move(leaf));
     }
   }
+  m.guards_ = readShapeGuards(root, program);
   m.executor_ = std::make_shared<const Executor>(std::move(program));
   return m;
 }
@@ -132,6 +133,13 @@ std::vector<c10::IValue> Module::run(const std::vector<c10::IValue>& args) const
       case fb::BindingKind::StorageOffset: inputs.push_back(tensorArg(b.index).storage_offset()); break;
       default: inputs.push_back(c10::IValue()); break;
     }
+  }
+  if (!guards_.empty()) {  // Note [An exported program checks its shape guards]
+    std::string broken = brokenShapeGuard(guards_, inputs, executor_->program());
+    if (!broken.empty())
+      throw SignatureError("graphex::Module: the inputs break a shape guard the program was traced under: " + broken +
+                           ". The program was exported with dynamic=True from example inputs for which it holds; "
+                           "export again with examples of these shapes, or with dynamic=False");
   }
   std::vector<c10::IValue> outs = executor_->run(std::move(inputs));
   if (leaves_.empty()) return outs;

@@ -9,11 +9,14 @@
 // parameter or buffer by fully qualified name (taken from the safetensors file, dtype and
 // shape checked against the program when loading, not when running), or a size / stride /
 // storage offset of argument i (dynamic shapes). The result is a list of leaves: program
-// outputs, arguments passed through, constants. No Python, no pybind11 here.
+// outputs, arguments passed through, constants. A dynamic=True program's shape guards are
+// checked before each run (Note [An exported program checks its shape guards]): inputs that
+// break one are a SignatureError naming the guard. No Python, no pybind11 here.
 #pragma once
 
 #include "program/program.h"
 #include "runtime/executor.h"
+#include "runtime/shape_guards.h"
 
 #include <ATen/core/ivalue.h>
 
@@ -53,6 +56,7 @@ class Module {
   std::shared_ptr<const Executor> executor_;
   std::vector<Bind> binds_;
   std::vector<Leaf> leaves_;
+  std::vector<ShapeGuard> guards_;
   size_t num_args_ = 0;
   std::string tree_;
   std::map<std::string, at::Tensor> weights_;  // views of the mapped file, kept alive here

@@ -234,7 +234,32 @@ class Program(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
-def ProgramStart(builder): builder.StartObject(14)
+    # Program
+    def Guards(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            from graphex.fb.Guard import Guard
+            obj = Guard()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Program
+    def GuardsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Program
+    def GuardsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        return o == 0
+
+def ProgramStart(builder): builder.StartObject(15)
 def Start(builder):
     return ProgramStart(builder)
 def ProgramAddFormatVersion(builder, formatVersion): builder.PrependUint32Slot(0, formatVersion, 0)
@@ -297,6 +322,12 @@ def AddWeightsFile(builder, weightsFile):
 def ProgramAddInfo(builder, info): builder.PrependUOffsetTRelativeSlot(13, flatbuffers.number_types.UOffsetTFlags.py_type(info), 0)
 def AddInfo(builder, info):
     return ProgramAddInfo(builder, info)
+def ProgramAddGuards(builder, guards): builder.PrependUOffsetTRelativeSlot(14, flatbuffers.number_types.UOffsetTFlags.py_type(guards), 0)
+def AddGuards(builder, guards):
+    return ProgramAddGuards(builder, guards)
+def ProgramStartGuardsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
+def StartGuardsVector(builder, numElems):
+    return ProgramStartGuardsVector(builder, numElems)
 def ProgramEnd(builder): return builder.EndObject()
 def End(builder):
     return ProgramEnd(builder)

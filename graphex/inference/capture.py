@@ -23,7 +23,7 @@ from .. import _spec, compat
 from ..compile import compile_dynamo_graph
 from ..options import Options
 from ..runtime import CompiledGraph
-from . import guards, keys
+from . import guards, keys, shape_guards
 from .entry import Entry
 
 
@@ -211,6 +211,13 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     assert lowered is not None and not lowered.frozen_inputs, "compile_cold turns frozen_parameter off"
     custom = [op for op in lowered.node_ops if op is not None and is_custom(op)]
     dynamo_guards = _dynamo_guards(rec, func, flat_args, inputs) if with_guards else []
+    shape_text = _shape_guards(rec) if dynamic else None
+    program_guards, unexportable = None, None
+    if dynamic:  # Note [An exported program checks its shape guards]
+        try:
+            program_guards = shape_guards.from_expression(shape_text, inputs) if shape_text else []
+        except shape_guards.Unsupported as e:
+            unexportable = str(e)  # a cache entry checks its guards in Python; an export is refused
     header = {
         **keys.versions(),
         "key_parts": key_parts,
@@ -223,7 +230,7 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         "custom_ops": keys.custom_op_fingerprints(custom),
         "num_ops": lowered.num_ops,
         "validate_fake": options.validate_fake and lowered.validates_fakes,
-        "guards": _shape_guards(rec) if dynamic else None,
+        "guards": shape_text,
         "dynamo_guards": dynamo_guards,
         "guard_format": guards.GUARD_FORMAT,
     }
@@ -231,8 +238,10 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     info = {key: header[key] for key in ("graphex", "torch", "spec_format", "function", "signature", "created")
             if key in header}
     info["dynamic"] = dynamic
+    if unexportable:
+        header["unexportable"] = unexportable
     program = _spec.encode(lowered.spec, lowered.constants, bindings=inputs, leaves=outputs,
-                           tree=pytree.treespec_dumps(out_spec), info=info)
+                           tree=pytree.treespec_dumps(out_spec), info=info, guards=program_guards)
     return Entry(header, program)
 
 
