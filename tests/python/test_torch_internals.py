@@ -273,6 +273,22 @@ def test_dynamo_source_names():
     assert compat.source_name(src) == "L['flat_args'][0].shape", VERSION
 
 
+def test_a_contextvar_get_source_is_named_as_graphex_parses_it():
+    """Note [A ContextVar is read by its get()]: since 2.15 Dynamo guards what ContextVar.get() returned under a
+    source named `<the var>.get()` / `<the var>.get(<default>)`; graphex.inference.guards parses exactly that."""
+    from torch._dynamo import source as sources
+
+    from graphex.inference.guards import parse_source
+
+    if not hasattr(sources, "ContextVarGetSource"):
+        assert compat.TORCH_VERSION < (2, 15), f"{VERSION}: ContextVarGetSource is gone"
+        return
+    base = sources.AttrSource(sources.GlobalSource("MODE"), "var")
+    for has_default, default, step in ((False, None, ("cv_get", (False, None))), (True, 3, ("cv_get", (True, 3)))):
+        src = sources.ContextVarGetSource(base=base, has_default=has_default, default_value=default)
+        assert parse_source(compat.source_name(src))[-1] == step, f"{VERSION}: {compat.source_name(src)}"
+
+
 @pytest.mark.parametrize("name", ["_top_saved_tensors_default_hooks"])
 def test_autograd_hooks_query(name):
     assert getattr(torch._C._autograd, name)(True) is None, VERSION
