@@ -79,7 +79,7 @@ _NODE_KINDS = {"op": NodeKind.NodeKind.Op, "getitem": NodeKind.NodeKind.GetItem,
 _BINDINGS = {"arg": BindingKind.BindingKind.Argument, "param": BindingKind.BindingKind.Parameter,
              "buffer": BindingKind.BindingKind.Buffer, "size": BindingKind.BindingKind.Size,
              "stride": BindingKind.BindingKind.Stride, "storage_offset": BindingKind.BindingKind.StorageOffset,
-             "token": BindingKind.BindingKind.Token}
+             "token": BindingKind.BindingKind.Token, "attr": BindingKind.BindingKind.ArgumentPath}
 _LEAVES = {"graph": LeafKind.LeafKind.Output, "arg": LeafKind.LeafKind.Argument,
            "const": LeafKind.LeafKind.Constant}
 
@@ -265,6 +265,8 @@ class _Encoder:
         name = e.get("name")
         if e["kind"] in ("param", "buffer"):
             name = f"{e['owner']}.{e['name']}" if e.get("owner") else e["name"]
+        elif e["kind"] == "attr":
+            name = e["source"]  # Dynamo's access path, from L['flat_args'][index]
         name_off = self.string(name)
         Binding.Start(self.b)
         Binding.AddKind(self.b, _BINDINGS[e["kind"]])

@@ -76,6 +76,13 @@ def export(model_or_fn: torch.nn.Module | Callable[..., Any], example_inputs: Se
             what=f"cannot export {getattr(func, '__qualname__', func)} with dynamic=True: {entry.header['unexportable']}",
             where="", fix="export with dynamic=False (one artifact per shape), or keep this model on "
                           "graphex.inference.cache_compile, which checks such guards in Python"))
+    held = [b["source"] for b in entry.header["inputs"] if b["kind"] == "attr"]
+    if held:  # Note [A tensor an argument holds is bound through its path]: graphex::Module takes tensors
+        raise ExportError(finding=Finding(
+            what=f"cannot export {getattr(func, '__qualname__', func)}: it reads tensors that an argument object "
+                 f"holds ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}), and an artifact takes tensors",
+            where="", fix="pass those tensors as arguments (e.g. the KV cache's key and value tensors), or keep this "
+                          "call on graphex.inference.cache_compile, which binds them per call"))
     _refuse_python_operators(entry.program)
     _refuse_collectives(entry.program)
     weights: dict[str, torch.Tensor] = {}

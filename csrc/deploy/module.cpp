@@ -90,6 +90,11 @@ Module Module::load(const std::string& path) {
       if (!mismatch.empty())
         throw deploy::WeightsError("weight '" + name + "' does not match the program: " + mismatch);
       bind.weight = it->second;
+    } else if (b.kind() == fb::BindingKind::ArgumentPath) {
+      throw format::FormatError("program input " + std::to_string(i) + " is a tensor that argument " +
+                                std::to_string(b.index()) + " holds (" + (b.name() ? b.name()->str() : "?") +
+                                "): graphex::Module takes tensors as arguments; this program is a cache entry's, "
+                                "not an exported artifact");
     } else if (b.kind() != fb::BindingKind::Token) {
       if (b.index() < 0) throw format::FormatError("binding " + std::to_string(i) + ": negative argument index");
       m.num_args_ = std::max(m.num_args_, static_cast<size_t>(b.index()) + 1);

@@ -10,3 +10,4 @@ class BindingKind(object):
     Stride = 4
     StorageOffset = 5
     Token = 6
+    ArgumentPath = 7

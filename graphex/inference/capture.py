@@ -314,6 +314,9 @@ def _bind_input(i: int, value: Any, source: Any, func: Callable[..., Any], flat_
             owner = _param_owners(module).get(id(value))
             if owner is not None:
                 return owner
+        held = _held_by_arg(source, flat_args)
+        if held is not None:
+            return held
     elif isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
         size = _size_of_arg(source)  # dynamic=True: a size of an argument is a SymInt input
         if size is not None:
@@ -325,6 +328,27 @@ def _bind_input(i: int, value: Any, source: Any, func: Callable[..., Any], flat_
     raise NotCacheable(f"graph input {where} is neither an argument nor a registered parameter/buffer of the "
                        "module (e.g. a global tensor or a plain tensor attribute); make it a buffer "
                        "(register_buffer) or pass it as an argument")
+
+
+def _held_by_arg(source: Any, flat_args: list[Any]) -> dict[str, Any] | None:
+    """Note [A tensor an argument holds is bound through its path]
+    transformers passes its KV cache as an object (`past_key_values=StaticCache(...)`, a pytree leaf): the trace
+    reads the tensors it holds (`L['flat_args'][1].layers[0].keys`). Such a graph input is bound per call by
+    that access path, read by the same generated function that checks the guards (guards.py), which also
+    checks what the path goes through (the object's type, the layer list's length). graphex::Module takes
+    tensors only: export refuses such a binding."""
+    if source is None:
+        return None
+    name = compat.source_name(source)
+    try:
+        path = guards.parse_source(name)
+    except guards.NotCheckable:
+        return None
+    if len(path) < 3 or path[0] != ("L", "flat_args") or path[1][0] != "item" or type(path[1][1]) is not int:
+        return None
+    if not 0 <= path[1][1] < len(flat_args) or isinstance(flat_args[path[1][1]], torch.Tensor):
+        return None
+    return {"kind": "attr", "index": path[1][1], "source": name}
 
 
 def _arg_index(source: Any) -> int | None:
@@ -350,6 +374,10 @@ def _size_of_arg(source: Any) -> dict[str, Any] | None:
 
 
 def _bind_output(leaf: Any, flat_args: list[Any], graph_outputs: list[Any], dynamic: bool = False) -> dict[str, Any]:
+    if not isinstance(leaf, (torch.Tensor, int, float, bool, str, type(None))):
+        for j, a in enumerate(flat_args):  # an argument object returned as it came (a KV cache object)
+            if a is leaf:
+                return {"kind": "arg", "index": j}
     if not isinstance(leaf, torch.Tensor):
         if dynamic and isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
             raise NotCacheable(f"with dynamic=True the function returns the number {leaf!r}, which may be computed "

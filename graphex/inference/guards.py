@@ -768,7 +768,7 @@ class GuardSet:
             return f"flat_args[{int(binding['arg'])!r}].{kind}({int(binding['dim'])!r})"
         if kind == "storage_offset":
             return f"flat_args[{int(binding['arg'])!r}].storage_offset()"
-        if kind in ("param", "buffer") and "source" in binding:
+        if kind in ("param", "buffer", "attr") and "source" in binding:  # attr: Note [A tensor an argument holds ...]
             path = parse_source(binding["source"])
             if not isinstance(resolve(path, locals_, globals_), torch.Tensor):
                 raise _Fails(f"the {kind} read from {binding['source']} is gone")
