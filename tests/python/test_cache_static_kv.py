@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("transformers")  # make test installs it (bench/requirements.txt)
+import transformers  # noqa: F401  make test installs it (bench/requirements.txt): missing is a failure, not a skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
