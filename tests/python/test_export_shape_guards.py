@@ -168,3 +168,16 @@ def test_guard_expressions_translate_to_postfix_or_say_why_not():
     for bad in ("sym_sqrt(L['t0']) > 2", "L['t0'] > 2.5", "L['x'] > 1", "Max(L['t0'], 1, 2) > 1"):
         with pytest.raises(shape_guards.Unsupported):
             shape_guards.from_expression(bad)
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_the_printed_fix_exporting_again_at_the_refused_shape_runs_it(tmp_path, dynamic):
+    """The refusal says: export again with examples of these shapes, or with dynamic=False. Both, applied, run the
+    refused input and equal eager."""
+    x = torch.randn(2, 3)
+    with pytest.raises(SignatureError, match="export again with examples of these shapes, or with dynamic=False"):
+        _C.Module(str(_export(branch_on_rows, [(8, 3)], tmp_path)))([x])
+    path = tmp_path / "again"
+    graphex.export(branch_on_rows, [torch.randn(2, 3)], str(path), dynamic=dynamic)
+    (got,) = _C.Module(str(path))([x])
+    assert torch.equal(got, branch_on_rows(x))
