@@ -1,52 +1,32 @@
-"""The one encoder of graphex programs: a lowered graph becomes a FlatBuffers `Program`.
+"""The one encoder of graphex programs: a typed Program (graphex/program.py) becomes a FlatBuffers `Program`.
 
 The schema is csrc/schema/program.fbs; graphex/fb/ is flatc's Python code for it
 (`make schema` regenerates it) and C++ reads the same bytes through flatc's header
 (csrc/program/format.h, Note [One typed format]). Nothing here lays out bytes by hand:
 every table is written with the generated builders.
 
-A program's argument values are: None, bool, int, float, str, list/tuple, Slot(i),
-Const(k), torch.dtype, torch.layout, torch.memory_format and torch.device. Dtypes,
-devices, layouts and memory formats are written as graphex's own enums, never as
-c10 integers (Note [graphex owns its enums on disk] in format.h).
+Argument values are graphex.program.Value (Note [One typed program]). Dtypes, devices,
+layouts and memory formats are written as graphex's own enums, never as c10 integers
+(Note [graphex owns its enums on disk] in format.h).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from graphex._vendor import flatbuffers
 import torch
 
+from . import program as typed
 from .fb import (Arg, ArgKind, Binding, BindingKind, Device, DeviceType, DType, Expect, Guard, GuardOp, Input,
                  InputKind, Kwarg, Layout, Leaf, LeafKind, MemoryFormat, Node, NodeKind, Program, SymFn, Tensor,
                  TensorMeta)
+from .program import Const, Slot
 
 FILE_IDENTIFIER = b"GXPG"
 # Bump with kFormatVersion in csrc/program/format.h when the meaning of any field changes.
 FORMAT_VERSION = 2
-
-
-@dataclass(frozen=True)
-class Slot:
-    """A runtime value: the output of a node or a graph input."""
-
-    index: int
-
-    def __repr__(self) -> str:
-        return f"%{self.index}"
-
-
-@dataclass(frozen=True)
-class Const:
-    """A tensor in the program's constant table."""
-
-    index: int
-
-    def __repr__(self) -> str:
-        return f"const{self.index}"
 
 
 class EncodeError(ValueError):
@@ -75,7 +55,8 @@ _DEVICE_TYPES = {"cpu": DeviceType.DeviceType.CPU, "cuda": DeviceType.DeviceType
 _INPUT_KINDS = {"tensor": InputKind.InputKind.Tensor, "int": InputKind.InputKind.Int,
                 "float": InputKind.InputKind.Float, "bool": InputKind.InputKind.Bool,
                 "other": InputKind.InputKind.Other}
-_NODE_KINDS = {"op": NodeKind.NodeKind.Op, "getitem": NodeKind.NodeKind.GetItem, "sym": NodeKind.NodeKind.Sym}
+_NODE_KINDS = {typed.OpNode: NodeKind.NodeKind.Op, typed.GetItemNode: NodeKind.NodeKind.GetItem,
+               typed.SymNode: NodeKind.NodeKind.Sym}
 _BINDINGS = {"arg": BindingKind.BindingKind.Argument, "param": BindingKind.BindingKind.Parameter,
              "buffer": BindingKind.BindingKind.Buffer, "size": BindingKind.BindingKind.Size,
              "stride": BindingKind.BindingKind.Stride, "storage_offset": BindingKind.BindingKind.StorageOffset,
@@ -98,14 +79,14 @@ def _device_type(device: torch.device) -> int:
     raise EncodeError(f"graphex programs cannot hold device type {device.type!r}")
 
 
-def encode(spec: dict[str, Any], constants: Sequence[torch.Tensor] = (), *,
+def encode(program: typed.Program, constants: Sequence[torch.Tensor] = (), *,
            bindings: Sequence[dict[str, Any]] | None = None, leaves: Sequence[dict[str, Any]] | None = None,
            tree: str | None = None, weights_file: str | None = None, info: dict[str, Any] | None = None,
            guards: Sequence[Any] | None = None) -> bytes:
-    """Bytes of one Program: `spec` is LoweredGraph.spec; `constants` are stored inline when given
+    """Bytes of one Program: `program` is LoweredGraph.program; `constants` are stored inline when given
     (else the caller passes them to the executor). The keyword parts make a deployable artifact; `guards`: the
     shape guards of a dynamic=True trace (graphex.inference.shape_guards.ShapeGuard), written even when empty."""
-    return _Encoder().program(spec, constants, bindings, leaves, tree, weights_file, info, guards)
+    return _Encoder().program(program, constants, bindings, leaves, tree, weights_file, info, guards)
 
 
 class _Encoder:
@@ -181,50 +162,50 @@ class _Encoder:
             raise EncodeError(f"graphex program: cannot encode a {type(v).__name__}: {v!r}")
         return Arg.End(b)
 
-    def tensor_meta(self, m: dict[str, Any]) -> int:
-        sizes = self.scalars(TensorMeta.StartSizesVector, "PrependInt64", [-1 if s is None else s for s in m["sizes"]])
+    def tensor_meta(self, m: typed.TensorMeta) -> int:
+        sizes = self.scalars(TensorMeta.StartSizesVector, "PrependInt64", [-1 if s is None else s for s in m.sizes])
         strides = None
-        if m.get("strides") is not None:
+        if m.strides is not None:
             strides = self.scalars(TensorMeta.StartStridesVector, "PrependInt64",
-                                   [-1 if s is None else s for s in m["strides"]])
+                                   [-1 if s is None else s for s in m.strides])
         TensorMeta.Start(self.b)
-        TensorMeta.AddDtype(self.b, dtype_code(m["dtype"]))
-        TensorMeta.AddDevice(self.b, Device.CreateDevice(self.b, *self.device(m["device"])))
+        TensorMeta.AddDtype(self.b, dtype_code(m.dtype))
+        TensorMeta.AddDevice(self.b, Device.CreateDevice(self.b, *self.device(m.device)))
         TensorMeta.AddSizes(self.b, sizes)
         if strides is not None:
             TensorMeta.AddStrides(self.b, strides)
         return TensorMeta.End(self.b)
 
-    def input(self, e: dict[str, Any]) -> int:
-        name = self.b.CreateString(e["name"])
-        meta = self.tensor_meta(e) if e["kind"] == "tensor" else None
+    def input(self, e: typed.Input) -> int:
+        name = self.b.CreateString(e.name)
+        meta = self.tensor_meta(e.tensor) if e.tensor is not None else None
         Input.Start(self.b)
         Input.AddName(self.b, name)
-        Input.AddKind(self.b, _INPUT_KINDS[e["kind"]])
-        Input.AddSlot(self.b, e["slot"])
+        Input.AddKind(self.b, _INPUT_KINDS[e.kind])
+        Input.AddSlot(self.b, e.slot)
         if meta is not None:
             Input.AddTensor(self.b, meta)
         return Input.End(self.b)
 
-    def node(self, n: dict[str, Any]) -> int:
+    def node(self, n: typed.Node) -> int:
         b = self.b
-        strings = {k: self.string(n.get(k)) for k in ("name", "target", "source", "op", "overload")}
-        args = self.vector(Node.StartArgsVector, [self.arg(a) for a in n["args"]])
+        strings = {k: self.string(getattr(n, k, None)) for k in ("name", "target", "source", "op", "overload")}
+        args = self.vector(Node.StartArgsVector, [self.arg(a) for a in n.args])
         kwargs = None
-        if n.get("kwargs"):
+        if isinstance(n, typed.OpNode) and n.kwargs:
             entries = []
-            for key in sorted(n["kwargs"]):  # deterministic bytes: same program, same file
-                key_off, value = b.CreateString(key), self.arg(n["kwargs"][key])
+            for key in sorted(n.kwargs):  # deterministic bytes: same program, same file
+                key_off, value = b.CreateString(key), self.arg(n.kwargs[key])
                 Kwarg.Start(b)
                 Kwarg.AddName(b, key_off)
                 Kwarg.AddValue(b, value)
                 entries.append(Kwarg.End(b))
             kwargs = self.vector(Node.StartKwargsVector, entries)
-        outs = self.scalars(Node.StartOutsVector, "PrependInt32", n["outs"])
+        outs = self.scalars(Node.StartOutsVector, "PrependInt32", n.outs)
         expect = None
-        if n.get("expect") is not None:
+        if isinstance(n, typed.OpNode) and n.expect is not None:
             entries = []
-            for e in n["expect"]:
+            for e in n.expect:
                 meta = None if e is None else self.tensor_meta(e)
                 Expect.Start(b)
                 if meta is not None:
@@ -232,12 +213,12 @@ class _Encoder:
                 entries.append(Expect.End(b))
             expect = self.vector(Node.StartExpectVector, entries)
         Node.Start(b)
-        Node.AddKind(b, _NODE_KINDS[n["kind"]])
+        Node.AddKind(b, _NODE_KINDS[type(n)])
         for key, off in strings.items():
             if off is not None:
                 getattr(Node, "Add" + key.capitalize())(b, off)
-        if n["kind"] == "sym":
-            Node.AddSym(b, getattr(SymFn.SymFn, n["fn"]))  # the schema's name (graphex/lower.py)
+        if isinstance(n, typed.SymNode):
+            Node.AddSym(b, getattr(SymFn.SymFn, n.fn))  # the schema's name (graphex/lower.py)
         Node.AddArgs(b, args)
         if kwargs is not None:
             Node.AddKwargs(b, kwargs)
@@ -298,17 +279,17 @@ class _Encoder:
         Guard.AddText(b, text)
         return Guard.End(b)
 
-    def program(self, spec: dict[str, Any], constants: Sequence[torch.Tensor], bindings: Any, leaves: Any,
+    def program(self, p: typed.Program, constants: Sequence[torch.Tensor], bindings: Any, leaves: Any,
                 tree: str | None, weights_file: str | None, info: dict[str, Any] | None,
                 guards: Sequence[Any] | None = None) -> bytes:
         b = self.b
         guards_off = self.vector(Program.StartGuardsVector, [self.guard(g) for g in guards]) \
             if guards is not None else None
         consts = self.vector(Program.StartConstantsVector, [self.constant(t) for t in constants]) if constants else None
-        name = b.CreateString(spec["name"])
-        inputs = self.vector(Program.StartInputsVector, [self.input(e) for e in spec["inputs"]])
-        nodes = self.vector(Program.StartNodesVector, [self.node(n) for n in spec["nodes"]])
-        outputs = self.vector(Program.StartOutputsVector, [self.arg(a) for a in spec["outputs"]])
+        name = b.CreateString(p.name)
+        inputs = self.vector(Program.StartInputsVector, [self.input(e) for e in p.inputs])
+        nodes = self.vector(Program.StartNodesVector, [self.node(n) for n in p.nodes])
+        outputs = self.vector(Program.StartOutputsVector, [self.arg(a) for a in p.outputs])
         binds = self.vector(Program.StartBindingsVector, [self.binding(e) for e in bindings]) if bindings else None
         leafs = self.vector(Program.StartLeavesVector, [self.leaf(e) for e in leaves]) if leaves is not None else None
         tree_off, weights_off = self.string(tree), self.string(weights_file)
@@ -316,14 +297,14 @@ class _Encoder:
         Program.Start(b)
         Program.AddFormatVersion(b, FORMAT_VERSION)
         Program.AddName(b, name)
-        Program.AddNumSlots(b, spec["num_slots"])
+        Program.AddNumSlots(b, p.num_slots)
         Program.AddInputs(b, inputs)
         Program.AddNodes(b, nodes)
         Program.AddOutputs(b, outputs)
-        Program.AddNumConstants(b, spec["num_constants"])
+        Program.AddNumConstants(b, p.num_constants)
         if consts is not None:
             Program.AddConstants(b, consts)
-        Program.AddCheckSignature(b, bool(spec.get("check_signature", True)))
+        Program.AddCheckSignature(b, p.check_signature)
         for add, off in ((Program.AddBindings, binds), (Program.AddLeaves, leafs), (Program.AddTree, tree_off),
                          (Program.AddWeightsFile, weights_off), (Program.AddInfo, info_off),
                          (Program.AddGuards, guards_off)):

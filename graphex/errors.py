@@ -70,7 +70,7 @@ class CaptureError(GraphexError):
 
 
 class ProgramError(GraphexError):
-    """A program spec the C++ core cannot build (raised by graphex._C)."""
+    """A program the C++ core cannot build (raised by graphex._C)."""
 
 
 class SignatureError(GraphexError):

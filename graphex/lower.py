@@ -1,9 +1,9 @@
-"""Lowering: an ATen-level FX graph becomes a program spec for the C++ core.
+"""Lowering: an ATen-level FX graph becomes a typed Program for the C++ core (Note [One typed program]).
 
-Each value in the graph gets a slot; each call becomes a node of the spec that
-names its operator and refers to slots and constants (see graphex/_spec.py and
-csrc/program/spec.h). Nothing here runs anything: C++ resolves the operators and
-checks every argument against its schema when it builds the Program.
+Each value in the graph gets a slot; each call becomes a node of the program that
+names its operator and refers to slots and constants (graphex/program.py; written by
+graphex/_spec.py). Nothing here runs anything: C++ resolves the operators and checks
+every argument against its schema when it builds the Program.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from . import _log
 from ._source import display_name, source_line
-from ._spec import Const, Slot
+from .program import Const, GetItemNode, Input, Node, OpNode, Program, Slot, SymNode, TensorMeta, Value
 from .fb import SymFn as _fb_sym
 from .custom_ops.registration import is_custom
 from .errors import CaptureError, Finding
@@ -28,13 +28,13 @@ from .fold import fold_frozen
 
 @dataclasses.dataclass
 class LoweredGraph:
-    spec: dict[str, Any]
+    program: Program
     constants: list[torch.Tensor]
     num_ops: int
     # Indices of graph inputs that are not bound at run time (frozen parameters).
     frozen_inputs: list[int]
     dynamic: bool
-    # The operator behind each spec node (None for builtins), for error messages.
+    # The operator behind each program node (None for builtins), for error messages.
     node_ops: list[Any] = dataclasses.field(default_factory=list)
     # Note [Folding frozen parameters]: frozen input index -> what the engine watches on it (graphex/fold.py),
     # and how many operator calls folding removed.
@@ -43,7 +43,7 @@ class LoweredGraph:
 
     @property
     def validates_fakes(self) -> bool:
-        return any("expect" in n for n in self.spec["nodes"])
+        return self.program.validates_fakes
 
 
 # Python callables that appear in graphs with symbolic shapes, by the schema's name of the function
@@ -73,7 +73,7 @@ except ImportError:  # pragma: no cover
 
 
 def lower(gm: torch.fx.GraphModule, *, name: str, frozen: dict[int, torch.Tensor] | None = None) -> LoweredGraph:
-    """Lower `gm` (functional or reinplaced ATen graph) to a program spec.
+    """Lower `gm` (functional or reinplaced ATen graph) to a typed Program.
 
     `frozen` maps graph-input indices to the real tensors to bake in as constants
     (option frozen_parameter). Raises CaptureError naming the node, its source line
@@ -91,8 +91,8 @@ class _Lowering:
         self.num_slots = 0
         self.constants: list[torch.Tensor] = []
         self.constant_index: dict[int, int] = {}
-        self.nodes: list[dict[str, Any]] = []
-        self.inputs: list[dict[str, Any]] = []
+        self.nodes: list[Node] = []
+        self.inputs: list[Input] = []
         self.num_ops = 0
         self.dynamic = False
         self.node_ops: dict[int, torch._ops.OpOverload] = {}
@@ -112,7 +112,7 @@ class _Lowering:
 
     # -- driver ---------------------------------------------------------------
     def run(self) -> LoweredGraph:
-        outputs: list[Any] = []
+        outputs: list[Value] = []
         input_index = 0
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
@@ -128,14 +128,8 @@ class _Lowering:
                 raise self.error(node, f"{node.op} nodes cannot be captured",
                                  "call_module/call_method nodes should not survive AOTAutograd; "
                                  "please report this graph (GRAPHEX_DUMP=dir writes it out).")
-        spec = {
-            "name": self.name,
-            "num_slots": self.num_slots,
-            "inputs": self.inputs,
-            "nodes": self.nodes,
-            "outputs": outputs,
-            "num_constants": len(self.constants),
-        }
+        program = Program(name=self.name, num_slots=self.num_slots, inputs=tuple(self.inputs),
+                          nodes=tuple(self.nodes), outputs=tuple(outputs), num_constants=len(self.constants))
         node_ops = [self.node_ops.get(i) for i in range(len(self.nodes))]
         watch = {i: 0 for i in self.frozen}
         folded_ops = 0
@@ -145,37 +139,36 @@ class _Lowering:
             if folded_ops:
                 _log.info("%s: folded %d operator calls that read only frozen parameters (frozen_parameter)",
                           self.name, folded_ops)
-        return LoweredGraph(spec, self.constants, self.num_ops, sorted(self.frozen), self.dynamic, node_ops,
+        return LoweredGraph(program, self.constants, self.num_ops, sorted(self.frozen), self.dynamic, node_ops,
                             frozen_watch=watch, folded_ops=folded_ops)
 
     def placeholder(self, node: torch.fx.Node, index: int) -> None:
         val = node.meta.get("val")
         if index in self.frozen:
             self.value_of[node] = self.const(self.frozen[index])
-            self.inputs.append({"name": display_name(node), "kind": "other", "slot": self.new_slot().index})
+            self.inputs.append(Input(display_name(node), "other", self.new_slot().index))
             return
         slot = self.new_slot()
         self.value_of[node] = slot
-        entry: dict[str, Any] = {"name": display_name(node), "slot": slot.index}
+        name = display_name(node)
         if _is_effect_token(node):
-            entry["kind"] = "other"  # AOTAutograd passes None for a token at run time
+            entry = Input(name, "other", slot.index)  # AOTAutograd passes None for a token at run time
         elif isinstance(val, torch.Tensor):
-            sizes = [_static_int(s) for s in val.shape]
-            strides = [_static_int(s) for s in val.stride()]
+            sizes = tuple(_static_int(s) for s in val.shape)
+            strides = tuple(_static_int(s) for s in val.stride())
             self.dynamic |= None in sizes
             if _is_synthetic_base(node):
-                sizes = [None] * len(sizes)  # Note [A synthetic base is as large as its storage]
-            entry.update(kind="tensor", dtype=val.dtype, device=str(val.device),
-                         sizes=sizes, strides=strides)
+                sizes = (None,) * len(sizes)  # Note [A synthetic base is as large as its storage]
+            entry = Input(name, "tensor", slot.index, TensorMeta(val.dtype, val.device, sizes, strides))
         elif isinstance(val, (torch.SymBool, bool)):
-            entry["kind"] = "bool"
+            entry = Input(name, "bool", slot.index)
         elif isinstance(val, (torch.SymInt, int)):
             self.dynamic |= isinstance(val, torch.SymInt)
-            entry["kind"] = "int"
+            entry = Input(name, "int", slot.index)
         elif isinstance(val, (torch.SymFloat, float)):
-            entry["kind"] = "float"
+            entry = Input(name, "float", slot.index)
         else:
-            entry["kind"] = "other"
+            entry = Input(name, "other", slot.index)
         self.inputs.append(entry)
 
     def get_attr(self, node: torch.fx.Node) -> None:
@@ -244,23 +237,19 @@ class _Lowering:
             outs = [s.index for s in slots]
         else:
             self.value_of[node] = None
-        args = [self.tensor_arg(a, node) if _wants_tensor(schema, i) else self.arg(a, node)
-                for i, a in enumerate(node_args)]
+        args = tuple(self.tensor_arg(a, node) if _wants_tensor(schema, i) else self.arg(a, node)
+                     for i, a in enumerate(node_args))
         kwargs = {k: self.tensor_arg(v, node) if _wants_tensor(schema, k) else self.arg(v, node)
                   for k, v in node_kwargs.items()}
-        entry = {
-            "kind": "op", "name": node.name, "target": _op_text(target), "source": source_line(node),
-            "op": schema.name, "overload": target._overloadname, "args": args, "kwargs": kwargs, "outs": outs,
-        }
-        if is_custom(target) and outs:
-            # What the fake/Meta function promised, for validate_fake's check on the first run.
-            entry["expect"] = _expected_outputs(node, len(outs))
+        # What a custom op's fake/Meta function promised, for validate_fake's check on the first run.
+        expect = _expected_outputs(node, len(outs)) if is_custom(target) and outs else None
         self.node_ops[len(self.nodes)] = target
-        self.nodes.append(entry)
+        self.nodes.append(OpNode(node.name, source_line(node), schema.name, target._overloadname, args, kwargs,
+                                 tuple(outs), expect))
         self.num_ops += 1
         if _log.detail_enabled():
             _log.detail("  %s: %s(%s)%s", node.name, _op_text(target),
-                        ", ".join(map(repr, args + [f"{k}={v!r}" for k, v in kwargs.items()])),
+                        ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())]),
                         f"  # {source_line(node)}" if source_line(node) else "")
 
     def check_kernel(self, node: torch.fx.Node, target: torch._ops.OpOverload) -> None:
@@ -284,8 +273,7 @@ class _Lowering:
             return
         slot = self.new_slot()
         self.value_of[node] = slot
-        self.nodes.append({"kind": "getitem", "name": node.name, "target": "getitem", "source": source_line(node),
-                           "args": [self.arg(source, node), index], "outs": [slot.index]})
+        self.nodes.append(GetItemNode(node.name, source_line(node), (self.arg(source, node), index), (slot.index,)))
 
     def sym(self, node: torch.fx.Node, fn: str) -> None:
         slot = self.new_slot()
@@ -293,21 +281,20 @@ class _Lowering:
         self.dynamic = True
         if node.kwargs:
             raise self.error(node, f"keyword arguments to sym.{fn}", "please report this graph.")
-        self.nodes.append({"kind": "sym", "name": node.name, "target": f"sym.{fn}", "source": source_line(node),
-                           "fn": fn, "args": [self.arg(a, node) for a in node.args], "outs": [slot.index]})
+        self.nodes.append(SymNode(node.name, source_line(node), fn, tuple(self.arg(a, node) for a in node.args),
+                              (slot.index,)))
 
     # -- arguments --------------------------------------------------------------
-    def tensor_arg(self, a: Any, user: torch.fx.Node) -> Any:
+    def tensor_arg(self, a: Any, user: torch.fx.Node) -> Value:
         """An argument the schema types as Tensor: a symbolic number there becomes a wrapped-number tensor."""
         if isinstance(a, torch.fx.Node) and not isinstance(a.meta.get("val"), torch.Tensor) and a in self.value_of:
             slot = self.new_slot()
-            self.nodes.append({"kind": "sym", "name": f"{a.name}_as_tensor", "target": "sym.ScalarTensor",
-                               "source": source_line(user), "fn": _S["ScalarTensor"],
-                               "args": [self.arg(a, user)], "outs": [slot.index]})
+            self.nodes.append(SymNode(f"{a.name}_as_tensor", source_line(user), _S["ScalarTensor"],
+                                  (self.arg(a, user),), (slot.index,)))
             return slot
         return self.arg(a, user)
 
-    def arg(self, a: Any, user: torch.fx.Node) -> Any:
+    def arg(self, a: Any, user: torch.fx.Node) -> Value:
         if isinstance(a, torch.fx.Node):
             if a not in self.value_of:
                 raise self.error(user, f"uses {a.name} before it is defined", "please report this graph.")
@@ -316,7 +303,7 @@ class _Lowering:
                 raise self.error(user, f"uses the whole tuple output of {a.name}", "please report this graph.")
             return v
         if isinstance(a, (list, tuple)):
-            return [self.arg(x, user) for x in a]
+            return tuple(self.arg(x, user) for x in a)
         if a is None or isinstance(a, (bool, int, float, str)):
             if isinstance(a, float) and not math.isfinite(a):
                 return a  # inf / nan are valid float constants
@@ -366,17 +353,12 @@ def _wants_tensor(schema: torch._C.FunctionSchema, position: int | str) -> bool:
     return isinstance(formal.type, torch.TensorType)
 
 
-def _expected_outputs(node: torch.fx.Node, count: int) -> list[Any]:
+def _expected_outputs(node: torch.fx.Node, count: int) -> tuple[TensorMeta | None, ...]:
     vals = node.meta.get("val")
     vals = list(vals) if isinstance(vals, (list, tuple)) and count > 1 else [vals]
-    out: list[Any] = []
-    for v in vals:
-        if isinstance(v, torch.Tensor):
-            out.append({"dtype": v.dtype, "device": str(v.device),
-                        "sizes": [_static_int(d) for d in v.shape]})
-        else:
-            out.append(None)
-    return out if len(out) == count else [None] * count
+    out = tuple(TensorMeta(v.dtype, v.device, tuple(_static_int(d) for d in v.shape))
+                if isinstance(v, torch.Tensor) else None for v in vals)
+    return out if len(out) == count else (None,) * count
 
 
 def _is_synthetic_base(node: torch.fx.Node) -> bool:

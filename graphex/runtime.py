@@ -214,9 +214,9 @@ class CompiledGraph:
         try:
             outs = self.executor.run_validated(args)  # type: ignore[union-attr]
         except FakeMismatch as e:
-            node = self.lowered.spec["nodes"][e.node_index]  # type: ignore[union-attr]
+            node = self.lowered.program.nodes[e.node_index]  # type: ignore[union-attr]
             op = self.lowered.node_ops[e.node_index]  # type: ignore[union-attr]
-            raise explain_fake_mismatch(op, node["name"], e.output, e.expected, e.actual, node["source"]) from None
+            raise explain_fake_mismatch(op, node.name, e.output, e.expected, e.actual, node.source) from None
         self._enter(Phase.STEADY)
         if self.device_graphs is not None:  # that run was this signature's warm-up: capture it now
             self.device_graphs.ran_on_the_engine(args)
@@ -318,7 +318,7 @@ class CompiledGraph:
 def build_executor(lowered: LoweredGraph) -> _C.Executor:
     # Capture runs under AOTAutograd's FakeTensorMode; the program's constants must be real.
     with _disable_current_modes():
-        return _C.Executor(_spec.encode(lowered.spec), lowered.constants)
+        return _C.Executor(_spec.encode(lowered.program), lowered.constants)
 
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list[Any]:

@@ -240,7 +240,7 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     info["dynamic"] = dynamic
     if unexportable:
         header["unexportable"] = unexportable
-    program = _spec.encode(lowered.spec, lowered.constants, bindings=inputs, leaves=outputs,
+    program = _spec.encode(lowered.program, lowered.constants, bindings=inputs, leaves=outputs,
                            tree=pytree.treespec_dumps(out_spec), info=info, guards=program_guards)
     return Entry(header, program)
 
@@ -282,7 +282,7 @@ def guards_scope(func: Callable[..., Any], flat_args: list[Any],
 def _check_aot_wrappers_are_trivial(graph: CompiledGraph, num_dynamo_inputs: int) -> None:
     """The engine must be the whole story: AOTAutograd's runtime wrappers must have nothing to add."""
     meta = graph.aot_metadata
-    if len(graph.lowered.spec["inputs"]) != num_dynamo_inputs:  # type: ignore[union-attr]
+    if len(graph.lowered.program.inputs) != num_dynamo_inputs:  # type: ignore[union-attr]
         raise NotCacheable("AOTAutograd merged or split graph inputs (aliased or duplicate arguments)")
     if meta is None:
         return

@@ -89,7 +89,7 @@ def test_frozen_parameter_binds_parameters_once_and_sees_in_place_updates():
     graph = captures()[-1]
     frozen = graph.lowered.frozen_inputs
     assert len(frozen) == 2  # weight and bias
-    assert all(graph.lowered.spec["inputs"][i]["kind"] == "other" for i in frozen)
+    assert all(graph.lowered.program.inputs[i].kind == "other" for i in frozen)
     model.weight.data.mul_(2)  # in-place update: same tensor, new values
     assert_same(compiled(x), model(x))
 

@@ -130,7 +130,7 @@ def test_a_guard_reading_an_input_the_program_lacks_is_refused_at_load(tmp_path)
 
     def with_guards(*guards: shape_guards.ShapeGuard) -> None:
         (path / "program.gxp").write_bytes(_spec.encode(
-            lowered.spec, lowered.constants, bindings=entry.header["inputs"],
+            lowered.program, lowered.constants, bindings=entry.header["inputs"],
             leaves=entry.header["outputs"]["leaves"], tree=entry.header["outputs"]["spec"], guards=list(guards)))
 
     K, Op = shape_guards._K, shape_guards.GuardOp

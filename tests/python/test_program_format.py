@@ -38,7 +38,7 @@ def _lowered():
 
 def test_program_bytes_are_typed_with_graphex_enums():
     lowered, args, expected = _lowered()
-    data = _spec.encode(lowered.spec, lowered.constants)
+    data = _spec.encode(lowered.program, lowered.constants)
     assert data[8:12] == b"GXPG"
     program = Program.Program.GetRootAs(data, 4)  # after the size prefix
     assert program.FormatVersion() == _spec.FORMAT_VERSION == _C.SPEC_FORMAT_VERSION
@@ -54,7 +54,7 @@ def test_program_bytes_are_typed_with_graphex_enums():
 
 def test_bad_bytes_are_refused_before_anything_runs_with_the_reason():
     lowered, _, _ = _lowered()
-    data = _spec.encode(lowered.spec, lowered.constants)
+    data = _spec.encode(lowered.program, lowered.constants)
     cases = {
         b"": "not a graphex program",
         b"PK\x03\x04" + b"\0" * 60: "not a graphex program",  # a torch.save zip
