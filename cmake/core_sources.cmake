@@ -2,7 +2,6 @@
 # and by the loader fuzzer's own clang project (tests/fuzz/CMakeLists.txt). Paths relative to the repository root.
 set(GRAPHEX_CORE_SOURCES
   csrc/program/format.cpp
-  csrc/program/spec.cpp
   csrc/program/signature.cpp
   csrc/program/arguments.cpp
   csrc/program/program.cpp

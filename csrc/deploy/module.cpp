@@ -105,7 +105,7 @@ Module Module::load(const std::string& path) {
     for (const fb::Leaf* l : *root.leaves()) {
       Leaf leaf{static_cast<int>(l->kind()), l->index(), {}};
       if (l->kind() == fb::LeafKind::Constant)
-        leaf.value = makeUntypedArgSource(format::toValue(l->value()), {}, "result constant").constant;
+        leaf.value = makeUntypedArgSource(l->value(), {}, "result constant").constant;
       else if (l->kind() == fb::LeafKind::Argument)
         m.num_args_ = std::max(m.num_args_, static_cast<size_t>(std::max(l->index(), 0)) + 1);
       else if (l->index() < 0 || static_cast<size_t>(l->index()) >= program.outputs.size())

@@ -1,24 +1,44 @@
 #include "program/arguments.h"
 
+#include "program/format.h"
+
 #include <ATen/ops/scalar_tensor.h>
 #include <c10/core/Device.h>
+
+#include <sstream>
 
 namespace graphex {
 
 namespace {
 
 using Kind = ArgSource::Kind;
-using spec::Value;
+using K = fb::ArgKind;
 
-[[noreturn]] void badArg(const std::string& what, const c10::TypePtr& type, const Value& v,
+K kindOf(const fb::Arg* a) { return a == nullptr ? K::None : a->kind(); }
+
+[[noreturn]] void badArg(const std::string& what, const c10::TypePtr& type, const fb::Arg* a,
                          const std::string& why = {}) {
-  throw ProgramError(what + " expects " + type->str() + ", but the graph passes " +
-                     spec::toText(v, 80) + (why.empty() ? "" : " (" + why + ")"));
+  throw ProgramError(what + " expects " + type->str() + ", but the graph passes " + argText(a, 80) +
+                     (why.empty() ? "" : " (" + why + ")"));
 }
 
-const at::Tensor& constantTensor(const Value& v, const std::vector<at::Tensor>& constants,
-                                 const std::string& what) {
-  uint32_t k = v.toConst();
+// A slot or constant-table index (both stored in `i`), checked to fit.
+uint32_t indexOf(const fb::Arg* a, const std::string& what) {
+  if (a->i() < 0 || a->i() > UINT32_MAX)
+    throw ProgramError(what + ": slot or constant index " + std::to_string(a->i()) + " out of range");
+  return static_cast<uint32_t>(a->i());
+}
+
+bool containsSlot(const fb::Arg* a) {
+  if (kindOf(a) == K::Slot) return true;
+  if (kindOf(a) == K::List && a->items())
+    for (const fb::Arg* item : *a->items())
+      if (containsSlot(item)) return true;
+  return false;
+}
+
+const at::Tensor& constantTensor(const fb::Arg* a, const std::vector<at::Tensor>& constants, const std::string& what) {
+  uint32_t k = indexOf(a, what);
   if (k >= constants.size())
     throw ProgramError(what + " refers to constant tensor " + std::to_string(k) + " but the program has " +
                        std::to_string(constants.size()));
@@ -32,62 +52,88 @@ ArgSource constant(c10::IValue iv) {
   return a;
 }
 
-ArgSource slotSource(const Value& v, Kind kind = Kind::Slot) {
+ArgSource slotSource(const fb::Arg* arg, const std::string& what, Kind kind = Kind::Slot) {
   ArgSource a;
   a.kind = kind;
-  a.slot = static_cast<int32_t>(v.toSlot());
+  a.slot = static_cast<int32_t>(indexOf(arg, what));
   return a;
 }
 
+// The integer a schema int carries: an Int, a Bool, or one of graphex's enums as the c10 code
+// the boxed calling convention uses (dtypes, layouts and memory formats are ints there).
+std::optional<int64_t> asInt(const fb::Arg* a) {
+  switch (kindOf(a)) {
+    case K::Int: return a->i();
+    case K::Bool: return static_cast<int64_t>(a->i() != 0);
+    case K::DType: return static_cast<int64_t>(format::toScalarType(a->dtype()));
+    case K::Layout: return static_cast<int64_t>(format::toLayout(a->layout()));
+    case K::MemoryFormat: return static_cast<int64_t>(format::toMemoryFormat(a->memory_format()));
+    default: return std::nullopt;
+  }
+}
+
+// A Python number passed where a schema wants a Tensor, as the Python arg parser makes it: a 0-dim
+// tensor flagged as a wrapped number, so type promotion treats it as a Python scalar.
+at::Tensor wrappedNumber(const fb::Arg* a) {
+  at::Tensor t = kindOf(a) == K::Float  ? at::scalar_tensor(a->f(), at::kDouble)
+                 : kindOf(a) == K::Bool ? at::scalar_tensor(a->i() != 0, at::kBool)
+                                        : at::scalar_tensor(a->i(), at::kLong);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+std::string str(const fb::Arg* a) { return a->s() ? a->s()->str() : std::string(); }
+
 // A scalar (non-list, non-tensor) constant converted to the schema's type.
-c10::IValue scalarConstant(const Value& v, const c10::TypePtr& type, const std::string& what) {
+c10::IValue scalarConstant(const fb::Arg* a, const c10::TypePtr& type, const std::string& what) {
+  K k = kindOf(a);
   switch (type->kind()) {
     case c10::TypeKind::IntType:
     case c10::TypeKind::SymIntType:
-      if (v.isInt()) return v.toInt();
-      if (v.isBool()) return static_cast<int64_t>(v.toBool());
+      if (auto i = asInt(a)) return *i;
       break;
     case c10::TypeKind::FloatType:
     case c10::TypeKind::SymFloatType:
-      if (v.isInt() || v.isFloat()) return v.toFloat();
+      if (k == K::Int) return static_cast<double>(a->i());
+      if (k == K::Float) return a->f();
       break;
     case c10::TypeKind::BoolType:
     case c10::TypeKind::SymBoolType:
-      if (v.isBool()) return v.toBool();
-      if (v.isInt()) return v.toInt() != 0;
+      if (k == K::Bool || k == K::Int) return a->i() != 0;
       break;
     case c10::TypeKind::NumberType:  // Scalar
-      if (v.isInt()) return v.toInt();
-      if (v.isFloat()) return v.toFloat();
-      if (v.isBool()) return v.toBool();
+      if (k == K::Int) return a->i();
+      if (k == K::Float) return a->f();
+      if (k == K::Bool) return a->i() != 0;
       break;
     case c10::TypeKind::StringType:
-      if (v.isStr()) return v.toStr();
+      if (k == K::Str) return str(a);
       break;
     case c10::TypeKind::DeviceObjType:
-      if (v.isStr()) {
+      if (k == K::Device) return format::toDevice(a->device());
+      if (k == K::Str) {
         try {
-          return c10::Device(v.toStr());
-        } catch (const std::exception& e) {
-          badArg(what, type, v, "not a device name");
+          return c10::Device(str(a));
+        } catch (const std::exception&) {
+          badArg(what, type, a, "not a device name");
         }
       }
       break;
     case c10::TypeKind::AnyType:
-      if (v.isInt()) return v.toInt();
-      if (v.isFloat()) return v.toFloat();
-      if (v.isBool()) return v.toBool();
-      if (v.isStr()) return v.toStr();
+      if (k == K::Float) return a->f();
+      if (k == K::Bool) return a->i() != 0;
+      if (k == K::Str) return str(a);
+      if (k == K::Device) return format::toDevice(a->device());
+      if (auto i = asInt(a)) return *i;
       break;
     default:
       break;
   }
-  badArg(what, type, v);
+  badArg(what, type, a);
 }
 
-ArgSource listSource(const Value& v, const c10::TypePtr& elem, const std::vector<at::Tensor>& constants,
+ArgSource listSource(const fb::Arg* v, const c10::TypePtr& elem, const std::vector<at::Tensor>& constants,
                      const std::string& what, const c10::TypePtr& list_type) {
-  const spec::List& items = v.toList();
   ArgSource a;
   bool is_optional_tensor = elem->kind() == c10::TypeKind::OptionalType &&
                             elem->castRaw<c10::OptionalType>()->getElementType()->kind() ==
@@ -105,26 +151,32 @@ ArgSource listSource(const Value& v, const c10::TypePtr& elem, const std::vector
       }
       badArg(what, list_type, v, "lists of " + elem->str() + " are not supported");
   }
-  a.items.reserve(items.size());
-  for (size_t i = 0; i < items.size(); ++i) {
-    const Value& item = items[i];
-    std::string item_what = what + " element " + std::to_string(i);
-    ListItem li;
-    if (item.isSlot()) {
-      li.slot = static_cast<int32_t>(item.toSlot());
-    } else if (item.isConst()) {
-      if (a.kind != Kind::TensorList && a.kind != Kind::OptionalTensorList) badArg(item_what, elem, item);
-      li.constant = constantTensor(item, constants, item_what);
-    } else if (item.isNone()) {
-      if (a.kind != Kind::OptionalTensorList) badArg(item_what, elem, item);
-      li.constant = c10::IValue();
-    } else {
-      if (a.kind == Kind::TensorList || a.kind == Kind::OptionalTensorList) badArg(item_what, elem, item);
-      li.constant = scalarConstant(item, elem, item_what);
+  bool of_tensors = a.kind == Kind::TensorList || a.kind == Kind::OptionalTensorList;
+  if (v->items()) {
+    a.items.reserve(v->items()->size());
+    for (uint32_t i = 0; i < v->items()->size(); ++i) {
+      const fb::Arg* item = v->items()->Get(i);
+      std::string item_what = what + " element " + std::to_string(i);
+      ListItem li;
+      switch (kindOf(item)) {
+        case K::Slot: li.slot = static_cast<int32_t>(indexOf(item, item_what)); break;
+        case K::Const:
+          if (!of_tensors) badArg(item_what, elem, item);
+          li.constant = constantTensor(item, constants, item_what);
+          break;
+        case K::None:
+          if (a.kind != Kind::OptionalTensorList) badArg(item_what, elem, item);
+          li.constant = c10::IValue();
+          break;
+        case K::List: badArg(item_what, elem, item);
+        default:
+          if (of_tensors) badArg(item_what, elem, item);
+          li.constant = scalarConstant(item, elem, item_what);
+      }
+      a.items.push_back(std::move(li));
     }
-    a.items.push_back(std::move(li));
   }
-  if (v.containsSlot()) return a;
+  if (containsSlot(v)) return a;
 
   // Entirely constant: build the list once now.
   switch (a.kind) {
@@ -161,61 +213,90 @@ ArgSource listSource(const Value& v, const c10::TypePtr& elem, const std::vector
 
 }  // namespace
 
-at::Tensor wrappedNumber(const spec::Value& v) {
-  // What Python's argument parser does with `torch.ops.aten.add.Tensor(x, 1)`: a 0-dim
-  // tensor flagged as a wrapped number, so type promotion treats it as a Python scalar.
-  at::Tensor t = v.isFloat() ? at::scalar_tensor(v.toFloat(), at::kDouble)
-                 : v.isBool() ? at::scalar_tensor(v.toBool(), at::kBool)
-                              : at::scalar_tensor(v.toInt(), at::kLong);
-  t.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return t;
-}
-
-ArgSource makeArgSource(const Value& v, const c10::TypePtr& type, const std::vector<at::Tensor>& constants,
+ArgSource makeArgSource(const fb::Arg* v, const c10::TypePtr& type, const std::vector<at::Tensor>& constants,
                         const std::string& what) {
+  K k = kindOf(v);
   if (type->kind() == c10::TypeKind::OptionalType) {
-    if (v.isNone()) return constant(c10::IValue());
+    if (k == K::None) return constant(c10::IValue());
     return makeArgSource(v, type->castRaw<c10::OptionalType>()->getElementType(), constants, what);
   }
-  if (v.isSlot()) {
-    if (type->kind() == c10::TypeKind::FloatType) return slotSource(v, Kind::SlotAsDouble);
-    return slotSource(v);
-  }
+  if (k == K::Slot) return slotSource(v, what, type->kind() == c10::TypeKind::FloatType ? Kind::SlotAsDouble : Kind::Slot);
   switch (type->kind()) {
     case c10::TypeKind::TensorType:
-      if (v.isConst()) return constant(constantTensor(v, constants, what));
-      if (v.isInt() || v.isFloat() || v.isBool()) return constant(wrappedNumber(v));
+      if (k == K::Const) return constant(constantTensor(v, constants, what));
+      if (k == K::Int || k == K::Float || k == K::Bool) return constant(wrappedNumber(v));
       badArg(what, type, v);
     case c10::TypeKind::ListType:
-      if (!v.isList()) badArg(what, type, v);
+      if (k != K::List) badArg(what, type, v);
       return listSource(v, type->castRaw<c10::ListType>()->getElementType(), constants, what, type);
     case c10::TypeKind::NoneType:
     case c10::TypeKind::GeneratorType:
-      if (v.isNone()) return constant(c10::IValue());
+      if (k == K::None) return constant(c10::IValue());
       badArg(what, type, v, "only the default generator (None) can be captured");
     default:
-      if (v.isList() || v.isConst() || v.isDict()) badArg(what, type, v);
-      if (v.isNone()) badArg(what, type, v);
+      if (k == K::List || k == K::Const || k == K::None) badArg(what, type, v);
       return constant(scalarConstant(v, type, what));
   }
 }
 
-ArgSource makeUntypedArgSource(const Value& v, const std::vector<at::Tensor>& constants,
-                               const std::string& what) {
-  if (v.isSlot()) return slotSource(v);
-  if (v.isConst()) return constant(constantTensor(v, constants, what));
-  if (v.isNone()) return constant(c10::IValue());
-  if (v.isBool()) return constant(v.toBool());
-  if (v.isInt()) return constant(v.toInt());
-  if (v.isFloat()) return constant(v.toFloat());
-  if (v.isStr()) return constant(v.toStr());
-  if (v.isList() && !v.containsSlot()) {
-    // A constant list of ints/floats (e.g. a size returned by the graph).
-    c10::impl::GenericList l(c10::AnyType::get());
-    for (const Value& item : v.toList()) l.push_back(makeUntypedArgSource(item, constants, what).constant);
-    return constant(l);
+ArgSource makeUntypedArgSource(const fb::Arg* v, const std::vector<at::Tensor>& constants, const std::string& what) {
+  switch (kindOf(v)) {
+    case K::Slot: return slotSource(v, what);
+    case K::Const: return constant(constantTensor(v, constants, what));
+    case K::None: return constant(c10::IValue());
+    case K::Bool: return constant(v->i() != 0);
+    case K::Int: return constant(v->i());
+    case K::Float: return constant(v->f());
+    case K::Str: return constant(str(v));
+    case K::List:
+      if (!containsSlot(v)) {
+        // A constant list of ints/floats (e.g. a size returned by the graph).
+        c10::impl::GenericList l(c10::AnyType::get());
+        if (v->items())
+          for (const fb::Arg* item : *v->items()) l.push_back(makeUntypedArgSource(item, constants, what).constant);
+        return constant(l);
+      }
+      break;
+    default: break;
   }
-  throw ProgramError(what + ": cannot use " + spec::toText(v, 80) + " here");
+  throw ProgramError(what + ": cannot use " + argText(v, 80) + " here");
+}
+
+std::string argText(const fb::Arg* a, size_t max_chars) {
+  std::ostringstream os;
+  switch (kindOf(a)) {
+    case K::None: os << "None"; break;
+    case K::Bool: os << (a->i() != 0 ? "True" : "False"); break;
+    case K::Int: os << a->i(); break;
+    case K::Float: os << a->f(); break;
+    case K::Str: os << '\'' << str(a) << '\''; break;
+    case K::Slot: os << '%' << a->i(); break;
+    case K::Const: os << "const" << a->i(); break;
+    case K::DType: os << fb::EnumNameDType(a->dtype()); break;
+    case K::Layout: os << fb::EnumNameLayout(a->layout()); break;
+    case K::MemoryFormat: os << fb::EnumNameMemoryFormat(a->memory_format()); break;
+    case K::Device:
+      if (a->device() == nullptr) os << "device(?)";
+      else os << "device(" << fb::EnumNameDeviceType(a->device()->type()) << ", " << a->device()->index() << ')';
+      break;
+    case K::List: {
+      os << '[';
+      bool first = true;
+      if (a->items())
+        for (const fb::Arg* item : *a->items()) {
+          if (!first) os << ", ";
+          first = false;
+          os << argText(item, max_chars);
+          if (static_cast<size_t>(os.tellp()) > max_chars) break;
+        }
+      os << ']';
+      break;
+    }
+    default: os << "<argument kind " << static_cast<int>(kindOf(a)) << '>';
+  }
+  std::string s = os.str();
+  if (s.size() > max_chars) s = s.substr(0, max_chars) + "...";
+  return s;
 }
 
 }  // namespace graphex

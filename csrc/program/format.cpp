@@ -96,38 +96,6 @@ c10::Device toDevice(const fb::Device* device) {
 c10::Layout toLayout(fb::Layout layout) { return lookup(kLayouts, layout, "layout"); }
 c10::MemoryFormat toMemoryFormat(fb::MemoryFormat format) { return lookup(kMemoryFormats, format, "memory format"); }
 
-spec::Value toValue(const fb::Arg* arg) {
-  using spec::Value;
-  if (arg == nullptr) return Value::none();
-  switch (arg->kind()) {
-    case fb::ArgKind::None: return Value::none();
-    case fb::ArgKind::Bool: return Value::boolean(arg->i() != 0);
-    case fb::ArgKind::Int: return Value::integer(arg->i());
-    case fb::ArgKind::Float: return Value::floating(arg->f());
-    case fb::ArgKind::Str: return Value::string(arg->s() ? arg->s()->str() : std::string());
-    case fb::ArgKind::List: {
-      spec::List items;
-      if (arg->items()) {
-        items.reserve(arg->items()->size());
-        for (const fb::Arg* item : *arg->items()) items.push_back(toValue(item));
-      }
-      return Value::list(std::move(items));
-    }
-    case fb::ArgKind::Slot:
-    case fb::ArgKind::Const:
-      if (arg->i() < 0 || arg->i() > UINT32_MAX)
-        throw FormatError("graphex program: slot or constant index " + std::to_string(arg->i()) + " out of range");
-      return arg->kind() == fb::ArgKind::Slot ? Value::slot(static_cast<uint32_t>(arg->i()))
-                                              : Value::constant(static_cast<uint32_t>(arg->i()));
-    case fb::ArgKind::DType: return Value::integer(static_cast<int64_t>(toScalarType(arg->dtype())));
-    case fb::ArgKind::Layout: return Value::integer(static_cast<int64_t>(toLayout(arg->layout())));
-    case fb::ArgKind::MemoryFormat: return Value::integer(static_cast<int64_t>(toMemoryFormat(arg->memory_format())));
-    case fb::ArgKind::Device: return Value::string(toDevice(arg->device()).str());
-  }
-  throw FormatError("graphex program: unknown argument kind " + std::to_string(static_cast<int>(arg->kind())) +
-                    " (written by a newer graphex?)");
-}
-
 at::Tensor toTensor(const fb::Tensor& t, const std::string& what) {
   c10::ScalarType dtype = toScalarType(t.dtype());
   std::vector<int64_t> sizes;

@@ -20,7 +20,6 @@
 // one place; a value this build does not know is a FormatError, never a wrong dtype.
 #pragma once
 
-#include "program/spec.h"
 #include "program_generated.h"
 
 #include <ATen/core/Tensor.h>
@@ -54,11 +53,6 @@ fb::DType fromScalarType(c10::ScalarType dtype);  // FormatError for a dtype the
 c10::Device toDevice(const fb::Device* device);
 c10::Layout toLayout(fb::Layout layout);
 c10::MemoryFormat toMemoryFormat(fb::MemoryFormat format);
-
-// An argument as the in-memory value tree that program building converts by schema;
-// dtypes, layouts and memory formats become the c10 codes the boxed calling convention
-// carries, devices their names.
-spec::Value toValue(const fb::Arg* arg);
 
 // A constant tensor stored in the program (copied out of the buffer).
 at::Tensor toTensor(const fb::Tensor& t, const std::string& what);

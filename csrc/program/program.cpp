@@ -7,13 +7,12 @@
 #include <c10/core/Device.h>
 
 #include <array>
+#include <map>
 #include <utility>
 
 namespace graphex {
 
 namespace {
-
-using spec::Value;
 
 std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
 
@@ -69,13 +68,6 @@ std::vector<int32_t> parseOuts(const flatbuffers::Vector<int32_t>* v, uint32_t n
   return outs;
 }
 
-spec::List argList(const flatbuffers::Vector<flatbuffers::Offset<fb::Arg>>* v) {
-  spec::List out;
-  if (v)
-    for (const fb::Arg* a : *v) out.push_back(format::toValue(a));
-  return out;
-}
-
 c10::OperatorHandle resolveOperator(const std::string& name, const std::string& overload, const std::string& what) {
   // FX spells the unnamed overload "default"; the dispatcher spells it "".
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload == "default" ? "" : overload});
@@ -97,20 +89,21 @@ Instruction buildOp(const fb::Node& node, const NodeInfo& info, const std::vecto
   instr.op = resolveOperator(str(node.op()), str(node.overload()), what);
   const c10::FunctionSchema& schema = instr.op->schema();
 
-  const spec::List args = argList(node.args());
-  spec::Dict kwargs;
+  const auto* args = node.args();
+  const size_t num_args = args ? args->size() : 0;
+  std::map<std::string, const fb::Arg*, std::less<>> kwargs;
   if (node.kwargs())
-    for (const fb::Kwarg* kw : *node.kwargs()) kwargs.emplace(str(kw->name()), format::toValue(kw->value()));
+    for (const fb::Kwarg* kw : *node.kwargs()) kwargs.emplace(str(kw->name()), kw->value());
   const auto& formals = schema.arguments();
-  if (args.size() > formals.size())
-    throw ProgramError(what + ": " + std::to_string(args.size()) + " positional arguments for schema " +
+  if (num_args > formals.size())
+    throw ProgramError(what + ": " + std::to_string(num_args) + " positional arguments for schema " +
                        c10::toString(schema));
   size_t used_kwargs = 0;
   for (size_t i = 0; i < formals.size(); ++i) {
     const c10::Argument& formal = formals[i];
     std::string arg_what = "argument '" + formal.name() + "' of " + what;
-    if (i < args.size()) {
-      instr.args.push_back(makeArgSource(args[i], formal.type(), constants, arg_what));
+    if (i < num_args) {
+      instr.args.push_back(makeArgSource(args->Get(static_cast<uint32_t>(i)), formal.type(), constants, arg_what));
     } else if (auto it = kwargs.find(formal.name()); it != kwargs.end()) {
       instr.args.push_back(makeArgSource(it->second, formal.type(), constants, arg_what));
       ++used_kwargs;
@@ -162,9 +155,9 @@ Instruction buildBuiltin(const fb::Node& node, InstrKind kind, const NodeInfo& i
       throw ProgramError(what + ": unknown arithmetic function " + std::to_string(code));
     instr.sym = static_cast<SymFn>(code);
   }
-  const spec::List args = argList(node.args());
-  for (size_t i = 0; i < args.size(); ++i) {
-    ArgSource a = makeUntypedArgSource(args[i], constants, "argument " + std::to_string(i) + " of " + what);
+  const auto* args = node.args();
+  for (uint32_t i = 0; args && i < args->size(); ++i) {
+    ArgSource a = makeUntypedArgSource(args->Get(i), constants, "argument " + std::to_string(i) + " of " + what);
     if (a.slot >= static_cast<int32_t>(num_slots))
       throw ProgramError(what + ": reads slot " + std::to_string(a.slot) + " out of range");
     instr.args.push_back(std::move(a));
@@ -245,13 +238,12 @@ Program Program::fromTable(const fb::Program& root, std::vector<at::Tensor> cons
       }
     }
 
-    for (const Value& out : argList(root.outputs())) {
-      ArgSource a = makeUntypedArgSource(out, p.constants, "program output");
-      if (a.slot >= static_cast<int32_t>(p.num_slots)) throw ProgramError("output slot out of range");
-      p.outputs.push_back(std::move(a));
-    }
-  } catch (const spec::SpecError& e) {
-    throw ProgramError(std::string("malformed program: ") + e.what());
+    if (root.outputs())
+      for (const fb::Arg* out : *root.outputs()) {
+        ArgSource a = makeUntypedArgSource(out, p.constants, "program output");
+        if (a.slot >= static_cast<int32_t>(p.num_slots)) throw ProgramError("output slot out of range");
+        p.outputs.push_back(std::move(a));
+      }
   } catch (const format::FormatError& e) {
     throw ProgramError(e.what());
   }

@@ -9,7 +9,6 @@
 #pragma once
 
 #include "program/signature.h"
-#include "program/spec.h"
 #include "program_generated.h"
 
 namespace graphex::fb {
@@ -27,7 +26,7 @@ struct Program;
 
 namespace graphex {
 
-// A spec that does not describe a runnable program (unknown operator, argument
+// A program that cannot run (unknown operator, argument
 // that does not fit its schema, ...). The message names the node at fault.
 class ProgramError : public std::runtime_error {
  public:

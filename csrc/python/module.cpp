@@ -245,8 +245,6 @@ void registerErrors(py::module_& m) {
       if (p) std::rethrow_exception(p);
     } catch (const ProgramError& e) {
       PyErr_SetString(errorClasses().program_error.ptr(), e.what());
-    } catch (const spec::SpecError& e) {
-      PyErr_SetString(errorClasses().program_error.ptr(), e.what());
     } catch (const format::FormatError& e) {
       PyErr_SetString(errorClasses().program_error.ptr(), e.what());
     } catch (const deploy::WeightsError& e) {

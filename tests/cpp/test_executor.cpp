@@ -1,5 +1,5 @@
 #include "runtime/executor.h"
-#include "spec_builder.h"
+#include "program_builder.h"
 
 #include <ATen/ops/add.h>
 #include <ATen/ops/cat.h>
@@ -46,7 +46,7 @@ TEST(Executor, InPlaceUpdateWritesTheCallersTensor) {
   std::string spec = program(4, L({tensorInput("cache", 0, {4, 2}), tensorInput("pos", 1, {1}, c10::kLong),
                              tensorInput("val", 2, {1, 2})}),
                        L({op("upd", "aten::index_copy_", "default", L({Slot(0), I(0), Slot(1), Slot(2)}), {3})}),
-                       L({}));
+                       NoOutputs());
   Executor ex(Program::load(spec));
   at::Tensor cache = at::zeros({4, 2});
   const void* ptr = cache.const_data_ptr();
@@ -187,8 +187,8 @@ TEST(Executor, ForeignKernelErrorIsKeptAsTheCause) {
 
 TEST(Executor, ValidatingRunComparesOutputsWithTheFakesPromise) {
   // A node whose recorded promise (expect) says float32[4]; the real op returns float32[3].
-  Value node = withExpect(op("sum", "aten::sum", "dim_IntList", L({Slot(0), L({I(1)})}), {1}),
-                          L({tensorMeta({4}, c10::kFloat, /*with_strides=*/false)}));
+  fb::NodeT node = withExpect(op("sum", "aten::sum", "dim_IntList", L({Slot(0), L({I(1)})}), {1}),
+                              {tensorMeta({4}, c10::kFloat, /*with_strides=*/false)});
   std::string spec = program(2, L({tensorInput("x", 0, {3, 4})}), L({node}), L({Slot(1)}));
   Executor ex(Program::load(spec));
   at::Tensor x = at::randn({3, 4});

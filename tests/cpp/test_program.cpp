@@ -1,6 +1,6 @@
 #include "plan/describe.h"
 #include "program/program.h"
-#include "spec_builder.h"
+#include "program_builder.h"
 
 #include <gtest/gtest.h>
 
