@@ -80,7 +80,7 @@ def _device_type(device: torch.device) -> int:
 
 
 def encode(program: typed.Program, constants: Sequence[torch.Tensor] = (), *,
-           bindings: Sequence[dict[str, Any]] | None = None, leaves: Sequence[dict[str, Any]] | None = None,
+           bindings: Sequence[typed.Binding] | None = None, leaves: Sequence[typed.Leaf] | None = None,
            tree: str | None = None, weights_file: str | None = None, info: dict[str, Any] | None = None,
            guards: Sequence[Any] | None = None) -> bytes:
     """Bytes of one Program: `program` is LoweredGraph.program; `constants` are stored inline when given
@@ -242,26 +242,23 @@ class _Encoder:
         Tensor.AddData(b, data_off)
         return Tensor.End(b)
 
-    def binding(self, e: dict[str, Any]) -> int:
-        name = e.get("name")
-        if e["kind"] in ("param", "buffer"):
-            name = f"{e['owner']}.{e['name']}" if e.get("owner") else e["name"]
-        elif e["kind"] == "attr":
-            name = e["source"]  # Dynamo's access path, from L['flat_args'][index]
+    def binding(self, e: typed.Binding) -> int:
+        # Note [A program input is bound by one typed Binding]; attr: Dynamo's access path, from L['flat_args'][index]
+        name = e.fqn if e.kind in ("param", "buffer") else e.source if e.kind == "attr" else None
         name_off = self.string(name)
         Binding.Start(self.b)
-        Binding.AddKind(self.b, _BINDINGS[e["kind"]])
-        Binding.AddIndex(self.b, e.get("index", e.get("arg", 0)))
-        Binding.AddDim(self.b, e.get("dim") or 0)
+        Binding.AddKind(self.b, _BINDINGS[e.kind])
+        Binding.AddIndex(self.b, e.index)
+        Binding.AddDim(self.b, e.dim)
         if name_off is not None:
             Binding.AddName(self.b, name_off)
         return Binding.End(self.b)
 
-    def leaf(self, e: dict[str, Any]) -> int:
-        value = self.arg(e.get("value")) if e["kind"] == "const" else None
+    def leaf(self, e: typed.Leaf) -> int:
+        value = self.arg(e.value) if e.kind == "const" else None
         Leaf.Start(self.b)
-        Leaf.AddKind(self.b, _LEAVES[e["kind"]])
-        Leaf.AddIndex(self.b, e.get("index") or 0)
+        Leaf.AddKind(self.b, _LEAVES[e.kind])
+        Leaf.AddIndex(self.b, e.index)
         if value is not None:
             Leaf.AddValue(self.b, value)
         return Leaf.End(self.b)

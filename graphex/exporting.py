@@ -76,7 +76,8 @@ def export(model_or_fn: torch.nn.Module | Callable[..., Any], example_inputs: Se
             what=f"cannot export {getattr(func, '__qualname__', func)} with dynamic=True: {entry.header['unexportable']}",
             where="", fix="export with dynamic=False (one artifact per shape), or keep this model on "
                           "graphex.inference.cache_compile, which checks such guards in Python"))
-    held = [b["source"] for b in entry.header["inputs"] if b["kind"] == "attr"]
+    bindings = entry.bindings
+    held = [b.source for b in bindings if b.kind == "attr"]
     if held:  # Note [A tensor an argument holds is bound through its path]: graphex::Module takes tensors
         raise ExportError(finding=Finding(
             what=f"cannot export {getattr(func, '__qualname__', func)}: it reads tensors that an argument object "
@@ -86,10 +87,9 @@ def export(model_or_fn: torch.nn.Module | Callable[..., Any], example_inputs: Se
     _refuse_python_operators(entry.program)
     _refuse_collectives(entry.program)
     weights: dict[str, torch.Tensor] = {}
-    for b in entry.header["inputs"]:
-        if b["kind"] in ("param", "buffer"):
-            fqn = f"{b['owner']}.{b['name']}" if b["owner"] else b["name"]
-            weights[fqn] = module.get_parameter(fqn) if b["kind"] == "param" else module.get_buffer(fqn)  # type: ignore[union-attr]
+    for b in bindings:
+        if b.kind in ("param", "buffer"):
+            weights[b.fqn] = module.get_parameter(b.fqn) if b.kind == "param" else module.get_buffer(b.fqn)  # type: ignore[union-attr]
     os.makedirs(path, exist_ok=True)
     write_atomic(os.path.join(path, WEIGHTS_FILE), safetensors_bytes(weights), durable=True)
     write_atomic(os.path.join(path, PROGRAM_FILE), entry.program, durable=True)

@@ -15,7 +15,7 @@ tuple of values (a list argument).
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Mapping, Union
+from typing import Any, Literal, Mapping, Union
 
 import torch
 
@@ -130,3 +130,87 @@ class Program:
     @property
     def validates_fakes(self) -> bool:
         return any(isinstance(n, OpNode) and n.expect is not None for n in self.nodes)
+
+
+# Note [A program input is bound by one typed Binding]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Where program input i comes from on a call, decided once at capture (graphex/inference/capture.py):
+# user argument `index`; a parameter or buffer `owner`.`name`; size, stride or storage offset `dim` of
+# argument `index`; an effect token; a tensor that argument `index` holds at Dynamo's access path `source`.
+# One dataclass for every reader: the encoder (table Binding of program.fbs, which C++'s graphex::Module
+# reads), the cache entry's header (`to_json`, read back by `from_json`, which refuses anything it did not
+# write), cache_compile's generated binder (graphex/inference/guards.py), export, and the names errors use.
+BindingKind = Literal["arg", "param", "buffer", "size", "stride", "storage_offset", "token", "attr"]
+_BINDING_KINDS = frozenset(BindingKind.__args__)  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    kind: BindingKind
+    index: int = 0  # arg, attr, size, stride, storage_offset: the flat argument
+    dim: int = 0  # size, stride: the dimension
+    owner: str = ""  # param, buffer: the owning submodule's path ("" for the module itself)
+    name: str = ""  # param, buffer: the attribute name
+    source: str = ""  # Dynamo's source text: param / buffer (resolved per call by cache_compile), attr
+
+    @property
+    def fqn(self) -> str:
+        """A parameter's or buffer's fully qualified name, as `module.get_parameter` takes it."""
+        return f"{self.owner}.{self.name}" if self.owner else self.name
+
+    def describe(self) -> str:
+        """How the caller knows this input: `args[0]`, `args[0].size(1)`, `layers.0.weight`."""
+        if self.kind == "arg":
+            return f"args[{self.index}]"
+        if self.kind in ("size", "stride"):
+            return f"args[{self.index}].{self.kind}({self.dim})"
+        if self.kind == "storage_offset":
+            return f"args[{self.index}].storage_offset()"
+        if self.kind in ("param", "buffer"):
+            return self.fqn
+        if self.kind == "attr":
+            return self.source
+        return "an effect token"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> "Binding":
+        return _from_json(cls, d, kinds=_BINDING_KINDS)
+
+
+LeafKind = Literal["graph", "arg", "const"]
+_LEAF_KINDS = frozenset(LeafKind.__args__)  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One leaf of the function's result: program output `index`, argument `index` returned as it came, or a
+    Python constant `value` (table Leaf of program.fbs)."""
+
+    kind: LeafKind
+    index: int = 0
+    value: None | bool | int | float | str = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> "Leaf":
+        leaf = _from_json(cls, d, kinds=_LEAF_KINDS)
+        if not isinstance(leaf.value, (type(None), bool, int, float, str)):
+            raise ValueError(f"a result leaf's value is a {type(leaf.value).__name__}")
+        return leaf
+
+
+def _from_json(cls: Any, d: Any, *, kinds: frozenset[str]) -> Any:
+    """A dataclass back from its to_json form; ValueError naming what is not as written."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if not isinstance(d, dict) or set(d) - set(fields) or d.get("kind") not in kinds:
+        raise ValueError(f"not a {cls.__name__}: {d!r:.120}")
+    for name, value in d.items():
+        want = {"index": int, "dim": int, "owner": str, "name": str, "source": str, "kind": str}.get(name)
+        if want is not None and (not isinstance(value, want) or isinstance(value, bool)):
+            raise ValueError(f"{cls.__name__} field {name!r} is {value!r:.60}")
+    return cls(**d)

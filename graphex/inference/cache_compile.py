@@ -72,7 +72,8 @@ class _Loaded:
         self.executor = _C.Executor(entry.program, [])
         self.validate_next = bool(entry.header.get("validate_fake"))
         self.out_spec = pytree.treespec_loads(entry.header["outputs"]["spec"])
-        self.leaves = [(o["kind"], o.get("index"), o.get("value")) for o in entry.header["outputs"]["leaves"]]
+        self.bindings = entry.bindings
+        self.leaves = [(leaf.kind, leaf.index, leaf.value) for leaf in entry.leaves]
         self.single_output = self.leaves[0][1] if (self.out_spec.is_leaf() and len(self.leaves) == 1
                                                    and self.leaves[0][0] == "graph") else None
         self.guard_set = GuardSet(entry.header["dynamo_guards"])
@@ -94,7 +95,7 @@ class _Loaded:
         """
         bind = self.bind
         if bind is None:  # the first call in this process: every guard resolved and compared (guards.py)
-            problem = self.guard_set.bind(*guards_scope(self.func, flat), inputs=self.header["inputs"])
+            problem = self.guard_set.bind(*guards_scope(self.func, flat), inputs=self.bindings)
             if problem is not None:
                 self.why = f"guard failed: {problem}"
                 return MISS

@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 from .. import _spec, compat
 from ..compile import compile_dynamo_graph
 from ..options import Options
+from ..program import Binding, Leaf
 from ..runtime import CompiledGraph
 from . import guards, keys, shape_guards
 from .entry import Entry
@@ -200,6 +201,8 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     _check_aot_wrappers_are_trivial(graph, len(rec.example_inputs))
     inputs = [_bind_input(i, value, source, func, flat_args)
               for i, (value, source) in enumerate(zip(rec.example_inputs, rec.sources))]
+    if with_guards:
+        inputs = _with_sources(rec, inputs)
     leaves, out_spec = pytree.tree_flatten(result)
     outputs = [_bind_output(leaf, flat_args, rec.graph_outputs or [], dynamic) for leaf in leaves]
     sources, problem = keys.source_fingerprints(rec.traced_code, keys.project_root(func))
@@ -224,8 +227,8 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         "function": keys.function_identity(func),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "signature": keys.describe_signature(flat_args),
-        "inputs": inputs,
-        "outputs": {"spec": pytree.treespec_dumps(out_spec), "leaves": outputs},
+        "inputs": [b.to_json() for b in inputs],
+        "outputs": {"spec": pytree.treespec_dumps(out_spec), "leaves": [leaf.to_json() for leaf in outputs]},
         "sources": sources,
         "custom_ops": keys.custom_op_fingerprints(custom),
         "num_ops": lowered.num_ops,
@@ -245,10 +248,23 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     return Entry(header, program)
 
 
+def _with_sources(rec: _Recording, inputs: list[Binding]) -> list[Binding]:
+    """A parameter or buffer binding records its Dynamo source too: cache_compile resolves it per call."""
+    names = [compat.source_name(s) if s is not None else None for s in rec.sources]
+    out = []
+    for binding, name in zip(inputs, names):
+        if binding.kind in ("param", "buffer"):
+            if name is None:
+                raise NotCacheable(f"graph input {binding.fqn} has no Dynamo source")
+            binding = dataclasses.replace(binding, source=name)
+        out.append(binding)
+    return out
+
+
 def _dynamo_guards(rec: _Recording, func: Callable[..., Any], flat_args: list[Any],
-                   inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                   inputs: list[Binding]) -> list[dict[str, Any]]:
     """Note [cache_compile keys on what the trace read]: Dynamo's guards as typed records, each checked here
-    against the traced values; a parameter or buffer binding also records its source, resolved per call."""
+    against the traced values and the bindings (with their sources: _with_sources)."""
     if rec.guard_entries is None:
         raise NotCacheable("Dynamo handed over no guards for this trace")
     if rec.side_effects:  # Note [A trace with side effects is not cached]
@@ -256,12 +272,6 @@ def _dynamo_guards(rec: _Recording, func: Callable[..., Any], flat_args: list[An
                            "which replaying a cached program would not do")
     if rec.records_error is not None:
         raise NotCacheable(f"a guard of the trace cannot be checked by a cache entry: {rec.records_error}")
-    names = [compat.source_name(s) if s is not None else None for s in rec.sources]
-    for binding, name in zip(inputs, names):
-        if binding["kind"] in ("param", "buffer"):
-            if name is None:
-                raise NotCacheable(f"graph input {binding['owner']}.{binding['name']} has no Dynamo source")
-            binding["source"] = name
     records = rec.records or []
     try:
         problem = guards.GuardSet(records).bind(*guards_scope(func, flat_args, rec.flat_call), inputs=inputs)
@@ -294,22 +304,23 @@ def _check_aot_wrappers_are_trivial(graph: CompiledGraph, num_dynamo_inputs: int
         raise NotCacheable("the graph has side-effect tokens")
 
 
-def _param_owners(module: torch.nn.Module) -> dict[int, dict[str, str]]:
-    owners: dict[int, dict[str, str]] = {}
+def _param_owners(module: torch.nn.Module) -> dict[int, Binding]:
+    owners: dict[int, Binding] = {}
     for path, sub in module.named_modules(remove_duplicate=False):
         for kind, table in (("param", sub._parameters), ("buffer", sub._buffers)):
             for name, t in table.items():
                 if t is not None:
-                    owners.setdefault(id(t), {"kind": kind, "owner": path, "name": name})
+                    owners.setdefault(id(t), Binding(kind, owner=path, name=name))  # type: ignore[arg-type]
     return owners
 
 
-def _bind_input(i: int, value: Any, source: Any, func: Callable[..., Any], flat_args: list[Any]) -> dict[str, Any]:
+def _bind_input(i: int, value: Any, source: Any, func: Callable[..., Any], flat_args: list[Any]) -> Binding:
+    """Note [A program input is bound by one typed Binding]."""
     module = getattr(func, "__self__", None)
     if isinstance(value, torch.Tensor):
         for j, a in enumerate(flat_args):
             if a is value:
-                return {"kind": "arg", "index": j}
+                return Binding("arg", index=j)
         if isinstance(module, torch.nn.Module):
             owner = _param_owners(module).get(id(value))
             if owner is not None:
@@ -323,14 +334,14 @@ def _bind_input(i: int, value: Any, source: Any, func: Callable[..., Any], flat_
             return size
         j = _arg_index(source)
         if j is not None and j < len(flat_args):
-            return {"kind": "arg", "index": j}
+            return Binding("arg", index=j)
     where = getattr(source, "name", None) or f"input {i}"
     raise NotCacheable(f"graph input {where} is neither an argument nor a registered parameter/buffer of the "
                        "module (e.g. a global tensor or a plain tensor attribute); make it a buffer "
                        "(register_buffer) or pass it as an argument")
 
 
-def _held_by_arg(source: Any, flat_args: list[Any]) -> dict[str, Any] | None:
+def _held_by_arg(source: Any, flat_args: list[Any]) -> Binding | None:
     """Note [A tensor an argument holds is bound through its path]
     transformers passes its KV cache as an object (`past_key_values=StaticCache(...)`, a pytree leaf): the trace
     reads the tensors it holds (`L['flat_args'][1].layers[0].keys`). Such a graph input is bound per call by
@@ -348,7 +359,7 @@ def _held_by_arg(source: Any, flat_args: list[Any]) -> dict[str, Any] | None:
         return None
     if not 0 <= path[1][1] < len(flat_args) or isinstance(flat_args[path[1][1]], torch.Tensor):
         return None
-    return {"kind": "attr", "index": path[1][1], "source": name}
+    return Binding("attr", index=path[1][1], source=name)
 
 
 def _arg_index(source: Any) -> int | None:
@@ -360,7 +371,7 @@ def _arg_index(source: Any) -> int | None:
     return None
 
 
-def _size_of_arg(source: Any) -> dict[str, Any] | None:
+def _size_of_arg(source: Any) -> Binding | None:
     """A symbolic size input (dynamic=True) read from argument j: L['flat_args'][j].size()[d] and the like."""
     from torch._dynamo.source import GetItemSource, TensorProperty, TensorPropertySource
 
@@ -370,30 +381,30 @@ def _size_of_arg(source: Any) -> dict[str, Any] | None:
             TensorProperty.STORAGE_OFFSET: "storage_offset"}.get(source.prop)
     if prop is None or not isinstance(source.base.index, int):
         return None
-    return {"kind": prop, "arg": source.base.index, "dim": source.idx}
+    return Binding(prop, index=source.base.index, dim=source.idx or 0)  # type: ignore[arg-type]
 
 
-def _bind_output(leaf: Any, flat_args: list[Any], graph_outputs: list[Any], dynamic: bool = False) -> dict[str, Any]:
+def _bind_output(leaf: Any, flat_args: list[Any], graph_outputs: list[Any], dynamic: bool = False) -> Leaf:
     if not isinstance(leaf, (torch.Tensor, int, float, bool, str, type(None))):
         for j, a in enumerate(flat_args):  # an argument object returned as it came (a KV cache object)
             if a is leaf:
-                return {"kind": "arg", "index": j}
+                return Leaf("arg", j)
     if not isinstance(leaf, torch.Tensor):
         if dynamic and isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
             raise NotCacheable(f"with dynamic=True the function returns the number {leaf!r}, which may be computed "
                                "from a size and differ on the next call; return it as a tensor or compute it outside")
         if isinstance(leaf, (int, float, bool, str, type(None))):
-            return {"kind": "const", "value": leaf}
+            return Leaf("const", value=leaf)
         raise NotCacheable(f"the function returns a {type(leaf).__name__}, which a cache entry cannot hold")
     for j, a in enumerate(flat_args):
         if a is leaf:
-            return {"kind": "arg", "index": j}
+            return Leaf("arg", j)
     for k, g in enumerate(graph_outputs):
         if g is leaf:
-            return {"kind": "graph", "index": k}
+            return Leaf("graph", k)
     for k, g in enumerate(graph_outputs):  # views regenerated by AOTAutograd: same memory, same layout
         if isinstance(g, torch.Tensor) and _same_view(g, leaf):
-            return {"kind": "graph", "index": k}
+            return Leaf("graph", k)
     raise NotCacheable("an output could not be traced back to the captured graph")
 
 

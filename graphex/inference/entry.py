@@ -27,10 +27,11 @@ import struct
 from typing import Any
 
 from .._atomic import write_atomic
+from ..program import Binding, Leaf
 
 MAGIC = b"GXCACHE\x00"
 FORMAT_VERSION = 2  # 2: the program is the export artifact's; the header names HEADER_SCHEMA
-HEADER_SCHEMA = "graphex.cache_header/2"  # 2: Dynamo's guards (dynamo_guards, guard_format)
+HEADER_SCHEMA = "graphex.cache_header/3"  # 2: Dynamo's guards (dynamo_guards, guard_format); 3: typed Bindings
 PROGRAM_IDENTIFIER = b"GXPG"  # csrc/schema/program.fbs: bytes 8-12 (after the size prefix and root offset)
 
 # Note [A cache header is schema'd]
@@ -57,6 +58,15 @@ class Entry:
     header: dict[str, Any]
     program: bytes
 
+    @property
+    def bindings(self) -> list[Binding]:
+        """Note [A program input is bound by one typed Binding]: where each program input comes from."""
+        return [Binding.from_json(b) for b in self.header["inputs"]]
+
+    @property
+    def leaves(self) -> list[Leaf]:
+        return [Leaf.from_json(leaf) for leaf in self.header["outputs"]["leaves"]]
+
 
 def check_header(header: Any) -> None:
     """Note [A cache header is schema'd]: raises EntryError naming what is wrong."""
@@ -67,6 +77,11 @@ def check_header(header: Any) -> None:
     for name, kind in HEADER_FIELDS.items():
         if not isinstance(header.get(name), kind):
             raise EntryError(f"malformed header: field {name!r} is missing or not a {getattr(kind, '__name__', kind)}")
+    try:  # the bindings and leaves parse as written (Note [A program input is bound by one typed Binding])
+        entry = Entry(header, b"")
+        entry.bindings, entry.leaves  # noqa: B018
+    except (ValueError, TypeError, KeyError) as e:
+        raise EntryError(f"malformed header: {e}") from None
 
 
 def encode_entry(entry: Entry) -> bytes:

@@ -54,6 +54,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..program import Binding
+
 GUARD_FORMAT = 1  # the record layout below; a new kind or field means a new number
 
 
@@ -678,7 +680,7 @@ class GuardSet:
         return self._published[0][0]
 
     def bind(self, locals_: dict[str, Any], globals_: dict[str, Any],
-             inputs: list[dict[str, Any]] | None = None) -> str | None:
+             inputs: list[Binding] | None = None) -> str | None:
         """None when every record holds now (and `run` is built), else which guard fails and how."""
         held: list[Any] = []  # objects the generated code compares with
         pins = _Pins()
@@ -717,7 +719,7 @@ class GuardSet:
             for i, b in enumerate(inputs or []):
                 read = self._input(b, locals_, globals_, full.var)
                 reads_full.append(read)
-                if b["kind"] in ("param", "buffer") and pins.pinned(parse_source(b["source"]), locals_, globals_):
+                if b.kind in ("param", "buffer") and pins.pinned(parse_source(b.source), locals_, globals_):
                     reads_fast.append(f"S[{len(static)}]")
                     static.append(i)
                 else:
@@ -759,19 +761,20 @@ class GuardSet:
         return None
 
     @staticmethod
-    def _input(binding: dict[str, Any], locals_: dict[str, Any], globals_: dict[str, Any],
+    def _input(binding: Binding, locals_: dict[str, Any], globals_: dict[str, Any],
                var: Callable[[Path], str]) -> str:
-        kind = binding["kind"]
+        """The expression that reads one program input (Note [A program input is bound by one typed Binding])."""
+        kind = binding.kind
         if kind == "arg":
-            return f"flat_args[{int(binding['index'])!r}]"
+            return f"flat_args[{int(binding.index)!r}]"
         if kind in ("size", "stride"):
-            return f"flat_args[{int(binding['arg'])!r}].{kind}({int(binding['dim'])!r})"
+            return f"flat_args[{int(binding.index)!r}].{kind}({int(binding.dim)!r})"
         if kind == "storage_offset":
-            return f"flat_args[{int(binding['arg'])!r}].storage_offset()"
-        if kind in ("param", "buffer", "attr") and "source" in binding:  # attr: Note [A tensor an argument holds ...]
-            path = parse_source(binding["source"])
+            return f"flat_args[{int(binding.index)!r}].storage_offset()"
+        if kind in ("param", "buffer", "attr") and binding.source:  # attr: Note [A tensor an argument holds ...]
+            path = parse_source(binding.source)
             if not isinstance(resolve(path, locals_, globals_), torch.Tensor):
-                raise _Fails(f"the {kind} read from {binding['source']} is gone")
+                raise _Fails(f"the {kind} read from {binding.source} is gone")
             return var(path)
         raise NotCheckable(f"an input binding of kind {kind!r}")
 

@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any
 
 from ..fb import GuardOpKind as _kind
+from ..program import Binding
 
 _K = _kind.GuardOpKind
 
@@ -49,7 +50,7 @@ _CALLS = {"Eq": ("Eq", 2), "Ne": ("Ne", 2), "Lt": ("Lt", 2), "Le": ("Le", 2), "G
           "Mod": ("Mod", 2), "Not": ("Not", 1), "Abs": ("Abs", 1)}
 
 
-def from_expression(text: str, bindings: list[dict[str, Any]] | None = None) -> list[ShapeGuard]:
+def from_expression(text: str, bindings: list[Binding] | None = None) -> list[ShapeGuard]:
     """The guards of ShapeEnv's expression, one per top-level conjunct; Unsupported for one the runtime cannot
     evaluate. `bindings` (the entry's input bindings) name the inputs in each guard's text as the caller knows
     them (`args[0].size(0)`, not `L['t0']`)."""
@@ -66,24 +67,10 @@ def from_expression(text: str, bindings: list[dict[str, Any]] | None = None) -> 
     return guards
 
 
-def binding_name(b: dict[str, Any]) -> str:
-    """How the caller knows a program input: `args[0]`, `args[0].size(1)`, `weight`."""
-    kind = b.get("kind")
-    if kind == "arg":
-        return f"args[{b['index']}]"
-    if kind in ("size", "stride"):
-        return f"args[{b['arg']}].{kind}({b['dim']})"
-    if kind == "storage_offset":
-        return f"args[{b['arg']}].storage_offset()"
-    if kind in ("param", "buffer"):
-        return f"{b['owner']}.{b['name']}" if b.get("owner") else str(b.get("name"))
-    return "an input"
-
-
 class _Named(ast.NodeTransformer):
     """`L['tK']` -> the caller's name of program input K; `X.size()[d]` -> `X.size(d)`."""
 
-    def __init__(self, bindings: list[dict[str, Any]]) -> None:
+    def __init__(self, bindings: list[Binding]) -> None:
         self.bindings = bindings
 
     def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
@@ -97,7 +84,7 @@ class _Named(ast.NodeTransformer):
             except Unsupported:
                 return node
             if k < len(self.bindings):
-                return ast.Name(binding_name(self.bindings[k]), ast.Load())
+                return ast.Name(self.bindings[k].describe(), ast.Load())
         return self.generic_visit(node)
 
 

@@ -17,6 +17,7 @@ from graphex import _C, _spec
 from graphex.errors import ProgramError, SignatureError
 from graphex.exporting import ExportError, load_safetensors, safetensors_bytes
 from graphex.inference import capture, shape_guards
+from graphex.program import Binding
 from graphex.options import Options
 from graphex.runtime import live_graphs
 
@@ -70,10 +71,10 @@ def _python_guards_hold(fn, example, args) -> bool:
     from graphex.inference.cache_compile import _compile_shape_guards, _guards_hold
 
     inputs = []
-    for b in entry.header["inputs"]:
-        a = args[b.get("index", b.get("arg"))]
-        inputs.append(a if b["kind"] == "arg" else a.size(b["dim"]) if b["kind"] == "size" else
-                      a.stride(b["dim"]) if b["kind"] == "stride" else a.storage_offset())
+    for b in entry.bindings:
+        a = args[b.index]
+        inputs.append(a if b.kind == "arg" else a.size(b.dim) if b.kind == "size" else
+                      a.stride(b.dim) if b.kind == "stride" else a.storage_offset())
     text = entry.header["guards"]
     return not text or _guards_hold(_compile_shape_guards(text, "test"), inputs)
 
@@ -130,8 +131,8 @@ def test_a_guard_reading_an_input_the_program_lacks_is_refused_at_load(tmp_path)
 
     def with_guards(*guards: shape_guards.ShapeGuard) -> None:
         (path / "program.gxp").write_bytes(_spec.encode(
-            lowered.program, lowered.constants, bindings=entry.header["inputs"],
-            leaves=entry.header["outputs"]["leaves"], tree=entry.header["outputs"]["spec"], guards=list(guards)))
+            lowered.program, lowered.constants, bindings=entry.bindings,
+            leaves=entry.leaves, tree=entry.header["outputs"]["spec"], guards=list(guards)))
 
     K, Op = shape_guards._K, shape_guards.GuardOp
     with_guards(shape_guards.ShapeGuard((Op(K.Const, value=1),), "1"))
@@ -158,11 +159,11 @@ def test_a_guard_the_runtime_cannot_evaluate_refuses_the_export(tmp_path, monkey
 
 
 def test_guard_expressions_translate_to_postfix_or_say_why_not():
-    (g,) = shape_guards.from_expression("5 <= L['t0']", [{"kind": "size", "arg": 0, "dim": 0}])
+    (g,) = shape_guards.from_expression("5 <= L['t0']", [Binding("size", index=0, dim=0)])
     assert g.text == "5 <= args[0].size(0)"
     assert [op.kind for op in g.ops] == [shape_guards._K.Const, shape_guards._K.Input, shape_guards._K.Apply]
     guards = shape_guards.from_expression("L['t1'].size()[0] == L['t0'] and (L['t0'] % 2) == 0 and 1 < L['t0'] < 9",
-                                          [{"kind": "size", "arg": 0, "dim": 0}, {"kind": "arg", "index": 0}])
+                                          [Binding("size", index=0, dim=0), Binding("arg", index=0)])
     assert [g.text for g in guards] == ["args[0].size(0) == args[0].size(0)", "args[0].size(0) % 2 == 0",
                                         "1 < args[0].size(0) < 9"]
     for bad in ("sym_sqrt(L['t0']) > 2", "L['t0'] > 2.5", "L['x'] > 1", "Max(L['t0'], 1, 2) > 1"):

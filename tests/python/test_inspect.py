@@ -112,7 +112,14 @@ def test_a_cache_header_is_checked_against_its_schema(files):
     entry = read_entry(entry_path)
     for broken, why in ((dict(entry.header, header_schema="graphex.cache_header/0"), "header schema"),
                         ({k: v for k, v in entry.header.items() if k != "key_parts"}, "'key_parts'"),
-                        (dict(entry.header, inputs="all of them"), "'inputs'")):
+                        (dict(entry.header, inputs="all of them"), "'inputs'"),
+                        # Note [A program input is bound by one typed Binding]: read back only as written
+                        (dict(entry.header, inputs=[{"kind": "global", "name": "W"}]), "not a Binding"),
+                        (dict(entry.header, inputs=[{"kind": "arg", "index": "0"}]), "field 'index'"),
+                        (dict(entry.header, inputs=[{"kind": "arg", "index": 0, "code": "x"}]), "not a Binding"),
+                        (dict(entry.header, outputs=dict(entry.header["outputs"], leaves=[{"kind": "const",
+                                                                                           "value": [1]}])),
+                         "value is a list")):
         with pytest.raises(EntryError, match=why):
             decode_entry(encode_entry(Entry(json.loads(json.dumps(broken)), entry.program)))
     with pytest.raises(EntryError, match="not a graphex program"):
