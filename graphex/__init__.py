@@ -6,46 +6,55 @@
 See README.md for the options, custom operators, the compile cache and the tools.
 """
 
+# Note [import graphex is quiet]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `import graphex` runs nothing: no torch import, no registration, no look at sys.argv. The backend
+# names reach torch.compile through the package's `torch_dynamo_backends` entry points (pyproject.toml),
+# which torch loads on the first lookup of "graphex" or "npugraph_ex", with or without `import graphex`;
+# loading graphex.backend then registers them, and the custom-op checks (Note [Where custom-op errors
+# are caught]), for the compile that asked. Every public name below is imported on first use
+# (PEP 562), so `graphex --help` and `python -m graphex --help` answer without importing torch
+# (Note [graphex --help does not import torch]). A module that calls torch.ops.graphex.* imports
+# graphex._C itself (it registers those operators).
+
 from __future__ import annotations
 
-from . import cli as _cli
-
-if _cli.help_requested():  # `graphex --help`: answered before torch loads (Note [graphex --help does not import torch])
-    _cli.answer_help()
-
-import torch  # noqa: F401,E402  (loads libtorch before our extension)
-from ._warn import import_torch_quietly as _import_torch_quietly  # noqa: E402
-
-_import_torch_quietly()  # Note [No DeprecationWarnings from importing graphex]
-
-from . import _C  # noqa: F401
-from .backend import compile_fx, get_backend, graphex_backend, npugraph_ex_backend, register as _register
-from .custom_ops import install_trace_checks as _install_trace_checks
-from .errors import (
-    CacheError,
-    CaptureError,
-    CustomOpError,
-    GraphexError,
-    OptionsError,
-    ProgramError,
-    ReplayError,
-    SignatureError,
-    FrozenInputReplaced,
-)
-from .options import Options
-from ._warn import GraphexWarning  # noqa: E402  (every warning graphex gives: filter it by this category)
-from .save_tensor import save_tensor  # noqa: E402  (print-like dump that survives replay)
-from .exporting import ExportError, export  # graphex.export is the function; the module is graphex.exporting
-from . import inference  # noqa: E402  (graphex.inference.cache_compile)
-from .fusion import register_replacement  # noqa: E402  (fused mode's user patterns, npugraph_ex's API)
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-_register()
-_install_trace_checks()
+# public name -> the module that defines it (one table: __getattr__, __dir__ and __all__ read it)
+_PUBLIC = {
+    "graphex_backend": "backend", "npugraph_ex_backend": "backend", "get_backend": "backend",
+    "compile_fx": "backend",
+    "Options": "options",
+    "GraphexError": "errors", "OptionsError": "errors", "CaptureError": "errors", "ProgramError": "errors",
+    "SignatureError": "errors", "FrozenInputReplaced": "errors", "ReplayError": "errors",
+    "CustomOpError": "errors", "CacheError": "errors",
+    "export": "exporting", "ExportError": "exporting",  # graphex.export is the function; the module is graphex.exporting
+    "save_tensor": "save_tensor",  # print-like dump that survives replay
+    "register_replacement": "fusion",  # fused mode's user patterns, npugraph_ex's API
+    "GraphexWarning": "_warn",  # every warning graphex gives: filter it by this category
+}
+_SUBPACKAGES = ("inference", "testing", "tools", "custom_ops", "fusion", "passes")
 
-__all__ = [
-    "graphex_backend", "npugraph_ex_backend", "get_backend", "compile_fx", "Options", "GraphexError", "OptionsError", "CaptureError",
-    "ProgramError", "SignatureError", "FrozenInputReplaced", "ReplayError", "CustomOpError", "CacheError", "export", "ExportError", "__version__",
-    "save_tensor", "register_replacement", "GraphexWarning",
-]
+__all__ = [*_PUBLIC, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        from ._warn import import_torch_quietly
+
+        import_torch_quietly()  # Note [No DeprecationWarnings from importing graphex]
+        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    elif name in _SUBPACKAGES or name == "_C":
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module 'graphex' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC, *_SUBPACKAGES})

@@ -5,8 +5,9 @@
     aot_module_simplified(gm, inputs, fw_compiler=graphex.compile_fx)  # frameworks driving AOTAutograd
 
 Both names are registered as `torch_dynamo_backends` entry points, so they work
-without `import graphex` once the package is installed; `import graphex`
-registers them too (through torch's public `register_backend`).
+without `import graphex` once the package is installed; importing this module
+registers them too (through torch's public `register_backend`) and adds the
+custom-op checks (Note [import graphex is quiet]).
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from .compile import capture, compile_dynamo_graph
-from .errors import OptionsError
-from .options import Options
-from ._warn import warn_once
+from ._warn import import_torch_quietly
+
+import_torch_quietly()  # Note [No DeprecationWarnings from importing graphex]: before inductor's modules load
+
+from . import _C  # noqa: E402,F401  (the engine; registers the graphex:: operators)
+from .compile import capture, compile_dynamo_graph  # noqa: E402
+from .custom_ops import install_trace_checks  # noqa: E402
+from .errors import OptionsError  # noqa: E402
+from .options import Options  # noqa: E402
+from ._warn import warn_once  # noqa: E402
 
 # torch.compile modes and what they mean here. None and "default" are the plain compile. "reduce-overhead" asks for
 # the replay with the least host overhead per call, which is what graphex always does (torchair called its graph mode
@@ -108,3 +115,7 @@ def register() -> None:
         warn_once("npugraph_ex:taken",
                   f"graphex: another package ({others[0].value}) also provides the backend name 'npugraph_ex'; "
                   "torch uses whichever it finds first. Use backend='graphex' to be sure to get graphex.")
+
+
+register()
+install_trace_checks()  # Note [Where custom-op errors are caught]: before the first trace of the compile that asked

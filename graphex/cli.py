@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 # Note [graphex --help does not import torch]
 # Each subcommand lives in its own module under graphex.tools with `add_parser(subparsers)`
 # and `run(args) -> int`; a module imports torch only inside `run`, so building the parser
-# is cheap. `graphex --help` (and `graphex COMMAND --help`) is answered from graphex/__init__.py
-# before torch is imported (help_requested, answer_help); torch takes seconds to import.
+# is cheap, and `import graphex` imports nothing (Note [import graphex is quiet]): so
+# `graphex --help` and `graphex COMMAND --help` answer at once; torch takes seconds to import.
 
 # subcommand -> module under graphex.tools (imported only when used)
 _COMMANDS = {
@@ -53,26 +52,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             continue  # not built yet
         module.add_parser(sub)
     return parser
-
-
-def help_requested(argv: list[str] | None = None) -> bool:
-    """Whether this process is the graphex command asked only for help (no torch needed)."""
-    if argv is None:
-        orig = list(getattr(sys, "orig_argv", []))
-        as_module = "-m" in orig and orig.index("-m") + 1 < len(orig) and orig[orig.index("-m") + 1] == "graphex"
-        if not (as_module or os.path.basename(sys.argv[0]) == "graphex"):
-            return False
-        argv = orig[orig.index("-m") + 2:] if as_module else sys.argv[1:]
-    before = argv[:argv.index("--")] if "--" in argv else argv
-    if not argv:
-        return True  # `graphex` alone prints the help
-    return any(a in ("-h", "--help") for a in before) and (argv[0] in _COMMANDS or argv[0].startswith("-"))
-
-
-def answer_help() -> None:
-    """Print the help the command line asks for and exit (called before torch is imported)."""
-    sys.exit(main(sys.argv[1:] if os.path.basename(sys.argv[0]) == "graphex" else
-                  sys.orig_argv[sys.orig_argv.index("-m") + 2:]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ import os
 import torch
 
 from . import compat
+from . import _C  # noqa: F401  (registers graphex::save_tensor)
 from ._atomic import write_atomic
 
 

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch._inductor.pattern_matcher import Match
 
+from .. import _C  # noqa: F401  (registers the graphex_fused:: kernels used below)
+
 from .registration import register_named
 
 fused = torch.ops.graphex_fused

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.fx
 import torch.nn.functional as F
+
+from .. import _C  # noqa: F401  (registers the graphex_whole:: stand-ins)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Functions whose eager call is one kernel that AOTAutograd decomposes differently, and those kernels.

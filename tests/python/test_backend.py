@@ -47,6 +47,36 @@ def test_backend_works_without_importing_graphex(name):
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
+def test_import_graphex_is_quiet():
+    """Note [import graphex is quiet]: no torch, no argv, no registration until a name is used; then the backend
+    works through the entry point, and a custom op without a fake still gets graphex's error in that compile."""
+    result = run_python("""
+        import sys
+        sys.argv = ["graphex", "--help"]  # what the old import looked at: must not print help or exit
+        import graphex
+        assert "torch" not in sys.modules and "graphex.backend" not in sys.modules, sorted(sys.modules)
+        import torch
+        assert "graphex.backend" not in sys.modules
+        assert not any(type(getattr(d, "_abstract_fn", None)).__name__ == "_MissingFake"
+                       for d in torch._library.custom_ops.OPDEFS.values())  # no stand-in fakes at import
+
+        @torch.library.custom_op("quiet_import::double", mutates_args=())
+        def double(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        f = torch.compile(lambda x: double(x) + 1, backend="graphex", fullgraph=True, dynamic=False)
+        try:
+            f(torch.randn(3))
+        except Exception as e:
+            assert "quiet_import::double" in str(e) and "register_fake" in str(e), str(e)[:2000]
+            assert "graphex" in str(e), str(e)[:2000]
+        else:
+            raise AssertionError("a custom op without a fake compiled")
+        print("ok", graphex.Options.__name__, graphex.inference.__name__)
+    """)
+    assert result.returncode == 0 and "ok Options graphex.inference" in result.stdout, result.stderr[-3000:]
+
+
 def test_unknown_option_is_a_value_error_listing_the_valid_ones():
     f = compile_graphex(lambda x: x + 1, frozen_parmeter=True)
     with pytest.raises(ValueError) as info:
