@@ -14,8 +14,9 @@ See README.md for the options, custom operators, the compile cache and the tools
 # loading graphex.backend then registers them, and the custom-op checks (Note [Where custom-op errors
 # are caught]), for the compile that asked. Every public name below is imported on first use
 # (PEP 562), so `graphex --help` and `python -m graphex --help` answer without importing torch
-# (Note [graphex --help does not import torch]). A module that calls torch.ops.graphex.* imports
-# graphex._C itself (it registers those operators).
+# (Note [graphex --help does not import torch]). graphex's own operators (torch.ops.graphex*, the
+# fused kernels) are registered by the engine, graphex._C: a module that calls them imports it
+# itself, and so does a script that calls them directly (`import graphex._C`).
 
 from __future__ import annotations
 

@@ -217,7 +217,7 @@ def test_baseline_row_kernels(tmp_path):
 
     script = tmp_path / "baseline.py"
     script.write_text(
-        "import torch, graphex, torch.nn.functional as F\n"
+        "import torch, graphex._C, torch.nn.functional as F  # graphex._C registers the kernels\n"
         "assert torch.backends.cpu.get_cpu_capability() == 'DEFAULT'\n"
         "f = torch.ops.graphex_fused\n"
         "tol = dict(atol=1e-5, rtol=1e-5)\n"
