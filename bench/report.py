@@ -259,6 +259,9 @@ def markdown(results: dict[str, Any]) -> str:
 
     most = max((c.get("threads") or 0 for c in results["cases"]), default=0)
     lines += cpp_runner_lines(results.get("cpp_runner"), [c for c in results["cases"] if (c.get("threads") or 0) == most])
+    from .per_call import markdown_lines as per_call_lines
+
+    lines += per_call_lines(results.get("per_call"))
     lines += ["", "Workloads:"]
     listed: set[str] = set()
     for case in results["cases"]:

@@ -14,7 +14,10 @@ For each case (bench/cases.py):
   3. the 2-rank tensor-parallel decode step, eager vs graphex (bench/tp_decode.py, torchrun on
      127.0.0.1; --no-tp-decode skips it);
   4. the C++ runner: each decoder case exported and run by graphex-run, its median step next to the
-     Python engine's and its load-to-first-output time (bench/cpp_runner.py; --no-cpp-runner skips it).
+     Python engine's and its load-to-first-output time (bench/cpp_runner.py; --no-cpp-runner skips it);
+  5. where one torch.compile call's time goes outside the engine, layer by layer (Dynamo and its guards,
+     AOTAutograd's runtime wrapper, graphex's Python), per workload at 1 thread (bench/per_call.py;
+     --no-per-call skips it).
 Writes results.json, results.md and latency.png under --out and prints the Markdown.
 """
 
@@ -304,7 +307,7 @@ def machine_info(settings: Settings, backends: list[str]) -> dict[str, Any]:
 def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, isolate: bool = True,
               bin_dir: str = DEFAULT_BIN_DIR, log: Callable[[str], None] = _log,
               warm_start: bool = False, tp_decode: bool = False, cpp_runner: list[Case] | None = None,
-              cpp_runs: int = 1000, threads: list[int] | None = None) -> dict[str, Any]:
+              cpp_runs: int = 1000, threads: list[int] | None = None, per_call: bool = False) -> dict[str, Any]:
     """Measure every case on every backend; the results dict of bench/report.py, targets included.
 
     isolate=False measures the first call in this process (for tests: cases need not be importable).
@@ -346,6 +349,10 @@ def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, iso
         from . import cpp_runner as cpp_runner_mod
 
         results["cpp_runner"] = cpp_runner_mod.measure(cpp_runner, log, cpp_runs)
+    if per_call:  # the layers of one call outside the engine (bench/per_call.py), at 1 thread
+        from . import per_call as per_call_mod
+
+        results["per_call"] = per_call_mod.measure_all(cases, log, rounds=settings.rounds, round_s=settings.round_s)
     results["targets"] = report.derive(results)
     return results
 
@@ -374,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the 2-rank tensor-parallel decode step (eager vs graphex, torchrun on 127.0.0.1)")
     parser.add_argument("--no-cpp-runner", action="store_true",
                         help="skip the C++ runner (graphex-run on the exported decoder cases)")
+    parser.add_argument("--no-per-call", action="store_true",
+                        help="skip the per-call layers outside the engine (Dynamo, guards, AOTAutograd, graphex's Python)")
     parser.add_argument("--bin-dir", default=DEFAULT_BIN_DIR, help="where the hand-written C++ binaries are "
                         "(default build/py/bench)")
     ns = parser.parse_args(argv)
@@ -397,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                         warm_start=not ns.no_warm_start and "graphex" in backends,
                         tp_decode=not ns.no_tp_decode and {"eager", "graphex"} <= set(backends),
                         cpp_runner=None if ns.no_cpp_runner else cpp_runner_cases(selected),
-                        cpp_runs=100 if ns.quick else 1000, threads=threads)
+                        cpp_runs=100 if ns.quick else 1000, threads=threads,
+                        per_call=not ns.no_per_call and "graphex" in backends)
     paths = report.write(results, ns.out)
     _log("wrote " + ", ".join(paths.values()))
     print(report.markdown(results), end="")

@@ -109,3 +109,28 @@ def test_cpp_runner_step_and_load_to_first_output_next_to_the_python_engine(tmp_
     missing = cpp_runner.measure([TINY], graphex_run=str(tmp_path / "graphex-run"))
     assert "not found" in missing["error"]
     assert "C++ runner (graphex-run): not measured" in "\n".join(cpp_runner.markdown_lines(missing, []))
+
+
+def test_per_call_layers_outside_the_engine(tmp_path):
+    """make bench's per-call section (bench/per_call.py): each layer of one torch.compile call timed alone on the
+    same arguments, the guard count and kinds from Dynamo's own guard manager, the output bitwise equal to eager."""
+    from bench import per_call
+
+    module_case = Case(name="tiny_module", description="a Linear and a ReLU",
+                       build=lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(),
+                       inputs=lambda _m: (torch.randn(4, 8),))
+    results = run.run_suite([TINY, module_case], ["graphex"], SMOKE, isolate=False, bin_dir=str(tmp_path),
+                            log=lambda _m: None, per_call=True)
+    section = results["per_call"]
+    assert not section["skipped"], section["skipped"]
+    assert [r["case"] for r in section["rows"]] == ["tiny", "tiny_module"]
+    for r in section["rows"]:
+        med = r["median_us"]
+        assert set(med) == set(per_call.LAYERS) and all(v > 0 for v in med.values()), r
+        assert r["bitwise_equal_eager"] is True and r["threads"] == 1
+        assert r["outside_engine_us"] == med["call"] - med["engine"]
+        assert abs(r["dynamo_us"] + r["aot_wrapper_us"] + r["graphex_python_us"] - r["outside_engine_us"]) < 1e-6
+        assert r["guards"]["count"] == sum(r["guards"]["kinds"].values()) > 0
+    assert "TENSOR_MATCH" in section["rows"][1]["guards"]["kinds"]  # the module's input and parameters
+    text = report.markdown(results)
+    assert "Per call, outside the engine" in text and "| tiny_module | 1 |" in text
