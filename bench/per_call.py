@@ -2,20 +2,27 @@
 
     python -m bench.per_call [--only NAME[,NAME]] [--threads N] [--rounds N] [--json PATH]
 
-Each layer is timed alone on the same arguments, innermost first, in interleaved rounds (bench/measure.py),
-so one layer's median minus the next one's is what that layer adds per call:
+Each layer is timed alone on the same arguments, innermost first, in interleaved rounds (bench/measure.py).
+The layers around the engine are timed with the engine stubbed (the graph's runner returns the outputs of
+one real run), so that each difference is between small numbers and the VM's drift in a step of
+milliseconds does not swamp it (the way bench/cache_call_cost.py times cache_compile):
 
   engine   CompiledGraph.executor(args)   the bare C++ engine on the flat arguments AOTAutograd passes it
+  stub     the stubbed engine             returns the outputs of one real run (a list copy)
   runner   CompiledGraph(args)            graphex's Python runner around it (phase, options, watchers)
   aot      the backend's callable         what graphex's backend handed Dynamo: AOTAutograd's runtime wrapper
   call     compiled(*inputs)              the user's call: Dynamo's frame evaluation and guards, then `aot`
   guards   Dynamo's guard check alone     the frame's GuardManager (`check` on the frame's locals), with the
                                           number of leaf guards and their kinds
 
-so graphex Python = runner - engine, AOTAutograd wrapper = aot - runner, Dynamo = call - aot (of which
-`guards` is the guard evaluation). The guard manager and the frame's locals come from Dynamo's own testing
+so graphex Python = runner - stub, AOTAutograd wrapper = aot - runner, Dynamo = call - aot (of which
+`guards` is the guard evaluation), outside the engine = call - stub. The guard manager and the frame's locals come from Dynamo's own testing
 hook (torch._dynamo.guards.guard_manager_testing_hook_fn, set for the compile only): bench code, never the
 library's. The call's outputs are compared with eager's (bitwise), so a layer that would skip work is caught.
+
+With each of torch's guard filters (GUARD_FILTERS: `torch.compile(..., options={"guard_filter_fn": f})`) the
+workload is compiled again and its call timed the same way: what dropping those guards would buy, and what
+it would give up (the README's "Guard filters" says which are safe when).
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ import torch.utils._pytree as pytree
 from . import cases as cases_mod
 from . import measure
 
-LAYERS = ("engine", "runner", "aot", "call", "guards")
+LAYERS = ("engine", "stub", "runner", "aot", "call", "guards")
+# torch.compiler's guard filters (2.11-2.15), weakest first; each trades re-checks for speed (README, Guard filters).
+GUARD_FILTERS = ("skip_guard_on_all_nn_modules_unsafe", "keep_tensor_guards_unsafe", "skip_all_guards_unsafe")
 
 
 @contextlib.contextmanager
@@ -61,9 +70,10 @@ def _equal(a: Any, b: Any) -> bool:
         torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(la, lb))
 
 
-def measure_case(case: cases_mod.Case, rounds: int, round_s: float, options: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
-    """The layers of one workload's call (module docstring), medians in microseconds."""
+def measure_case(case: cases_mod.Case, rounds: int, round_s: float, options: dict[str, Any] | None = None,
+                 guard_filter: str | None = None) -> dict[str, Any]:
+    """The layers of one workload's call (module docstring), medians in microseconds; `guard_filter`: the name of
+    one of torch.compiler's guard filters to compile with."""
     from graphex.backend import graphex_backend
 
     built = case.build()
@@ -76,7 +86,8 @@ def measure_case(case: cases_mod.Case, rounds: int, round_s: float, options: dic
         return fn
 
     backend._graphex_backend = True  # type: ignore[attr-defined]  (what graphex's own backends carry)
-    compiled = torch.compile(built, backend=backend, fullgraph=True, dynamic=False)
+    dynamo_options = {"guard_filter_fn": getattr(torch.compiler, guard_filter)} if guard_filter else None
+    compiled = torch.compile(built, backend=backend, fullgraph=True, dynamic=False, options=dynamo_options)
     seen: list[tuple[Any, dict[str, Any]]] = []
     with torch.no_grad():
         with _guard_manager_hook(seen):
@@ -95,38 +106,55 @@ def measure_case(case: cases_mod.Case, rounds: int, round_s: float, options: dic
     aot_fn, aot_inputs = handed["fn"], handed["inputs"]
     kinds = _leaf_guards(manager.root)
 
-    def timed(fn: Any, *fn_args: Any) -> measure.Runner:
-        def call() -> None:
-            with torch.no_grad():
-                fn(*fn_args)
-        return measure.call_runner(lambda: call(), ())
+    def timed(fn: Any) -> measure.Runner:
+        return measure.call_runner(fn, ())
 
     root = manager.root
+    real_runner = graph.runner
+    with torch.no_grad():
+        outs = real_runner(list(engine_args))
+    compiles = len(measure.graphex_graphs())
+
+    def stub(_args: list[Any]) -> list[Any]:
+        return list(outs)
+
+    # Every layer under no_grad, as the capture was: the engine writing a KV cache with grad on would make it
+    # require grad, and Dynamo would recompile the next call for that.
     runners = {
-        "engine": measure.call_runner(lambda: graph.executor(list(engine_args)), ()),
-        "runner": measure.call_runner(lambda: graph(list(engine_args)), ()),
-        "aot": timed(lambda: aot_fn(*aot_inputs)) if not getattr(aot_fn, "_boxed_call", False)
-        else timed(lambda: aot_fn(list(aot_inputs))),
+        "engine": timed(lambda: graph.executor(list(engine_args))),
+        "stub": timed(lambda: stub(list(engine_args))),
+        "runner": timed(lambda: graph(list(engine_args))),
+        "aot": timed(lambda: aot_fn(list(aot_inputs)) if getattr(aot_fn, "_boxed_call", False)
+                     else aot_fn(*aot_inputs)),
         "call": timed(lambda: compiled(*args)),
-        "guards": measure.call_runner(lambda: root.check(scope), ()),
+        "guards": timed(lambda: root.check(scope)),
     }
-    for run in runners.values():  # warm up each layer
-        run(0.02)
-    samples = measure.interleaved(runners, rounds, round_s)
-    med = {name: measure.summarize(s)["median_us"] for name, s in samples.items()}
+    with torch.no_grad():
+        engine_samples = measure.interleaved({"engine": runners.pop("engine")}, rounds, round_s / 2)
+        graph.runner = stub  # every layer below runs around the stubbed engine
+        try:
+            for run in runners.values():  # warm up each layer
+                run(0.02)
+            samples = measure.interleaved(runners, rounds, round_s)
+        finally:
+            graph.runner = real_runner
+    if len(measure.graphex_graphs()) != compiles:  # a layer's call recompiled: its figure is not this graph's
+        raise RuntimeError(f"{case.name}: Dynamo compiled again while the layers were timed")
+    med = {name: measure.summarize(s)["median_us"] for name, s in {**engine_samples, **samples}.items()}
     return {
-        "case": case.name, "threads": torch.get_num_threads(), "bitwise_equal_eager": _equal(got, expected),
+        "case": case.name, "guard_filter": guard_filter, "threads": torch.get_num_threads(),
+        "bitwise_equal_eager": _equal(got, expected),
         "median_us": med,
-        "graphex_python_us": med["runner"] - med["engine"],
+        "graphex_python_us": med["runner"] - med["stub"],
         "aot_wrapper_us": med["aot"] - med["runner"],
         "dynamo_us": med["call"] - med["aot"],
-        "outside_engine_us": med["call"] - med["engine"],
+        "outside_engine_us": med["call"] - med["stub"],
         "guards": {"count": sum(kinds.values()), "kinds": dict(kinds.most_common())},
     }
 
 
 def measure_all(cases: list[cases_mod.Case], log: Any, rounds: int = 8, round_s: float = 0.15,
-                threads: int = 1) -> dict[str, Any]:
+                threads: int = 1, guard_filters: bool = True) -> dict[str, Any]:
     """Every available case's layers at `threads` threads (the thread count is restored after)."""
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -137,11 +165,13 @@ def measure_all(cases: list[cases_mod.Case], log: Any, rounds: int = 8, round_s:
             if why:
                 skipped[case.name] = why
                 continue
-            torch._dynamo.reset()
-            try:
-                rows.append(measure_case(case, rounds, round_s))
-            except Exception as e:  # noqa: BLE001  one case failing is a row saying so, not a lost run
-                skipped[case.name] = f"{type(e).__name__}: {str(e)[:300]}"
+            for guard_filter in (None, *(GUARD_FILTERS if guard_filters else ())):
+                torch._dynamo.reset()
+                label = case.name + (f" with {guard_filter}" if guard_filter else "")
+                try:
+                    rows.append(measure_case(case, rounds, round_s, guard_filter=guard_filter))
+                except Exception as e:  # noqa: BLE001  one case failing is a line saying so, not a lost run
+                    skipped[label] = f"{type(e).__name__}: {str(e)[:300]}"
             log(f"per-call layers: {case.name} done")
     finally:
         torch.set_num_threads(saved)
@@ -154,19 +184,32 @@ def markdown_lines(section: dict[str, Any] | None) -> list[str]:
         return []
     lines = ["", f"Per call, outside the engine (medians in us, {section['threads']} thread; bench/per_call.py: "
              "each layer timed alone, innermost first; a difference is what that layer adds):", "",
-             markdown(section["rows"])]
+             markdown([r for r in section["rows"] if not r.get("guard_filter")])]
+    filtered = [r for r in section["rows"] if r.get("guard_filter")]
+    if filtered:
+        base = {r["case"]: r for r in section["rows"] if not r.get("guard_filter")}
+        lines += ["", "With torch's guard filters (`options={\"guard_filter_fn\": torch.compiler.<filter>}`; what each "
+                  "gives up: README, Guard filters):", "",
+                  "| workload | guard filter | guards | Dynamo guard check | outside engine | vs no filter | == eager |",
+                  "|---|---|---:|---:|---:|---:|---|"]
+        for r in filtered:
+            b = base.get(r["case"])
+            delta = f"{r['outside_engine_us'] - b['outside_engine_us']:+.1f}" if b else "-"
+            lines.append(f"| {r['case']} | {r['guard_filter']} | {r['guards']['count']} | "
+                         f"{r['median_us']['guards']:.1f} | {r['outside_engine_us']:.1f} | {delta} | "
+                         f"{'bitwise' if r['bitwise_equal_eager'] else 'NO'} |")
     lines += [f"- {name}: not measured ({why})" for name, why in section.get("skipped", {}).items()]
     return lines
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| workload | threads | call | engine | outside engine | Dynamo (guards) | AOTAutograd wrapper "
+    lines = ["| workload | threads | engine | outside engine | Dynamo (guards) | AOTAutograd wrapper "
              "| graphex Python | guards: count, top kinds | == eager |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         m = r["median_us"]
         top = ", ".join(f"{k.removesuffix('_GUARD').lower()} {n}" for k, n in list(r["guards"]["kinds"].items())[:3])
-        lines.append(f"| {r['case']} | {r['threads']} | {m['call']:.1f} | {m['engine']:.1f} | "
+        lines.append(f"| {r['case']} | {r['threads']} | {m['engine']:.1f} | "
                      f"{r['outside_engine_us']:.1f} | {r['dynamo_us']:.1f} ({m['guards']:.1f}) | "
                      f"{r['aot_wrapper_us']:.1f} | {r['graphex_python_us']:.1f} | {r['guards']['count']}: {top} | "
                      f"{'bitwise' if r['bitwise_equal_eager'] else 'NO'} |")
@@ -180,12 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--round-s", type=float, default=0.15)
+    parser.add_argument("--no-guard-filters", action="store_true", help="skip the runs with torch's guard filters")
     parser.add_argument("--json", default="", help="also write the rows as JSON to this path")
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
     section = measure_all([cases_mod.find(n) for n in names] if names else cases_mod.CASES,
                           lambda m: print(f"per_call: {m}", file=sys.stderr, flush=True),
-                          rounds=args.rounds, round_s=args.round_s, threads=args.threads)
+                          rounds=args.rounds, round_s=args.round_s, threads=args.threads,
+                          guard_filters=not args.no_guard_filters)
     print("\n".join(markdown_lines(section)))
     if args.json:
         with open(args.json, "w") as f:

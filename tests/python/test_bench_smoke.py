@@ -123,14 +123,20 @@ def test_per_call_layers_outside_the_engine(tmp_path):
                             log=lambda _m: None, per_call=True)
     section = results["per_call"]
     assert not section["skipped"], section["skipped"]
-    assert [r["case"] for r in section["rows"]] == ["tiny", "tiny_module"]
+    filters = (None, *per_call.GUARD_FILTERS)
+    assert [(r["case"], r["guard_filter"]) for r in section["rows"]] == [(c, f) for c in ("tiny", "tiny_module")
+                                                                         for f in filters]
     for r in section["rows"]:
         med = r["median_us"]
         assert set(med) == set(per_call.LAYERS) and all(v > 0 for v in med.values()), r
         assert r["bitwise_equal_eager"] is True and r["threads"] == 1
-        assert r["outside_engine_us"] == med["call"] - med["engine"]
+        assert r["outside_engine_us"] == med["call"] - med["stub"]
         assert abs(r["dynamo_us"] + r["aot_wrapper_us"] + r["graphex_python_us"] - r["outside_engine_us"]) < 1e-6
-        assert r["guards"]["count"] == sum(r["guards"]["kinds"].values()) > 0
-    assert "TENSOR_MATCH" in section["rows"][1]["guards"]["kinds"]  # the module's input and parameters
+        assert r["guards"]["count"] == sum(r["guards"]["kinds"].values())
+        assert r["guards"]["count"] > 0 or r["guard_filter"] == "skip_all_guards_unsafe"
+    by = {(r["case"], r["guard_filter"]): r for r in section["rows"]}
+    assert "TENSOR_MATCH" in by["tiny_module", None]["guards"]["kinds"]  # the module's input and parameters
+    assert by["tiny_module", "skip_all_guards_unsafe"]["guards"]["count"] < by["tiny_module", None]["guards"]["count"]
     text = report.markdown(results)
     assert "Per call, outside the engine" in text and "| tiny_module | 1 |" in text
+    assert "| tiny_module | keep_tensor_guards_unsafe |" in text
