@@ -316,8 +316,10 @@ void Executor::checkInputs(const std::vector<c10::IValue>& inputs) const {
     if (!why.empty())
       throw SignatureError("graphex: " + p.name + ": input " + std::to_string(i) + " ('" + p.inputs[i].name +
                            "') does not match the signature this graph was captured for: " + why +
-                           ". A new input signature needs its own capture (torch.compile recompiles "
-                           "automatically; a loaded program cannot).");
+                           ". A new input signature needs its own capture: torch.compile compiles one "
+                           "automatically, unless Dynamo's guards on this input were dropped (a "
+                           "guard_filter_fn such as torch.compiler.skip_all_guards_unsafe: keep the tensor "
+                           "guards, keep_tensor_guards_unsafe); a loaded program cannot.");
   }
 }
 
