@@ -209,8 +209,9 @@ def _from_json(cls: Any, d: Any, *, kinds: frozenset[str]) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if not isinstance(d, dict) or set(d) - set(fields) or d.get("kind") not in kinds:
         raise ValueError(f"not a {cls.__name__}: {d!r:.120}")
-    for name, value in d.items():
-        want = {"index": int, "dim": int, "owner": str, "name": str, "source": str, "kind": str}.get(name)
+    for name, value in d.items():  # a field with an int or str default holds that type (kind: checked above)
+        default = fields[name].default
+        want = type(default) if isinstance(default, (int, str)) and not isinstance(default, bool) else None
         if want is not None and (not isinstance(value, want) or isinstance(value, bool)):
             raise ValueError(f"{cls.__name__} field {name!r} is {value!r:.60}")
     return cls(**d)

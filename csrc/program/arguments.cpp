@@ -152,6 +152,7 @@ ArgSource listSource(const fb::Arg* v, const c10::TypePtr& elem, const std::vect
       badArg(what, list_type, v, "lists of " + elem->str() + " are not supported");
   }
   bool of_tensors = a.kind == Kind::TensorList || a.kind == Kind::OptionalTensorList;
+  bool reads_a_slot = false;
   if (v->items()) {
     a.items.reserve(v->items()->size());
     for (uint32_t i = 0; i < v->items()->size(); ++i) {
@@ -159,7 +160,10 @@ ArgSource listSource(const fb::Arg* v, const c10::TypePtr& elem, const std::vect
       std::string item_what = what + " element " + std::to_string(i);
       ListItem li;
       switch (kindOf(item)) {
-        case K::Slot: li.slot = static_cast<int32_t>(indexOf(item, item_what)); break;
+        case K::Slot:
+          li.slot = static_cast<int32_t>(indexOf(item, item_what));
+          reads_a_slot = true;
+          break;
         case K::Const:
           if (!of_tensors) badArg(item_what, elem, item);
           li.constant = constantTensor(item, constants, item_what);
@@ -176,7 +180,7 @@ ArgSource listSource(const fb::Arg* v, const c10::TypePtr& elem, const std::vect
       a.items.push_back(std::move(li));
     }
   }
-  if (containsSlot(v)) return a;
+  if (reads_a_slot) return a;
 
   // Entirely constant: build the list once now.
   switch (a.kind) {
