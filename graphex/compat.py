@@ -17,6 +17,7 @@ import contextlib
 import functools
 import threading
 import types
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -506,3 +507,43 @@ def wait_stream(waiter: Any, device: torch.device, on: Any = None) -> None:
     on = on if on is not None else torch.accelerator.current_stream(device)
     if on != waiter:
         waiter.wait_stream(on)
+
+
+@contextlib.contextmanager
+def entry_stream(stream: Any) -> Iterator[None]:
+    """Note [Side streams in a program] (graphex/lower.py): for the block, index 0 of Dynamo's table of a frame's
+    streams and events (torch._dynamo.graph_bytecode_inputs, torch >= 2.13) is `stream`. Dynamo's bytecode fills
+    the table with the stream the frame was called on just before it calls the graph; a device-graph capture runs
+    the program on the capture stream instead, and the program's stream switches and syncs must name that one."""
+    table_module = _stream_tracing_module("torch._dynamo.graph_bytecode_inputs")
+    if table_module is None:  # torch < 2.13: no traced streams, nothing names the entry stream
+        yield
+        return
+    table = table_module.index_to_external_object_weakref
+    index = table_module.CURRENT_STREAM_INDEX
+    before = table.get(index)
+    table[index] = weakref.ref(stream)
+    try:
+        yield
+    finally:
+        if before is None:
+            table.pop(index, None)
+        else:
+            table[index] = before
+
+
+def traces_side_streams() -> bool:
+    """Whether Dynamo traces `with stream:`, stream waits and events into the graph (torch >= 2.13: the
+    `streams::*` ops and the `custom["stream"]` annotation that Note [Side streams in a program] lowers)."""
+    streams = _stream_tracing_module("torch._dynamo.variables.streams")
+    return streams is not None and hasattr(streams, "fork_stream") and hasattr(torch.ops.streams, "record_stream")
+
+
+def _stream_tracing_module(name: str) -> Any:
+    """One of Dynamo's stream-tracing modules (torch >= 2.13), or None. Imported by name, since older torch lacks
+    them; tests/python/test_torch_internals.py checks the names graphex reads in them where torch traces streams."""
+    import importlib
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None

@@ -110,6 +110,15 @@ def pinned_inputs(gm: torch.fx.GraphModule) -> dict[int, str]:
     return pinned
 
 
+def uses_side_streams(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph runs work on another stream than the one it is called on, or syncs streams
+    (Note [Side streams in a program], graphex/lower.py)."""
+    return any((n.meta.get("custom") or {}).get("stream") or
+               (isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "streams") or
+               (isinstance(n.target, torch._ops.HigherOrderOperator) and n.target.name() == "control_deps")
+               for n in gm.graph.nodes)
+
+
 def _bound_args(node: torch.fx.Node) -> list[Any]:
     schema = node.target._schema  # type: ignore[union-attr]
     values = list(node.args) + [None] * (len(schema.arguments) - len(node.args))
@@ -154,6 +163,7 @@ class DeviceGraphs:
         self.options = options
         self.device = device
         self.pinned = pinned_inputs(gm)
+        self.side_streams = uses_side_streams(gm)
         self.parameters = set(static_inputs)
         self.graphs: dict[tuple[Any, ...], Any] = {}
         self.captures = 0
@@ -173,7 +183,7 @@ class DeviceGraphs:
         key = self._key(args)
         entry = self.graphs.get(key)
         if entry is None:  # Note [A signature is captured on its second call]
-            outs = self.engine(args)
+            outs = self._engine(args)
             self.ran_on_the_engine(args, key)
             return outs
         if entry is _WARM:
@@ -189,8 +199,20 @@ class DeviceGraphs:
                 self._drop(key)
                 entry = self._capture_once(key, args)
         if entry is _EAGER:
-            return self.engine(args)
+            return self._engine(args)
         return self._replay(entry, args)
+
+    def _engine(self, args: list[Any]) -> list[Any]:
+        """A run on the engine; one that switches streams must return on the stream it was called on."""
+        if not self.side_streams:
+            return self.engine(args)
+        entered = torch.accelerator.current_stream(self.device)
+        outs = self.engine(args)
+        left_on = torch.accelerator.current_stream(self.device)
+        if left_on != entered:
+            torch.accelerator.set_stream(entered)
+            raise StreamLeftError(self.name, entered, left_on)
+        return outs
 
     def _replay(self, entry: _Captured, args: list[Any]) -> list[Any]:
         for i in entry.copied:
@@ -273,22 +295,29 @@ class DeviceGraphs:
         stream = torch.Stream(device=self.device)
         compat.wait_stream(stream, self.device)
         try:
-            with compat.on_stream(stream, self.device):
+            with compat.on_stream(stream, self.device), \
+                    (compat.entry_stream(stream) if self.side_streams else contextlib.nullcontext()):
                 graph.capture_begin()
                 try:
                     outputs = self.engine(inputs)
+                    left_on = torch.accelerator.current_stream(self.device)
+                    if left_on != stream:
+                        raise StreamLeftError(self.name, stream, left_on)
                 except BaseException:
                     with contextlib.suppress(Exception):  # ends the capture; the body's error is the one to report
+                        torch.accelerator.set_stream(stream)
                         graph.capture_end()
                     raise
                 graph.capture_end()
+        except StreamLeftError:
+            graph.reset()
+            raise
         except Exception as e:  # noqa: BLE001  a capture failure falls back, named, for this signature only
             graph.reset()
             warn_once(f"device_graph:capture:{self.name}:{type(e).__name__}",
                       f"graphex: {self.name}: the program could not be captured into a {self.device.type} device "
                       f"graph: {_capture_failure(e)}. This input signature runs on the engine without a device "
-                      "graph. A host sync in the model (.item(), .tolist(), a copy to the CPU, a data-dependent "
-                      "shape) breaks a capture: keep it out of the compiled function.")
+                      f"graph. {_capture_fix(e)}")
             return _EAGER
         compat.wait_stream(torch.accelerator.current_stream(self.device), self.device, stream)
         if self.options.use_graph_pool is None and self.options.reuse_graph_pool_in_same_fx and self._pool is None:
@@ -297,6 +326,28 @@ class DeviceGraphs:
         _log.info("%s: captured device graph %d on %s", self.name, len(self.graphs) + 1, self.device)
         copy_out = [i for i in self._pool_outputs if isinstance(outputs[i], torch.Tensor)]
         return _Captured(graph, inputs, addresses, copied, list(outputs), copy_out)
+
+
+class StreamLeftError(RuntimeError):
+    """The program returned on another stream than it was called on (npugraph_ex refuses this too): the caller's
+    next work would run on a stream it never chose, and a capture cannot end there."""
+
+    def __init__(self, name: str, entered: Any, left: Any) -> None:
+        super().__init__(
+            f"graphex: {name}: the compiled function was entered on stream {entered.stream_id} of {entered.device} "
+            f"and returned on stream {left.stream_id}. Every stream switch inside it must be undone before it "
+            "returns: run side-stream work inside `with stream:` (and have the calling stream wait for it, "
+            "`torch.accelerator.current_stream().wait_stream(stream)`), and make a custom op that sets a stream "
+            "restore the one it found.")
+
+
+def _capture_fix(e: BaseException) -> str:
+    if "unjoined" in str(e).lower():
+        return ("Work forked to a side stream was not joined back: before the function returns, have the calling "
+                "stream wait for each side stream (`torch.accelerator.current_stream().wait_stream(side)`, or "
+                "`event.record(side)` then `event.wait()`).")
+    return ("A host sync in the model (.item(), .tolist(), a copy to the CPU, a data-dependent shape) breaks a "
+            "capture: keep it out of the compiled function.")
 
 
 def _capture_failure(e: BaseException) -> str:

@@ -97,6 +97,8 @@ class _Lowering:
         self.dynamic = False
         self.node_ops: dict[int, torch._ops.OpOverload] = {}
         self.folded = fold_frozen(gm, frozen) if frozen else None
+        self.stream: int | None = None  # Note [Side streams in a program]: the stream the next op runs on
+        self.produced_on: dict[int, int | None] = {}  # slot -> the stream its op ran on
 
     # -- slots and constants --------------------------------------------------
     def new_slot(self) -> Slot:
@@ -128,6 +130,8 @@ class _Lowering:
                 raise self.error(node, f"{node.op} nodes cannot be captured",
                                  "call_module/call_method nodes should not survive AOTAutograd; "
                                  "please report this graph (GRAPHEX_DUMP=dir writes it out).")
+        if self.stream is not None:  # the program ends on the stream it was entered on
+            self.switch_stream(None, self.gm.graph.output_node())
         program = Program(name=self.name, num_slots=self.num_slots, inputs=tuple(self.inputs),
                           nodes=tuple(self.nodes), outputs=tuple(outputs), num_constants=len(self.constants))
         node_ops = [self.node_ops.get(i) for i in range(len(self.nodes))]
@@ -175,6 +179,9 @@ class _Lowering:
         value = operator.attrgetter(str(node.target))(self.gm)
         if isinstance(value, torch.Tensor):
             self.value_of[node] = self.const(value)
+        elif isinstance(value, torch.fx.GraphModule) and node.users and all(
+                _is_control_deps(u.target) and u.args[1] is node for u in node.users):
+            self.value_of[node] = value  # a control_deps body: inlined where it is called
         else:
             raise self.error(node, f"attribute {node.target!r} of type {type(value).__name__} cannot be captured",
                              "only tensor constants can be baked into a graph; control flow (torch.cond, "
@@ -195,6 +202,8 @@ class _Lowering:
             self.sym(node, _SYM_FNS[target])
         elif target is torch.ops.higher_order.with_effects:
             self.with_effects(node)
+        elif _is_control_deps(target):
+            self.control_deps(node)
         elif isinstance(target, torch._ops.HigherOrderOperator):
             raise self.error(node, f"higher-order op {target.__name__} cannot be replayed by the engine",
                              "control flow (torch.cond, while_loop) and other higher-order ops are not replayed by "
@@ -219,8 +228,58 @@ class _Lowering:
         outputs = produced if isinstance(produced, tuple) else (() if produced is None else (produced,))
         self.value_of[node] = (self.arg(token, node), *outputs)
 
+    def control_deps(self, node: torch.fx.Node) -> None:
+        """`control_deps(deps, body, *args)` = `body(*args)`: Dynamo wraps each stream sync (wait_stream,
+        record_event, wait_event) in one, with the tensors it must follow as `deps`. The engine runs the program
+        in order, so the body is inlined where the node stands and its outputs are its results."""
+        _, body_node, *args = node.args
+        body = self.value_of[body_node]
+        placeholders = list(body.graph.find_nodes(op="placeholder"))
+        if len(placeholders) != len(args) or node.kwargs:
+            raise self.error(node, "a control_deps body whose inputs do not match its call", "please report this graph.")
+        for p, a in zip(placeholders, args):
+            self.value_of[p] = self.arg(a, node)
+        for inner in body.graph.nodes:
+            if inner.op == "call_function" and isinstance(inner.target, torch._ops.OpOverload):
+                self.op(inner, inner.target)
+            elif inner.op == "output":
+                results = _flatten_outputs(inner.args[0])
+                self.value_of[node] = tuple(self.value_of.get(r) if isinstance(r, torch.fx.Node) else r
+                                            for r in results)
+            elif inner.op != "placeholder":
+                raise self.error(node, f"a control_deps body with a {inner.op} node ({inner.target})",
+                                 "please report this graph.")
+
+    def switch_stream(self, to: int | None, node: torch.fx.Node) -> None:
+        """Note [Side streams in a program]: make stream `to` (None: the one the program was entered on) current."""
+        switch = torch.ops.streams.fork.default if to is not None else torch.ops.streams.join.default
+        frm = _ENTRY_STREAM if self.stream is None else self.stream
+        self.nodes.append(OpNode(f"{node.name}_stream_switch", source_line(node), switch._schema.name,
+                                 switch._overloadname, (frm, _ENTRY_STREAM if to is None else to), {}, ()))
+        self.node_ops[len(self.nodes) - 1] = switch
+        self.num_ops += 1
+        self.stream = to
+
+    def keep_for_stream(self, node: torch.fx.Node, args: tuple[Value, ...], kwargs: dict[str, Value]) -> None:
+        """A tensor made on one stream and read on another is recorded as used by the reader's stream, so the
+        caching allocator does not hand its memory out again before that stream is done with it."""
+        record = torch.ops.streams.record_stream.default
+        here = _ENTRY_STREAM if self.stream is None else self.stream
+        for value in _slots_in((*args, *kwargs.values())):
+            made = self.produced_on.get(value.index, _NOT_MADE_HERE)
+            if made is _NOT_MADE_HERE or made == self.stream:
+                continue
+            self.nodes.append(OpNode(f"{node.name}_record_stream", source_line(node), record._schema.name,
+                                     record._overloadname, (value, here), {}, ()))
+            self.node_ops[len(self.nodes) - 1] = record
+            self.num_ops += 1
+
     def op(self, node: torch.fx.Node, target: torch._ops.OpOverload, args: Any = None, kwargs: Any = None) -> None:
         self.check_kernel(node, target)
+        if target.namespace != "streams":  # stream syncs name their streams; every other op runs on its node's
+            stream = _stream_of(node)
+            if stream != self.stream:
+                self.switch_stream(stream, node)
         node_args = node.args if args is None else args
         node_kwargs = node.kwargs if kwargs is None else kwargs
         schema = target._schema
@@ -247,6 +306,11 @@ class _Lowering:
         self.nodes.append(OpNode(node.name, source_line(node), schema.name, target._overloadname, args, kwargs,
                                  tuple(outs), expect))
         self.num_ops += 1
+        for slot in outs:
+            self.produced_on[slot] = self.stream
+        if self.stream is not None or any(self.produced_on.get(v.index) is not None
+                                          for v in _slots_in((*args, *kwargs.values()))):
+            self.keep_for_stream(node, args, kwargs)
         if _log.detail_enabled():
             _log.detail("  %s: %s(%s)%s", node.name, _op_text(target),
                         ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())]),
@@ -323,6 +387,45 @@ class _Lowering:
 
 
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+
+# Note [Side streams in a program]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Dynamo (torch >= 2.13) traces `with stream:`, `s.wait_stream(t)` and events into the graph: each op run inside
+# `with stream:` carries `meta["custom"]["stream"]`, an index into Dynamo's table of the frame's stream and event
+# objects (torch._dynamo.graph_bytecode_inputs; index 0 is the stream the frame was called on), and each sync is
+# a `streams::*` op wrapped in `control_deps`. The engine runs the program in order on one host thread, so the
+# program switches the current stream itself: a `streams::fork` before the first op of a stretch on a side
+# stream, a `streams::join` back to the entry stream after it, and the program always ends on the stream it was
+# entered on. A tensor made on one stream and read on another gets a `streams::record_stream`, so its memory is
+# not reused before the reader is done. Under a device-graph capture (graphex/device_graphs.py) the entry stream
+# is the capture stream (graphex.compat.entry_stream rebinds index 0, as cudagraph trees'
+# _update_current_stream_external_object does): a side stream that waits on it joins the capture (a fork), and
+# the entry stream's wait on the side stream joins it back, so the side stream's work is recorded into the same
+# graph, as CUDA graphs capture fork/join.
+
+
+def _is_control_deps(target: Any) -> bool:
+    """torch._inductor.fx_passes.control_dependencies.control_deps, registered only once that module loads."""
+    return isinstance(target, torch._ops.HigherOrderOperator) and target.name() == "control_deps"
+
+
+_ENTRY_STREAM = 0  # torch._dynamo.graph_bytecode_inputs.CURRENT_STREAM_INDEX
+_NOT_MADE_HERE = object()
+
+
+def _stream_of(node: torch.fx.Node) -> int | None:
+    stream = (node.meta.get("custom") or {}).get("stream")
+    return None if stream == _ENTRY_STREAM else stream
+
+
+def _slots_in(values: Any) -> list[Slot]:
+    found: list[Slot] = []
+    for v in values:
+        if isinstance(v, Slot):
+            found.append(v)
+        elif isinstance(v, tuple):
+            found.extend(_slots_in(v))
+    return found
 
 
 def _is_effect_token(node: torch.fx.Node) -> bool:

@@ -364,3 +364,157 @@ def test_force_recapture_captures_before_every_call_and_stays_equal_to_eager():
     assert len(runner.graphs) == 1  # one signature: each capture replaced the last, no growth toward capture_limit
     for x, got in zip(xs, held):
         assert torch.equal(got.cpu(), (x @ w).sigmoid() * 3)
+
+
+# ---- side streams (Note [Side streams in a program]) -------------------------------------------------------
+
+needs_traced_streams = pytest.mark.skipif(
+    not graphex.compat.traces_side_streams(),
+    reason=f"Dynamo traces streams into the graph from torch 2.13; this is {torch.__version__}")
+
+
+def _launches_by_stream(runner) -> dict[int, int]:
+    """stream id -> launches recorded on it, from the one captured graph's dump."""
+    import re
+    (entry,) = [e for e in runner.graphs.values() if hasattr(e, "graph")]
+    graph = entry.graph._graph
+    text = graph.debug_dump(None) if isinstance(graph, sim.Graph) else _dump_accelerator_graph(graph)
+    counts: dict[int, int] = {}
+    for stream in re.findall(r"\[stream (\d+)\]", text):
+        counts[int(stream)] = counts.get(int(stream), 0) + 1
+    return counts
+
+
+def _dump_accelerator_graph(graph) -> str:
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "graph.txt")
+        graph.debug_dump(path)
+        with open(path) as f:
+            return f.read()
+
+
+def _fork_join(side):
+    def f(x, w):
+        y = x @ w
+        side.wait_stream(torch.accelerator.current_stream())
+        with side:
+            z = (y * 2).sin()        # forked: runs on the side stream, recorded into the same graph
+        u = y.cos()                  # meanwhile on the calling stream
+        torch.accelerator.current_stream().wait_stream(side)
+        return z + u
+    return f
+
+
+def _events(side):
+    def f(x, w):
+        done = torch.Event()
+        y = x @ w
+        side.wait_stream(torch.accelerator.current_stream())
+        with side:
+            z = y.sigmoid() * 3
+            done.record()
+        u = y.tanh()
+        done.wait()
+        return z - u
+    return f
+
+
+def _stream_made_inside(side):
+    def f(x, w):
+        s = torch.Stream()
+        y = x @ w
+        s.wait_stream(torch.accelerator.current_stream())
+        with s:
+            z = y.exp()
+        torch.accelerator.current_stream().wait_stream(s)
+        return z / 2
+    return f
+
+
+@needs_traced_streams
+@pytest.mark.parametrize("spelling", [_fork_join, _events, _stream_made_inside])
+def test_side_stream_work_is_captured_as_fork_join_and_equals_eager(spelling):
+    """Work the function runs on a side stream is forked from the capture stream and joined back: it is recorded
+    into the same device graph (on its own stream), each later call is one replay, and every result is bit for bit
+    the CPU's eager result, for new inputs each call."""
+    side = torch.Stream(device=DEV)
+    fn = spelling(side)
+    torch.manual_seed(0)
+    w = torch.randn(8, 8)
+    xs = [torch.randn(4, 8) for _ in range(5)]
+    want = {_fork_join: lambda x: ((x @ w) * 2).sin() + (x @ w).cos(),
+            _events: lambda x: (x @ w).sigmoid() * 3 - (x @ w).tanh(),
+            _stream_made_inside: lambda x: (x @ w).exp() / 2}[spelling]
+    before = {id(g) for g in captures()}
+    f = compiled(fn)
+    wd = w.to(DEV)
+    entered = torch.accelerator.current_stream(torch.device(DEV))
+    outs = [f(x.to(DEV), wd) for x in xs[:3]]  # engine, capture + replay, replay
+    runner = runner_of(before)
+    assert runner.captures == 1 and runner.replays == 2
+    sim.reset_stats()
+    outs.append(f(xs[3].to(DEV), wd))
+    stats = sim.stats()
+    assert stats["graph_replays"] == 1 and stats["captures"] == 0, stats
+    outs.append(f(xs[4].to(DEV), wd))
+    assert torch.accelerator.current_stream(torch.device(DEV)) == entered, "the call left the caller on another stream"
+    for x, out in zip(xs, outs):
+        assert torch.equal(out.cpu(), want(x)), spelling.__name__
+    by_stream = _launches_by_stream(runner)
+    assert len(by_stream) == 2, f"expected the work on two streams of one graph, got {by_stream}"
+    assert min(by_stream.values()) >= 1
+    (graph,) = [g for g in captures() if id(g) not in before]
+    ops = [n.op for n in graph.lowered.program.nodes if hasattr(n, "op")]
+    # a tensor made on one stream and read on the other is recorded as used there (its memory is not reused early)
+    assert "streams::record_stream" in ops and ops.count("streams::fork") == 1 and ops.count("streams::join") == 1, ops
+
+
+@needs_traced_streams
+def test_a_side_stream_never_joined_back_falls_back_named_and_stays_right():
+    """A fork the function never joins cannot end a capture (CUDA: cudaErrorStreamCaptureUnjoined): graphex warns
+    with the fix (wait for the side stream before returning) and runs that signature on the engine, right."""
+    side = torch.Stream(device=DEV)
+
+    def f(x):
+        y = x * 2
+        side.wait_stream(torch.accelerator.current_stream())
+        with side:
+            z = y + 1
+        return z * 3  # no wait on `side`: a race in eager on a real device, an unjoined fork in a capture
+
+    g = compiled(f)
+    x = torch.arange(4.0)
+    with pytest.warns(graphex.GraphexWarning, match="not joined back.*wait_stream"):
+        outs = [g(x.to(DEV)) for _ in range(3)]
+    for out in outs:
+        assert torch.equal(out.cpu(), (x * 2 + 1) * 3)
+    assert not sim.is_current_stream_capturing()
+
+
+def test_a_custom_op_that_leaves_another_stream_current_raises():
+    """A program must return on the stream it was called on: a custom op that switches streams and does not switch
+    back is refused at the capture with an error that names both streams and the fix, and the caller's stream is
+    restored."""
+    side = torch.Stream(device=DEV)
+    lib = torch.library.Library("gx_devgraph_stream", "DEF")
+    lib.define("switches(Tensor x) -> Tensor")
+
+    def switches(x):
+        torch.accelerator.set_stream(side)
+        return x + 1
+
+    lib.impl("switches", switches, "PrivateUse1")
+    lib.impl("switches", lambda x: torch.empty_like(x), "Meta")
+    f = compiled(lambda x: torch.ops.gx_devgraph_stream.switches(x * 2))
+    dev = torch.device(DEV)
+    entered = torch.accelerator.current_stream(dev)
+    x = torch.arange(3.0, device=DEV)
+    f(x)  # the first call runs on the engine (and this op leaves `side` current, as it would in eager)
+    torch.accelerator.set_stream(entered)
+    with pytest.raises(RuntimeError, match=r"entered on stream \d+ .* returned on stream \d+.*restore the one it found"):
+        f(x)
+    assert torch.accelerator.current_stream(dev) == entered
+    assert not sim.is_current_stream_capturing()
+    del lib

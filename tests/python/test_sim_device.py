@@ -222,7 +222,9 @@ def test_capture_on_the_default_stream_is_refused():
 # ---- memory pools ----------------------------------------------------------------------------------
 
 def test_general_pool_caches_freed_blocks():
-    n = 123_457  # a size no other test allocates: the block freed is the only one that fits
+    # larger than any block another test frees (tests of device graphs may run first in this process and leave
+    # smaller blocks cached): the block freed here is the only one that fits
+    n = 3_000_017
     a = torch.empty(n, device=DEV)
     ptr = a.data_ptr()
     assert sim.pool_of(a) == (0, 0)
@@ -233,7 +235,8 @@ def test_general_pool_caches_freed_blocks():
 
 
 def test_memory_allocated_during_capture_belongs_to_the_graph_pool():
-    x = torch.randn(256, device=DEV)
+    n = 4_000_037  # larger than any other test's blocks (the one above included): only the pool's blocks fit
+    x = torch.randn(n, device=DEV)
     g = sim.Graph()
     with sim.graph(g):
         tmp = x * 2
@@ -242,7 +245,7 @@ def test_memory_allocated_during_capture_belongs_to_the_graph_pool():
     assert pool != (0, 0) and sim.pool_of(out) == pool and sim.pool_of(tmp) == pool
     graph_ptrs = {tmp.data_ptr(), out.data_ptr()}
     del tmp  # freed into the graph's pool: eager work must not get it while the graph lives
-    eager = [torch.empty(256, device=DEV) for _ in range(8)]
+    eager = [torch.empty(n, device=DEV) for _ in range(8)]
     assert not graph_ptrs & {e.data_ptr() for e in eager}
     assert all(sim.pool_of(e) == (0, 0) for e in eager)
     g.replay()
@@ -250,7 +253,7 @@ def test_memory_allocated_during_capture_belongs_to_the_graph_pool():
     freed = out.data_ptr()
     del out
     g.reset()  # the pool is released: its blocks go to the general pool
-    again = [torch.empty(256, device=DEV) for _ in range(8)]
+    again = [torch.empty(n, device=DEV) for _ in range(8)]
     assert freed in {e.data_ptr() for e in again}
 
 

@@ -292,3 +292,22 @@ def test_a_contextvar_get_source_is_named_as_graphex_parses_it():
 @pytest.mark.parametrize("name", ["_top_saved_tensors_default_hooks"])
 def test_autograd_hooks_query(name):
     assert getattr(torch._C._autograd, name)(True) is None, VERSION
+
+
+@pytest.mark.skipif(not compat.traces_side_streams(),
+                    reason=f"Dynamo traces streams into the graph from torch 2.13; this is {VERSION}")
+def test_dynamos_stream_tracing_has_the_shape_graphex_lowers():
+    """Note [Side streams in a program] (graphex/lower.py) reads Dynamo's table of a frame's streams (index 0: the
+    stream the frame was called on), the `custom["stream"]` annotation, the `streams::*` ops and control_deps."""
+    import torch._dynamo.graph_bytecode_inputs as table
+
+    assert table.CURRENT_STREAM_INDEX == 0
+    assert isinstance(table.index_to_external_object_weakref, dict)
+    for op, args in (("fork", ["from_index", "to_index"]), ("join", ["from_index", "to_index"]),
+                     ("record_stream", ["tensor", "stream_index"])):
+        schema = getattr(torch.ops.streams, op).default._schema
+        assert [a.name for a in schema.arguments] == args, schema
+    from torch._inductor.fx_passes.control_dependencies import control_deps
+    assert control_deps.name() == "control_deps"
+    from torch._dynamo.variables.streams import get_current_stream  # the table's index 0 is registered first
+    assert callable(get_current_stream)

@@ -110,7 +110,7 @@ std::string SimGraph::dump() const {
   std::ostringstream out;
   for (size_t i = 0; i < launches_.size(); ++i) {
     const auto& launch = launches_[i];
-    out << i << ": " << launch.op.schema().operator_name() << "(";
+    out << i << ": [stream " << launch.stream << "] " << launch.op.schema().operator_name() << "(";
     for (size_t j = 0; j < launch.args.size(); ++j) {
       const auto& a = launch.args[j];
       if (j) out << ", ";

@@ -297,6 +297,7 @@ void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, CaptureStat
     }
     outs.push_back(sim);
   }
+  launch.stream = current_stream().id();
   capture.launches.push_back(std::move(launch));
   if (current_stream().id() != capture.origin) capture.unjoined.insert(current_stream().id());
   counters().captured_launches++;

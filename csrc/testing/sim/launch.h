@@ -34,6 +34,7 @@ struct Launch {
   c10::OperatorHandle op;
   std::vector<c10::IValue> args;               // CPU aliases of gxsim memory, CPU snapshots, others
   std::vector<std::optional<at::Tensor>> targets;  // per flattened output: where a fresh result goes
+  c10::StreamId stream = 0;                    // the stream it was launched on (the origin or a forked one)
 };
 
 void run_launch(const Launch& launch);  // one recorded launch, during replay
