@@ -262,6 +262,9 @@ def markdown(results: dict[str, Any]) -> str:
     from .per_call import markdown_lines as per_call_lines
 
     lines += per_call_lines(results.get("per_call"))
+    from .device_graph_cost import markdown_lines as device_graph_cost_lines
+
+    lines += device_graph_cost_lines(results.get("device_graph_cost"))
     lines += ["", "Workloads:"]
     listed: set[str] = set()
     for case in results["cases"]:

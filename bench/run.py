@@ -1,7 +1,7 @@
 """`make bench`: eager, TorchScript, ONNX Runtime, inductor, aot_eager and graphex side by side on every workload.
 
     python -m bench.run [--quick] [--only NAME] [--out DIR] [--backends a,b] [--threads 1,2] [--bin-dir DIR]
-                        [--no-tp-decode] [--no-cpp-runner]
+                        [--no-tp-decode] [--no-cpp-runner] [--no-per-call] [--no-device-graph-cost]
 
 For each case (bench/cases.py):
   1. first call (compile + first run) and the peak memory of one steady-state step,
@@ -17,7 +17,10 @@ For each case (bench/cases.py):
      Python engine's and its load-to-first-output time (bench/cpp_runner.py; --no-cpp-runner skips it);
   5. where one torch.compile call's time goes outside the engine, layer by layer (Dynamo and its guards,
      AOTAutograd's runtime wrapper, graphex's Python), per workload at 1 thread (bench/per_call.py;
-     --no-per-call skips it).
+     --no-per-call skips it);
+  6. device graphs' host cost on the simulated accelerator gxsim: graphex's runner around a replay, part by part,
+     next to the CPU engine's per-call cost for the same program (bench/device_graph_cost.py;
+     --no-device-graph-cost skips it).
 Writes results.json, results.md and latency.png under --out and prints the Markdown.
 """
 
@@ -307,7 +310,8 @@ def machine_info(settings: Settings, backends: list[str]) -> dict[str, Any]:
 def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, isolate: bool = True,
               bin_dir: str = DEFAULT_BIN_DIR, log: Callable[[str], None] = _log,
               warm_start: bool = False, tp_decode: bool = False, cpp_runner: list[Case] | None = None,
-              cpp_runs: int = 1000, threads: list[int] | None = None, per_call: bool = False) -> dict[str, Any]:
+              cpp_runs: int = 1000, threads: list[int] | None = None, per_call: bool = False,
+              device_graph_cost: bool = False) -> dict[str, Any]:
     """Measure every case on every backend; the results dict of bench/report.py, targets included.
 
     isolate=False measures the first call in this process (for tests: cases need not be importable).
@@ -353,6 +357,14 @@ def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, iso
         from . import per_call as per_call_mod
 
         results["per_call"] = per_call_mod.measure_all(cases, log, rounds=settings.rounds, round_s=settings.round_s)
+    if device_graph_cost:  # the device-graph runner's host cost on gxsim (bench/device_graph_cost.py)
+        from . import device_graph_cost as device_graph_cost_mod
+
+        try:
+            results["device_graph_cost"] = device_graph_cost_mod.measure(
+                log, rounds=settings.rounds, calls=300 if settings == FULL else 30)
+        except Exception as e:  # noqa: BLE001  one section failing does not lose the others
+            results["device_graph_cost"] = {"error": f"{type(e).__name__}: {e}"}
     results["targets"] = report.derive(results)
     return results
 
@@ -381,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the 2-rank tensor-parallel decode step (eager vs graphex, torchrun on 127.0.0.1)")
     parser.add_argument("--no-cpp-runner", action="store_true",
                         help="skip the C++ runner (graphex-run on the exported decoder cases)")
+    parser.add_argument("--no-device-graph-cost", action="store_true",
+                        help="skip device graphs' host cost on the simulated accelerator (bench/device_graph_cost.py)")
     parser.add_argument("--no-per-call", action="store_true",
                         help="skip the per-call layers outside the engine (Dynamo, guards, AOTAutograd, graphex's Python)")
     parser.add_argument("--bin-dir", default=DEFAULT_BIN_DIR, help="where the hand-written C++ binaries are "
@@ -407,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                         tp_decode=not ns.no_tp_decode and {"eager", "graphex"} <= set(backends),
                         cpp_runner=None if ns.no_cpp_runner else cpp_runner_cases(selected),
                         cpp_runs=100 if ns.quick else 1000, threads=threads,
-                        per_call=not ns.no_per_call and "graphex" in backends)
+                        per_call=not ns.no_per_call and "graphex" in backends,
+                        device_graph_cost=not ns.no_device_graph_cost and "graphex" in backends)
     paths = report.write(results, ns.out)
     _log("wrote " + ", ".join(paths.values()))
     print(report.markdown(results), end="")

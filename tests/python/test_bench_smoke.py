@@ -140,3 +140,23 @@ def test_per_call_layers_outside_the_engine(tmp_path):
     text = report.markdown(results)
     assert "Per call, outside the engine" in text and "| tiny_module | 1 |" in text
     assert "| tiny_module | keep_tensor_guards_unsafe |" in text
+
+
+def test_device_graph_cost_section_splits_the_runner_around_a_replay(tmp_path):
+    """make bench's device-graph section (bench/device_graph_cost.py) on gxsim: every row timed, the runner's parts
+    (lock, signature, address checks, input copies, outputs copied out) each measured, the device step bitwise equal
+    to the CPU's, and the section in the report."""
+    from bench import device_graph_cost
+
+    results = run.run_suite([TINY], ["graphex"], SMOKE, isolate=False, bin_dir=str(tmp_path), log=lambda _m: None,
+                            device_graph_cost=True)
+    section = results["device_graph_cost"]
+    assert "error" not in section, section
+    med = section["median_us"]
+    assert all(med[p] > 0 for p in device_graph_cost.PARTS) and med["gxsim: replay() alone"] > 0
+    assert section["runner_around_replay_us"] == med["gxsim: runner, replay() stubbed"] > 0
+    assert section["equal_cpu_eager"] is True
+    # the shipped decoder: token and position copied in, the logits copied out, the caches checked by address
+    assert section["inputs_copied"] == 2 and section["outputs_copied"] == 1 and section["addresses_checked"] >= 2
+    text = report.markdown(results)
+    assert "Device graphs, host cost on the simulated device gxsim" in text and "address checks" in text
