@@ -5,7 +5,8 @@
 
 1. Checks (the device tests' claims, on the real device): the shipped decoder through torch.compile is one
    replay per step after the first, its logits and KV caches bit for bit eager's on the same device; outputs
-   held across calls are not overwritten; a KV cache at a new address recaptures.
+   held across calls are not overwritten; a KV cache at a new address recaptures; work on a side stream is
+   captured as fork/join; a 1-GPU NCCL group's collectives (all_reduce, all_gather) run inside the graph.
 2. Benchmark of a one-token decode step (the shipped decoder; a transformers Llama-style decoder from a config at
    batch 1 and 8 when transformers is installed): eager, torch.compile(mode="reduce-overhead"), inductor and
    graphex: median step time, first-call time. Inductor's are CUDA-only (skipped on other devices).
@@ -90,6 +91,68 @@ def check_recapture(device: torch.device) -> dict:
     f(torch.ones(4, device=device), b)
     assert torch.equal(b.cpu(), torch.ones(4)) and torch.equal(a.cpu(), torch.full((4,), 3.0)), "wrote the old cache"
     return {"recaptured": True}
+
+
+def check_side_streams(device: torch.device) -> dict:
+    """Note [Side streams in a program]: work forked to a side stream is recorded into the same device graph and
+    joined back; each later call is one replay, bit for bit eager on the same device."""
+    from graphex.compat import traces_side_streams
+
+    if not traces_side_streams():
+        return {"skipped": f"Dynamo traces streams into the graph from torch 2.13; this is {torch.__version__}"}
+    side = torch.Stream(device=device)
+
+    def step(x, w):
+        y = x @ w
+        side.wait_stream(torch.accelerator.current_stream(device))
+        with side:
+            z = (y * 2).sin()
+        u = y.cos()
+        torch.accelerator.current_stream(device).wait_stream(side)
+        return z + u
+
+    f = _compile(step, "graphex")
+    torch.manual_seed(2)
+    w = torch.randn(64, 64, device=device)
+    before = {id(r) for r in _runners()}
+    for i in range(5):
+        x = torch.randn(16, 64, device=device)
+        got = f(x, w)
+        assert torch.equal(got, step(x, w)), f"call {i}: differs from eager on {device}"
+    (runner,) = [r for r in _runners() if id(r) not in before]
+    assert runner.captures == 1 and runner.replays == 4, (runner.captures, runner.replays)  # call 1 on the engine
+    return {"calls": 5, "captures": runner.captures, "replays": runner.replays}
+
+
+def check_nccl_one_gpu(device: torch.device) -> dict:
+    """A 1-GPU NCCL group: functional all_reduce and all_gather inside the compiled step, captured into the device
+    graph (NCCL supports capture), each call bit for bit eager's on the same device."""
+    import torch.distributed as dist
+
+    if device.type != "cuda" or not dist.is_available() or not dist.is_nccl_available():
+        return {"skipped": f"needs NCCL on cuda (this run: {device})"}
+    import torch.distributed._functional_collectives as funcol
+
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+    try:
+        group = dist.group.WORLD
+
+        def step(x, w):
+            y = funcol.all_reduce(x @ w, "sum", group)
+            return funcol.all_gather_tensor(y.relu(), 0, group) * 2
+
+        f = _compile(step, "graphex")
+        torch.manual_seed(3)
+        w = torch.randn(32, 32, device=device)
+        before = {id(r) for r in _runners()}
+        for i in range(5):
+            x = torch.randn(8, 32, device=device)
+            got = f(x, w)
+            assert torch.equal(got, step(x, w)), f"call {i}: differs from eager"
+        (runner,) = [r for r in _runners() if id(r) not in before]
+        return {"calls": 5, "captures": runner.captures, "replays": runner.replays, "bitwise": True}
+    finally:
+        dist.destroy_process_group()
 
 
 # ---- 2. benchmark ----------------------------------------------------------------------------------------------
@@ -186,6 +249,7 @@ def main() -> int:
     p.add_argument("--device", default="cuda", help="cuda (default), or gxsim for the simulated device")
     p.add_argument("--quick", action="store_true", help="small models and few calls (a dry run)")
     p.add_argument("--out", default="gpu_check.json")
+    p.add_argument("--checks-only", action="store_true", help="the checks, not the benchmark")
     args = p.parse_args()
     import graphex  # noqa: F401
 
@@ -200,15 +264,19 @@ def main() -> int:
     print(f"graphex gpu-check: torch {torch.__version__} on {report.get('gpu', device)}", flush=True)
     for name, fn in (("decoder one replay per step, bitwise", lambda: check_decoder(device, 6)),
                      ("held outputs not overwritten", lambda: check_held_outputs(device)),
-                     ("a moved KV cache recaptures", lambda: check_recapture(device))):
+                     ("a moved KV cache recaptures", lambda: check_recapture(device)),
+                     ("side streams captured as fork/join", lambda: check_side_streams(device)),
+                     ("1-GPU NCCL group: collectives in the graph", lambda: check_nccl_one_gpu(device))):
         try:
-            report["checks"][name] = fn()
-            print(f"  ok    {name}", flush=True)
+            report["checks"][name] = result = fn()
+            print(f"  {'skip' if 'skipped' in result else 'ok  '}  {name}"
+                  + (f" ({result['skipped']})" if "skipped" in result else ""), flush=True)
         except Exception:  # noqa: BLE001
             report["failed"].append(name)
             report["checks"][name] = traceback.format_exc(limit=3)
             print(f"  FAIL  {name}\n{traceback.format_exc(limit=3)}", flush=True)
-    report["benchmark"] = benchmark(device, args.quick, lambda line: print("  " + line, flush=True))
+    if not args.checks_only:
+        report["benchmark"] = benchmark(device, args.quick, lambda line: print("  " + line, flush=True))
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")
     return 1 if report["failed"] else 0
