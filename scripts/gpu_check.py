@@ -6,7 +6,8 @@
 1. Checks (the device tests' claims, on the real device): the shipped decoder through torch.compile is one
    replay per step after the first, its logits and KV caches bit for bit eager's on the same device; outputs
    held across calls are not overwritten; a KV cache at a new address recaptures; work on a side stream is
-   captured as fork/join; a 1-GPU NCCL group's collectives (all_reduce, all_gather) run inside the graph.
+   captured as fork/join; a 1-GPU NCCL group's collectives (all_reduce, all_gather) run inside the graph; and
+   tests/python/test_device_graphs.py, the simulated device's tests, on this device (GRAPHEX_TEST_DEVICE).
 2. Benchmark of a one-token decode step (the shipped decoder; a transformers Llama-style decoder from a config at
    batch 1 and 8 when transformers is installed): eager, torch.compile(mode="reduce-overhead"), inductor and
    graphex: median step time, first-call time. Inductor's are CUDA-only (skipped on other devices).
@@ -155,6 +156,25 @@ def check_nccl_one_gpu(device: torch.device) -> dict:
         dist.destroy_process_group()
 
 
+def check_device_tests(device: torch.device) -> dict:
+    """tests/python/test_device_graphs.py, the simulated device's tests, run on this device (GRAPHEX_TEST_DEVICE)."""
+    import importlib.util
+    import os
+    import subprocess
+
+    if device.type != "cuda":
+        return {"skipped": "on gxsim these tests run in make test"}
+    if importlib.util.find_spec("pytest") is None:
+        return {"skipped": "pytest is not installed on this machine"}
+    env = {**os.environ, "GRAPHEX_TEST_DEVICE": str(device.type)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(ROOT / "tests" / "python" / "test_device_graphs.py")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    summary = (proc.stdout.strip().splitlines() or [""])[-1]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    return {"summary": summary}
+
+
 # ---- 2. benchmark ----------------------------------------------------------------------------------------------
 
 def _median_ms(fn, device: torch.device, calls: int, rounds: int = 5) -> float:
@@ -266,7 +286,8 @@ def main() -> int:
                      ("held outputs not overwritten", lambda: check_held_outputs(device)),
                      ("a moved KV cache recaptures", lambda: check_recapture(device)),
                      ("side streams captured as fork/join", lambda: check_side_streams(device)),
-                     ("1-GPU NCCL group: collectives in the graph", lambda: check_nccl_one_gpu(device))):
+                     ("1-GPU NCCL group: collectives in the graph", lambda: check_nccl_one_gpu(device)),
+                     ("the device tests (test_device_graphs.py) on this device", lambda: check_device_tests(device))):
         try:
             report["checks"][name] = result = fn()
             print(f"  {'skip' if 'skipped' in result else 'ok  '}  {name}"
