@@ -25,7 +25,7 @@ error, same text). The one difference left outside graphex: torch's
 propagate-real-tensors mode. torch._dynamo.reset() clears all compile callbacks;
 graphex adds its own back when its backend next runs (and its tools do so right
 after the resets they make); stand-ins already made stay. torch itself is never
-patched (Note [graphex never patches torch], compat.py).
+patched (Note [graphex never patches torch], graphex/compat/).
 
 Schema rules (an in-place op must not return its mutated input) are checked on
 the Dynamo graph at the start of our backend; the fake-vs-real comparison runs

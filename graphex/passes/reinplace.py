@@ -14,7 +14,7 @@ Two changes for graphex:
   * inductor declines to reinplace a scatter into a graph input when it thinks a
     fused functional kernel would be faster; with no fusion here, in place always
     wins, so the pass runs with a table of our own without that heuristic
-    (graphex/compat.py: inductor's table is never modified), keeping only the test
+    (graphex/compat/inductor.py: inductor's table is never modified), keeping only the test
     that the scatter's source is not its own memory (Note [A scatter is not
     reinplaced onto its own source]);
   * the npugraph_ex switches `inplace_pass` (intermediates) and
@@ -109,7 +109,7 @@ def _scatter_source_is_elsewhere(node: torch.fx.Node) -> bool:
     `x[1:].copy_(x[:-1])`: a copy that reads what it is overwriting (ATen refuses it when it can see the
     overlap, and is wrong where it cannot). So a scatter whose source is a view of its own base stays
     functional: it writes into a fresh copy of the base. torch 2.15 added the same test to inductor's own
-    `should_reinplace_scatter`, which graphex replaces (graphex/compat.py), so it is ours for every version.
+    `should_reinplace_scatter`, which graphex replaces (graphex/compat/inductor.py), so it is ours for every version.
     """
     inp, src = node.args[0], node.args[1]
     if isinstance(inp, torch.fx.Node) and isinstance(src, torch.fx.Node):

@@ -1,6 +1,6 @@
 """The torch internals graphex leans on still have the shape graphex expects (issue: the torch range).
 
-graphex supports a range of torch releases (pyproject.toml, graphex/compat.py). A private name that moves or
+graphex supports a range of torch releases (pyproject.toml, graphex/compat/). A private name that moves or
 changes shape in a new release should fail here, once, naming the torch version, the internal and the graphex
 file that uses it, instead of failing a user's compile deep inside a pass.
 """

@@ -1,0 +1,100 @@
+"""Dynamo's internals: the backend tracing on this thread, its config, sources, guards and side effects."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+
+# -- Dynamo: which backend is tracing on this thread ----------------------------------------------
+
+def current_dynamo_backend() -> Callable[..., Any] | None:
+    """The backend of the Dynamo trace running on this thread, unwrapped, or None outside a trace.
+
+    Dynamo keeps the instruction translator of the frame it traces in a thread-local
+    (`InstructionTranslator.current_tx()`, 2.1+); its output graph holds the backend,
+    wrapped by torch.compile (`_TorchCompileWrapper.compiler_fn`), by the debug wrapper
+    (`_torchdynamo_orig_backend`) and by partials.
+    """
+    from torch._dynamo import symbolic_convert
+
+    tx = getattr(symbolic_convert.tls, "current_tx", None)
+    fn = getattr(getattr(tx, "output", None), "compiler_fn", None)
+    for _ in range(16):  # unwrap, bounded
+        if fn is None:
+            return None
+        inner = (getattr(fn, "_torchdynamo_orig_backend", None) or getattr(fn, "compiler_fn", None)
+                 or (fn.func if isinstance(fn, functools.partial) else None) or getattr(fn, "__wrapped__", None))
+        if inner is None or inner is fn:
+            return fn
+        fn = inner
+    return fn
+
+
+def in_graphex_trace() -> bool:
+    """True while Dynamo traces, on this thread, for a graphex backend (Note [graphex never patches torch])."""
+    return bool(getattr(current_dynamo_backend(), "_graphex_backend", False))
+
+
+def recompile_limit() -> int:
+    """Dynamo's per-code recompile limit (config `recompile_limit`; called `cache_size_limit` before 2.6)."""
+    config = torch._dynamo.config
+    return int(getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 8)))
+
+
+# -- Dynamo's sources and guards (cache_compile: Note [cache_compile keys on what the trace read]) ----------------
+
+def source_name(source: Any) -> str:
+    """A Dynamo Source's access path (`L['func'].__self__.scale`). A method up to torch 2.11 (`source.name()`),
+    a cached property since 2.12."""
+    name = source.name
+    return name() if callable(name) else name
+
+
+def guard_recorder(on_guards: Callable[[list[Any]], None]) -> dict[str, Any]:
+    """torch.compile options that hand Dynamo's guards (GuardFilterEntry: name, value, guard_type, orig_guard)
+    to `on_guards` and keep every one. `guard_filter_fn` is torch.compile's public option (since 2.6)."""
+    def keep_all(entries: Any) -> list[bool]:
+        on_guards(list(entries))
+        return [True] * len(entries)
+
+    return {"guard_filter_fn": keep_all}
+
+
+def treespec_children(spec: Any) -> list[Any]:
+    """A TreeSpec's child specs: `children()` (2.13 deprecates the `children_specs` attribute)."""
+    children = getattr(spec, "children", None)
+    return list(children()) if callable(children) else list(spec.children_specs)
+
+
+def opaque_guard_fn(cls: type) -> Callable[[Any], Any] | None:
+    """The guard_fn torch registered for an opaque object type (a ProcessGroup: OPAQUE_OBJ_GUARD_FN_MATCH guards
+    compare what it returns), or None. torch._library.opaque_object exists where Dynamo emits that guard."""
+    try:
+        from torch._library.opaque_object import get_opaque_obj_info
+    except ImportError:
+        return None
+    info = get_opaque_obj_info(cls)
+    return getattr(info, "guard_fn", None) if info else None
+
+
+# -- what the frame being compiled changes (cache_compile) ----------------------------------------------
+
+def dynamo_side_effects() -> list[str] | None:
+    """What the frame Dynamo is compiling changes in Python state when it runs (attributes set, lists or dicts
+    mutated, cells and globals written), as names; [] for none, None when this torch does not say. Call from a
+    backend or guard hook during the compile (InstructionTranslator.current_tx(), SideEffects, 2.11-2.15)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        side_effects = InstructionTranslator.current_tx().output.side_effects
+        modified = [v for v in side_effects.id_to_variable.values() if side_effects.is_modified(v)]
+    except Exception:  # noqa: BLE001  not inside a compile, or another torch: the guards' own check remains
+        return None
+    names = []
+    for var in modified:
+        source = getattr(var, "source", None)
+        names.append(source_name(source) if source is not None else type(var).__name__)
+    return names

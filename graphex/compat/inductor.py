@@ -1,0 +1,211 @@
+"""inductor's internals graphex reuses: the reinplacing pass and its table, the fake-tensor updater, the
+no-op registry, and the pattern matcher's register_replacement."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import types
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from ._base import TorchInternalChanged
+
+
+# -- inductor's reinplacing pass, with a table of our own ---------------------------------------
+
+def inplaceable_ops_table(scatter_check: Callable[[torch.fx.Node], bool]) -> dict[Any, Any]:
+    """A copy of inductor's table of functional ops and their in-place forms.
+
+    The generalized scatter's `should_reinplace_scatter` check (a fusion heuristic: with no
+    fusion, in place always wins; since 2.15 it also declines a scatter whose source is a view
+    of its own base) is replaced by `scatter_check`. Built per call: inductor extends its table
+    at import time (collectives), so a copy taken once could miss entries.
+    """
+    from torch._inductor.fx_passes import reinplace as inductor_reinplace
+
+    table = dict(inductor_reinplace.inplaceable_ops)
+    scatter = inductor_reinplace._generalized_scatter
+    if scatter in table:
+        op = table[scatter]
+        table[scatter] = inductor_reinplace.InplaceableOp(op.inplace_op, op.mutated_arg, extra_check=scatter_check)
+    return table
+
+
+@functools.cache
+def _core_code() -> tuple[types.CodeType, dict[str, Any], Any, Any]:
+    from torch._inductor.fx_passes import reinplace as inductor_reinplace
+
+    core = inductor_reinplace.reinplace_inplaceable_ops_core
+    return core.__code__, core.__globals__, core.__defaults__, core.__closure__
+
+
+def reinplace_inplaceable_ops(fake_tensor_updater: Any, graph: torch.fx.Graph, table: dict[Any, Any]) -> None:
+    """inductor's `reinplace_inplaceable_ops`, reading `table` instead of its module-level table.
+
+    The pass looks its table up as a module global; rather than swap that global
+    for every thread, we run the same code with a globals mapping of our own in
+    which `inplaceable_ops` is `table`. Same steps as inductor's driver (2.11-2.15):
+    canonicalize view scatters, refresh fake tensors, reinplace, decompose scatters.
+    """
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._inductor.fx_passes import reinplace as inductor_reinplace
+
+    code, module_globals, defaults, closure = _core_code()
+    scoped_globals = dict(module_globals, inplaceable_ops=table)
+    core = types.FunctionType(code, scoped_globals, code.co_name, defaults, closure)
+    with enable_python_dispatcher():
+        inductor_reinplace.canonicalize_view_scatter_ops(graph)
+        fake_tensor_updater.incremental_update()
+        core(graph)
+        inductor_reinplace.decompose_generalized_scatter(graph)
+
+
+def fake_tensor_updater(gm: torch.fx.GraphModule) -> Any:
+    """inductor's FakeTensorUpdater over `gm` (it re-runs fake propagation on the nodes a pass changed).
+
+    It took the graph until torch 2.12 and takes the GraphModule since 2.13 (to update subgraphs too):
+    handed a GraphModule, 2.11-2.12 fail inside on `gm.nodes`. Up to 2.12 it also told a changed node
+    by `id(node.args)`, which a new args tuple can reuse once the old one is freed (then the node's fake
+    value is silently left stale); 2.13 hashes the arguments themselves, and so does our 2.11-2.12 form.
+    """
+    if _updater_takes_module():
+        from torch._inductor.fx_utils import FakeTensorUpdater
+
+        return FakeTensorUpdater(gm)
+    return _graph_updater_by_content()(gm.graph)
+
+
+@functools.cache
+def _graph_updater_by_content() -> type:
+    from torch._inductor.fx_utils import FakeTensorUpdater
+    from torch.utils import _pytree as pytree
+
+    def content(args: Any) -> tuple[Any, ...]:
+        leaves, spec = pytree.tree_flatten(args)
+        out: list[Any] = [str(spec)]
+        for leaf in leaves:
+            try:
+                hash(leaf)
+                out.append(leaf)  # held, so a Node's id cannot be reused while we compare
+            except TypeError:  # a slice (unhashable before Python 3.12), a list: by what it says
+                out.append((type(leaf).__name__, repr(leaf)))
+        return tuple(out)
+
+    class UpdaterByContent(FakeTensorUpdater):  # type: ignore[misc, valid-type]
+        def hash_node(self, node: torch.fx.Node) -> Any:
+            return (node, node.target, content(node.args), content(node.kwargs))
+
+    return UpdaterByContent
+
+
+@functools.cache
+def _updater_takes_module() -> bool:
+    import inspect
+
+    from torch._inductor.fx_utils import FakeTensorUpdater
+
+    params = list(inspect.signature(FakeTensorUpdater.__init__).parameters)
+    if params[1:2] == ["gm"]:
+        return True
+    if params[1:2] == ["graph"]:
+        return False
+    raise RuntimeError(f"graphex: torch {torch.__version__}'s FakeTensorUpdater takes {params[1:]}; graphex knows "
+                       "(graph) (torch <= 2.12) and (gm) (torch >= 2.13): graphex/compat.py needs updating")
+
+
+# -- inductor's no-op registry (graphex/passes/noop.py) -------------------------------------------------------------
+
+def noop_source(node: torch.fx.Node, src_index: Any) -> Any:
+    """The node a no-op `node` passes through, as inductor's `noop_registry[target] = (cond, src_index)` says:
+    an argument position, or a selector function. The selector took the node's args up to torch 2.14
+    (`lambda args: args[0][0]` for aten.cat) and takes the node itself from 2.15 (`lambda node:
+    node.args[0][0]`); which one this torch uses is found once by asking aten.cat's own selector."""
+    if isinstance(src_index, int):
+        return node.args[src_index]
+    return src_index(node) if _noop_selector_takes_node() else src_index(node.args)
+
+
+@functools.cache
+def _noop_selector_takes_node() -> bool:
+    from torch._inductor.fx_passes.post_grad import noop_registry
+
+    entry = noop_registry.get(torch.ops.aten.cat.default)
+    if entry is None or isinstance(entry[1], int):
+        return False  # no selector to ask: nothing calls one
+    graph = torch.fx.Graph()
+    a = graph.placeholder("a")
+    cat = graph.call_function(torch.ops.aten.cat.default, ([a],))
+    for takes_node, argument in ((False, cat.args), (True, cat)):
+        try:
+            if entry[1](argument) is a:
+                return takes_node
+        except (AttributeError, TypeError, IndexError):
+            continue
+    raise TorchInternalChanged(
+        f"graphex: torch {torch.__version__}: inductor's noop_registry selector for aten.cat takes neither the "
+        "node's args nor the node (torch._inductor.fx_passes.post_grad.register_noop_decomp changed); graphex's "
+        "no-op pass (graphex/passes/noop.py) needs compat.noop_source updated for this torch")
+
+
+# -- inductor's pattern matcher: register_replacement (graphex/fusion/registration.py) ------------------------------
+
+# Note [A pattern's check sees every argument]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# register_replacement re-traces the search function on each match's real inputs and calls the
+# pattern's `extra_check` on that specific re-match. Up to torch 2.12 the re-match's kwargs lack a
+# scalar argument (one named in `scalar_workaround`) whose real value differs from its example
+# value: the re-trace bakes the real value in as a literal (2.13 puts the general match's value
+# back). A check reading the scalar then saw no value and declined: on 2.11 and 2.12 fused
+# decode_attention never fired on a model whose 1/sqrt(d) was not the example's. The scalar's value
+# is the one the re-trace was given, so graphex's trace function records its inputs and the check
+# reads a missing argument from them (the same thread, just before the check).
+# Also differing: `pattern_name` (since 2.12) and `get_decomp_fn` (since 2.12; 2.11 traces with
+# inductor's decompositions). graphex's trace function passes its own decompositions to the trace
+# itself, so every version traces patterns the way graphex's graphs are made.
+
+_trace_inputs = threading.local()
+
+
+def _traces(fn: Any, search_fn: Callable[..., Any]) -> bool:
+    """`fn` is `search_fn`, or torch's wrapper of it that takes symbolic sizes first (`search_fn_new`)."""
+    return fn is search_fn or any(getattr(c, "cell_contents", None) is search_fn for c in getattr(fn, "__closure__", None) or ())
+
+
+def register_replacement(search_fn: Callable[..., Any], replace_fn: Callable[..., Any], example_inputs: list[Any],
+                         trace_fn: Callable[..., Any], pass_dict: Any, extra_check: Callable[[Any], bool], *,
+                         get_decomp_fn: Callable[[], dict[Any, Any]], scalar_workaround: dict[str, Any] | None,
+                         search_fn_pattern: Any, skip_duplicates: bool, pattern_name: str) -> bool:
+    """torch's register_replacement with the same meaning on every supported torch: patterns traced with
+    `get_decomp_fn`'s table, and `extra_check` given every argument (Note [A pattern's check sees every
+    argument])."""
+    import inspect
+
+    from torch._inductor import pattern_matcher
+
+    argnames = list(inspect.signature(search_fn).parameters)
+    trace_takes_decomp = "get_decomp_fn" in inspect.signature(trace_fn).parameters
+
+    def trace(fn: Callable[..., Any], args: Any, **_ignored: Any) -> Any:
+        _trace_inputs.last = (fn, list(args))
+        return trace_fn(fn, args, get_decomp_fn=get_decomp_fn) if trace_takes_decomp else trace_fn(fn, args)
+
+    def check(match: Any) -> bool:
+        missing = [n for n in argnames if n not in match.kwargs]
+        if missing:
+            fn, args = getattr(_trace_inputs, "last", None) or (None, [])
+            _trace_inputs.last = None
+            if not _traces(fn, search_fn) or len(args) < len(argnames):
+                return False  # not the re-trace of this pattern that the check follows: decline rather than guess
+            given = dict(zip(argnames, args[len(args) - len(argnames):]))  # sizes first when the shapes are symbolic
+            match.kwargs = {**match.kwargs, **{n: given[n] for n in missing}}
+        return extra_check(match)
+
+    params = inspect.signature(pattern_matcher.register_replacement).parameters
+    optional = {"pattern_name": pattern_name, "get_decomp_fn": get_decomp_fn}
+    return bool(pattern_matcher.register_replacement(
+        search_fn, replace_fn, example_inputs, trace, pass_dict, extra_check=check,
+        scalar_workaround=scalar_workaround, search_fn_pattern=search_fn_pattern, skip_duplicates=skip_duplicates,
+        **{k: v for k, v in optional.items() if k in params}))
