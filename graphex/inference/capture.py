@@ -24,7 +24,11 @@ from ..compile import compile_dynamo_graph
 from ..options import Options
 from ..program import Binding, Leaf
 from ..runtime import CompiledGraph
-from . import guards, keys, shape_guards
+from . import keys, shape_guards
+from .fingerprints import global_state as read_global_state
+from .guard_records import GUARD_FORMAT, record
+from .guard_sources import NotCheckable, parse_source
+from .guards import GuardSet
 from .entry import Entry
 
 
@@ -137,14 +141,14 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
         names = [compat.source_name(s) if s is not None else None for s in rec.sources]
         try:
             locals_, globals_ = guards_scope(func, flat_args, rec.flat_call)
-            rec.records = guards.record(entries, input_sources={n for n in names if n}, locals_=locals_,
+            rec.records = record(entries, input_sources={n for n in names if n}, locals_=locals_,
                                         globals_=globals_, global_state=global_state,
                                         traced_code=rec.traced_code or _traced_code())
-        except guards.NotCheckable as e:
+        except NotCheckable as e:
             rec.records_error = str(e)
 
     rec.flat_call = make_flat(func, in_spec)
-    global_state = guards.global_state()
+    global_state = read_global_state()
     compiled_fn = torch.compile(rec.flat_call, backend=backend, fullgraph=True, dynamic=dynamic,
                                 options=compat.guard_recorder(on_guards))
     result = compiled_fn(*flat_args)
@@ -235,7 +239,7 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         "validate_fake": options.validate_fake and lowered.validates_fakes,
         "guards": shape_text,
         "dynamo_guards": dynamo_guards,
-        "guard_format": guards.GUARD_FORMAT,
+        "guard_format": GUARD_FORMAT,
     }
     # The program carries its bindings and result leaves too: the same bytes load in C++ (graphex/exporting.py).
     info = {key: header[key] for key in ("graphex", "torch", "spec_format", "function", "signature", "created")
@@ -274,8 +278,8 @@ def _dynamo_guards(rec: _Recording, func: Callable[..., Any], flat_args: list[An
         raise NotCacheable(f"a guard of the trace cannot be checked by a cache entry: {rec.records_error}")
     records = rec.records or []
     try:
-        problem = guards.GuardSet(records).bind(*guards_scope(func, flat_args, rec.flat_call), inputs=inputs)
-    except guards.NotCheckable as e:
+        problem = GuardSet(records).bind(*guards_scope(func, flat_args, rec.flat_call), inputs=inputs)
+    except NotCheckable as e:
         problem = str(e)
     if problem is not None:  # what the trace read changed during the call: a side effect Dynamo did not report
         raise NotCacheable(f"the state the trace read changed while the function ran ({problem}); a function "
@@ -352,8 +356,8 @@ def _held_by_arg(source: Any, flat_args: list[Any]) -> Binding | None:
         return None
     name = compat.source_name(source)
     try:
-        path = guards.parse_source(name)
-    except guards.NotCheckable:
+        path = parse_source(name)
+    except NotCheckable:
         return None
     if len(path) < 3 or path[0] != ("L", "flat_args") or path[1][0] != "item" or type(path[1][1]) is not int:
         return None

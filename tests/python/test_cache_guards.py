@@ -23,7 +23,7 @@ from torch import nn
 import graphex
 from graphex import compat
 from graphex.inference import entry as entry_mod
-from graphex.inference import guards
+from graphex.inference import fingerprints, guard_sources
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROJECT = os.path.join(HERE, "cache_guard_project")
@@ -415,7 +415,7 @@ def test_source_paths_parse_to_steps_and_resolve_without_evaluating():
     calls anything else is NotCheckable (never evaluated)."""
     import types
 
-    from graphex.inference.guards import NotCheckable, parse_source, resolve
+    from graphex.inference.guard_sources import NotCheckable, parse_source, resolve
 
     class Config:
         def __getattr__(self, name):  # a class's own __getattr__: object.__getattribute__ goes past it
@@ -438,15 +438,15 @@ def test_source_paths_parse_to_steps_and_resolve_without_evaluating():
     local["func"].var = contextvars.ContextVar("graphex_parse_test")
     assert parse_source("L['func'].var.get(7)")[-1] == ("cv_get", (True, 7))
     assert resolve(parse_source("L['func'].var.get(7)"), local, {}) == 7
-    assert resolve(parse_source("L['func'].var.get()"), local, {}) is guards._MISSING  # unset: LookupError
+    assert resolve(parse_source("L['func'].var.get()"), local, {}) is guard_sources._MISSING  # unset: LookupError
     token = local["func"].var.set("on")
     assert resolve(parse_source("L['func'].var.get()"), local, {}) == "on"
     local["func"].var.reset(token)
-    assert resolve(parse_source("L['func'].table.get('k')"), local, {}) is guards._MISSING  # a dict's get: not called
-    assert guards.identity(local["func"].var) == ["contextvar", "graphex_parse_test"]
-    assert guards.identity(_UNSET) == ["global", __name__, "_UNSET"]  # Note [A sentinel is the module global ...]
+    assert resolve(parse_source("L['func'].table.get('k')"), local, {}) is guard_sources._MISSING  # a dict's get: not called
+    assert fingerprints.identity(local["func"].var) == ["contextvar", "graphex_parse_test"]
+    assert fingerprints.identity(_UNSET) == ["global", __name__, "_UNSET"]  # Note [A sentinel is the module global ...]
     with pytest.raises(NotCheckable):
-        guards.identity(object())  # a bare object no module global holds has no portable identity
+        fingerprints.identity(object())  # a bare object no module global holds has no portable identity
     for bad in ("object.__getattribute__(L['func'], name)", "getattr(L['func'], 'cfg')",
                 "object.__setattr__(L['func'], 'cfg', 1)", "L['func'].cfg.mode()", "L['func'].var.get(L['x'])",
                 "L['func'].var.get(default=1)"):

@@ -275,10 +275,10 @@ def test_dynamo_source_names():
 
 def test_a_contextvar_get_source_is_named_as_graphex_parses_it():
     """Note [A ContextVar is read by its get()]: since 2.15 Dynamo guards what ContextVar.get() returned under a
-    source named `<the var>.get()` / `<the var>.get(<default>)`; graphex.inference.guards parses exactly that."""
+    source named `<the var>.get()` / `<the var>.get(<default>)`; graphex.inference.guard_sources parses exactly that."""
     from torch._dynamo import source as sources
 
-    from graphex.inference.guards import parse_source
+    from graphex.inference.guard_sources import parse_source
 
     if not hasattr(sources, "ContextVarGetSource"):
         assert compat.TORCH_VERSION < (2, 15), f"{VERSION}: ContextVarGetSource is gone"

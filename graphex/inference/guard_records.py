@@ -1,0 +1,256 @@
+"""Recording, at compile time: each Dynamo guard of a trace becomes a typed record {kind, source, expect, arg},
+or makes the entry uncacheable, named (Note [cache_compile keys on what the trace read], graphex/inference/guards.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from typing import Any
+
+import torch
+
+from .guard_sources import NotCheckable, _MISSING, parse_source, resolve
+from .fingerprints import _global_state, _saved_tensors_hooks, constant, identity, type_name
+
+
+GUARD_FORMAT = 1  # the record layout below; a new kind or field means a new number
+
+
+_STATE_KINDS = {"GLOBAL_STATE": "global_state", "TORCH_FUNCTION_STATE": "torch_function",
+                "DEFAULT_DEVICE": "default_device", "AUTOGRAD_SAVED_TENSORS_HOOKS": "saved_tensors_hooks"}
+_SKIPPED = {"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "SHAPE_ENV"}
+_IDENTITY = {"ID_MATCH", "BUILTIN_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH", "NN_MODULE",
+             "NONE_MATCH", "BOOL_MATCH"}
+
+
+def record(entries: list[Any], *, input_sources: set[str], locals_: dict[str, Any],
+           globals_: dict[str, Any], global_state: dict[str, Any] | None = None,
+           traced_code: list[types.CodeType] | None = None) -> list[dict[str, Any]]:
+    """Dynamo's GuardFilterEntry list as typed records (Note [cache_compile keys on what the trace read]).
+    `input_sources`: the source names of the graph's inputs (their tensors are checked by the engine);
+    `locals_`, `globals_`: the traced frame's, to check that every source reads the object Dynamo saw;
+    `global_state`: _global_state() as the call began (Dynamo builds guards with torch functions disabled)."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for e in entries:  # Note [A global installed by id is found by what it is]
+        name = getattr(e.orig_guard, "name", "")
+        for root in _BY_ID.findall(name):
+            if root not in seen and root in globals_:
+                seen.add(root)
+                out.append({"kind": "root", "name": root, "expect": identity(globals_[root])})
+    out += _global_hooks_empty(globals_)
+    reads_environ = False
+    for e in entries:
+        rec = _record_one(e, input_sources)
+        if rec is not None and rec["kind"] == "reads_environ":
+            reads_environ = True
+            continue
+        if rec is not None and rec["kind"] == "global_state" and global_state is not None:
+            rec["expect"] = global_state  # the caller's, not the one Dynamo builds guards under
+        if rec is not None and "source" in rec and e.has_value:
+            # the object the guard saw is the one its own source names (torch 2.11's hasattr guard names `X.attr`
+            # and the record checks X: the value is X.attr's)
+            path = parse_source(e.orig_guard.name)
+            now = resolve(path, locals_, globals_)
+            # `dict(x)` is a new copy each time it is read, and so is a code object's `co_varnames` (Python 3.11;
+            # torch 2.15 guards what traced code reads of a code object) and a bound method (`X.__iter__`, which
+            # torch 2.11's hasattr guard names): equal, not identical
+            fresh = path[-1] == ("dict",) or isinstance(now, types.MethodType) or (
+                path[-1][0] == "attr" and str(path[-1][1]).startswith("co_")
+                and isinstance(resolve(path[:-1], locals_, globals_), types.CodeType))
+            if not (now == e.value if fresh else now is e.value):
+                raise NotCheckable(f"graphex reads {rec['source']} as another object than Dynamo saw")
+        if rec is None:
+            continue
+        key = repr(sorted(rec.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(rec)
+    if reads_environ:
+        out.append(_environ_record(traced_code or []))
+    return out
+
+# Note [Environment variables are checked by name]
+# A trace that reads os.environ (transformers reads TRANSFORMERS_SDPA_FORCE_GQA in every SDPA call)
+# gets no guard on the variable from Dynamo, only on the mapping's type. graphex records the value
+# (or absence) of every variable whose name is a string constant of the traced code (an
+# upper-case identifier, as environment variables are named) and checks them on load and, through
+# the watch on os.environ's own dict, whenever the environment changes in the process. A variable
+# whose name the code computes is not seen; pass such a decision as an argument.
+_ENV_NAME = __import__("re").compile(r"^[A-Z][A-Z0-9_]{2,}$")
+
+
+def _environ_record(traced_code: list[types.CodeType]) -> dict[str, Any]:
+    names: set[str] = set()
+
+    def visit(code: types.CodeType) -> None:
+        for k in code.co_consts:
+            if isinstance(k, types.CodeType):
+                visit(k)
+            elif isinstance(k, str) and _ENV_NAME.match(k):
+                names.add(k)
+
+    for code in traced_code:
+        visit(code)
+    return {"kind": "environ", "source": "G['__import_os'].environ._data",
+            "expect": {k: os.environ.get(k) for k in sorted(names)}}
+
+
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called")
+
+
+def _global_hooks_empty(globals_: dict[str, Any]) -> list[dict[str, Any]]:
+    """Records that torch.nn.modules.module's global hook dicts are still empty (register_module_forward_hook
+    changes every module's result; Dynamo guards only their type). A trace with a global hook is not cached."""
+    import torch.nn.modules.module as module_py
+
+    root = "G['__import_torch_dot_nn_dot_modules_dot_module']"
+    out = []
+    for name in _GLOBAL_HOOKS:
+        hooks = getattr(module_py, name, None)
+        if hooks is None:
+            continue
+        if len(hooks):
+            raise NotCheckable(f"a global nn.Module hook is registered (torch.nn.modules.module.{name})")
+        out.append({"kind": "len", "source": f"{root}.{name}", "expect": [type_name(type(hooks)), 0]})
+    return out
+
+
+def _record_one(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
+    try:
+        return _record_guard(e, input_sources)
+    except NotCheckable as err:
+        name = getattr(e.orig_guard, "name", "")
+        if name and name not in str(err):  # say which guard: the source the trace read
+            raise NotCheckable(f"{err} ({e.guard_type} guard on {name})") from None
+        raise
+
+
+def _record_guard(e: Any, input_sources: set[str]) -> dict[str, Any] | None:
+    kind, guard = e.guard_type, e.orig_guard
+    name = guard.name
+    if kind in _SKIPPED:
+        return None
+    if kind in _STATE_KINDS:
+        state = _STATE_KINDS[kind]
+        if state == "global_state":
+            return {"kind": state, "expect": _global_state()}
+        if state == "torch_function":
+            if torch._C._len_torch_function_stack() != 0:
+                raise NotCheckable("the trace ran under a TorchFunctionMode")
+            return {"kind": state}
+        if state == "default_device":
+            device = torch.utils._device.CURRENT_DEVICE
+            return {"kind": state, "expect": None if device is None else str(device)}
+        if _saved_tensors_hooks() is not None:
+            raise NotCheckable("the trace ran under saved-tensors hooks")
+        return {"kind": state}
+    path = parse_source(name)
+    if e.has_value and (e.value is os.environ or e.value is getattr(os.environ, "_data", None)):
+        return {"kind": "reads_environ"}  # Note [Environment variables are checked by name]
+    if path[0] == ("L", "in_spec") or path == (("L", "flat_args"),):
+        return None  # Note [cache_compile keys on what the trace read]: the call's own structure
+    keywords = getattr(guard.create_fn, "keywords", None) or {}
+    if kind == "HASATTR" and "attr" not in keywords and path[-1][0] == "attr" and len(path) > 1 \
+            and name.endswith("." + path[-1][1]):
+        # torch 2.11: the guard names the attribute's own source (`X.attr`) and checks hasattr(X, 'attr');
+        # since 2.12 it names X and passes attr. Recorded the same way for both.
+        attr = _attr_name(path[-1][1], name)
+        return {"kind": "hasattr", "source": name[:-len(attr) - 1], "arg": attr, "expect": bool(e.has_value)}
+    if not e.has_value:
+        raise NotCheckable(f"{kind} guard on {name} has no value")
+    value = e.value
+    rec: dict[str, Any] = {"kind": "", "source": name}
+    if kind in ("TYPE_MATCH", "FAKE_SCRIPT_TYPE_MATCH"):  # the latter: a script object's (a process group's) type
+        rec.update(kind="type", expect=type_name(type(value)))
+    elif kind in _IDENTITY:
+        rec.update(kind="id", expect=identity(value))
+    elif kind == "CLOSURE_MATCH":
+        if type(value) is types.FunctionType:
+            rec.update(kind="code", expect=identity(value.__code__))
+        else:
+            rec.update(kind="id", expect=identity(value))
+    elif kind in ("CONSTANT_MATCH", "EQUALS_MATCH") and isinstance(value, types.CodeType):
+        rec.update(kind="id", expect=identity(value))  # a function's __code__ (CLOSURE_MATCH's own guard)
+    elif kind in ("CONSTANT_MATCH", "EQUALS_MATCH"):
+        rec.update(kind="equals", expect=constant(value))
+    elif kind in ("SEQUENCE_LENGTH", "EMPTY_NN_MODULE_HOOKS_DICT", "LIST_LENGTH"):
+        rec.update(kind="len", expect=[type_name(type(value)), len(value)])
+    elif kind == "NOT_NONE_MATCH":
+        rec.update(kind="not_none")
+    elif kind == "NOT_PRESENT_IN_GENERIC_DICT":
+        rec.update(kind="not_in_dict", arg=_attr_name(keywords.get("attr"), name))
+    elif kind == "HASATTR":
+        attr = _attr_name(keywords.get("attr"), name)
+        rec.update(kind="hasattr", arg=attr, expect=hasattr(value, attr))
+    elif kind in ("DICT_CONTAINS", "DICT_NOT_CONTAINS"):
+        # torch 2.11 has no DICT_NOT_CONTAINS: DICT_CONTAINS(key, invert=True) checks the key is absent
+        rec.update(kind="contains", arg=constant(keywords.get("key")),
+                   expect=(kind == "DICT_CONTAINS") != bool(keywords.get("invert", False)))
+    elif kind in ("DICT_KEYS_MATCH", "MAPPING_KEYS_CHECK", "DICT_KEYS"):
+        rec.update(kind="keys", expect=[constant(k) for k in value.keys()])
+    elif kind == "DUPLICATE_INPUT":
+        other = keywords.get("source_b")
+        rec.update(kind="same", arg=getattr(other, "name", other))
+        parse_source(rec["arg"])
+    elif kind == "OPAQUE_OBJ_GUARD_FN_MATCH":
+        from .. import compat
+
+        fn = compat.opaque_guard_fn(type(value))
+        if fn is None:
+            return None  # Dynamo adds no check either
+        rec.update(kind="opaque", expect=constant(fn(value)))
+    elif kind == "TENSOR_MATCH":
+        if name in input_sources:  # the engine checks dtype, shape, strides, device; the Python type is ours
+            rec.update(kind="type", expect=type_name(type(value)))
+            return rec
+        if not isinstance(value, torch.Tensor):
+            raise NotCheckable(f"TENSOR_MATCH guard on {name} holds a {type(value).__qualname__}")
+        rec.update(kind="tensor", expect=_tensor_meta(value))
+    else:
+        raise NotCheckable(f"Dynamo's {kind} guard on {name}")
+    return rec
+
+# Note [A global installed by id is found by what it is]
+# Dynamo puts some objects the trace uses into the traced frame's globals under a name made of
+# their id and the compile's number (`G['_140473466358656_c6']`), which no other process has.
+# Such a root is recorded by what the object is (a module, class or function by qualified name,
+# identity() above) and found again by that name in sys.modules when an entry is loaded.
+_BY_ID = __import__("re").compile(r"G\['(_\d+_c\d+)'\]")
+
+
+def _find_by_identity(fingerprint: Any) -> Any:
+    """The live object an identity() fingerprint names, or _MISSING (modules must already be imported)."""
+    kind = fingerprint[0]
+    if kind == "module":
+        return sys.modules.get(fingerprint[1], _MISSING)
+    if kind == "global":  # Note [A sentinel is the module global that holds it]
+        mod = sys.modules.get(fingerprint[1])
+        found = getattr(mod, "__dict__", {}) if isinstance(mod, types.ModuleType) else {}
+        return found.get(fingerprint[2], _MISSING) if isinstance(found, dict) else _MISSING
+    if kind in ("class", "function", "enum"):
+        obj: Any = sys.modules.get(fingerprint[1], _MISSING)
+        for part in fingerprint[2].split("."):
+            obj = getattr(obj, part, _MISSING) if obj is not _MISSING else _MISSING
+        if kind == "enum" and obj is not _MISSING:
+            obj = getattr(obj, fingerprint[3], _MISSING)
+        if obj is not _MISSING:
+            try:
+                if identity(obj) != fingerprint:
+                    return _MISSING
+            except NotCheckable:
+                return _MISSING
+        return obj
+    return _MISSING
+
+
+def _attr_name(attr: Any, where: str) -> str:
+    if not isinstance(attr, str) or not attr.isidentifier():
+        raise NotCheckable(f"a guard on {where} names attribute {attr!r}")
+    return attr
+
+
+def _tensor_meta(t: torch.Tensor) -> list[Any]:
+    return [type_name(type(t)), str(t.dtype), str(t.device), list(t.shape), list(t.stride()), t.requires_grad]
