@@ -218,7 +218,7 @@ class _Encoder:
             if off is not None:
                 getattr(Node, "Add" + key.capitalize())(b, off)
         if isinstance(n, typed.SymNode):
-            Node.AddSym(b, getattr(SymFn.SymFn, n.fn))  # the schema's name (graphex/lower.py)
+            Node.AddSym(b, getattr(SymFn.SymFn, n.fn))  # the schema's name (graphex/lowering/lower.py)
         Node.AddArgs(b, args)
         if kwargs is not None:
             Node.AddKwargs(b, kwargs)

@@ -3,7 +3,7 @@
     Dynamo FX graph
       └─ AOTAutograd (inference, keep_inference_input_mutations=True): functional ATen graph
            └─ passes (graphex/passes): reinplace, remove no-ops, the user's passes
-                └─ lower (graphex/lower.py): the typed Program (graphex/program.py)
+                └─ lower (graphex/lowering/lower.py): the typed Program (graphex/program.py)
                      └─ graphex._C.Executor: ops resolved once, run from C++
 
 When autograd is needed (grad mode on and an input requires grad) the forward
@@ -26,9 +26,9 @@ from torch._guards import TracingContext, detect_fake_mode
 from . import _log
 from ._source import pretty_source
 from .custom_ops import check_dynamo_graph, install_trace_checks
-from .debug_dump import keep_original
-from .dump import dump_graph
-from .lower import lower
+from .runtime.debug_dump import keep_original
+from .runtime.dump import dump_graph
+from .lowering import lower
 from .options import Options
 from .passes import run_passes
 from .passes.keep_whole import keep_interpolation_whole, keep_multihead_attention_whole

@@ -7,7 +7,7 @@ A plain Python call inside a compiled function runs once, at trace time. save_te
 custom operator (graphex::save_tensor) so it is captured into the graph and the engine calls
 it on every replay. It returns nothing, so dead-code elimination would drop it: it is
 registered as an ORDERED effectful op (graphex/compat/library.py), which makes AOTAutograd wrap it in
-`with_effects` with a token; the engine replays those in program order (graphex/lower.py).
+`with_effects` with a token; the engine replays those in program order (graphex/lowering/lower.py).
 Each call replaces the file atomically (graphex/_atomic.py): the file holds the last replay's value.
 """
 

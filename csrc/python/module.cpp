@@ -276,7 +276,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.attr("SPEC_FORMAT_VERSION") = format::kFormatVersion;
 
-  // What the engine watches on a frozen input (Executor::Watch, the one definition; graphex/fold.py reads these).
+  // What the engine watches on a frozen input (Executor::Watch, the one definition; graphex/lowering/fold.py reads these).
   m.attr("WATCH_IDENTITY") = static_cast<int>(Executor::Watch::Identity);
   m.attr("WATCH_DATA") = static_cast<int>(Executor::Watch::Data);
   m.attr("WATCH_CONTENTS") = static_cast<int>(Executor::Watch::Contents);

@@ -44,10 +44,10 @@ class SignatureError : public std::runtime_error {
 // Dynamo pass the new tensor there, which the program would silently ignore. So every run
 // compares each frozen position's argument with the baked tensor by TensorImpl identity (a
 // pointer compare per frozen input) and throws FrozenInputReplaced on a mismatch; the Python
-// side re-lowers with the new tensors (graphex/runtime.py). In-place updates and `.data =`
+// side re-lowers with the new tensors (graphex/runtime/compiled_graph.py). In-place updates and `.data =`
 // keep the TensorImpl, and the program reads the constant through it, so they are seen.
 //
-// Values folded from a frozen input (graphex/fold.py, Note [Folding frozen parameters]) need
+// Values folded from a frozen input (graphex/lowering/fold.py, Note [Folding frozen parameters]) need
 // more, by how they were made (Watch):
 // - Data: a folded view (`t(weight)`) reads the parameter's memory, so every write into that
 //   memory is seen; only new memory (`.data = other`, `set_`) or another dtype, shape, stride or
@@ -168,7 +168,7 @@ class Executor {
   const Program& program() const { return program_; }
 
   // Note [A frozen parameter is checked by identity]: from now on every run (and fits())
-  // requires input `index` to be `tensor` itself. Folded values (graphex/fold.py, Note [Folding
+  // requires input `index` to be `tensor` itself. Folded values (graphex/lowering/fold.py, Note [Folding
   // frozen parameters]) also need its memory, dtype, sizes, strides and key set unchanged
   // (Watch::Data) and, for computed ones, also its bytes (Watch::Contents). Call before the first run.
   // Contents needs a dense CPU tensor (throws ProgramError otherwise).

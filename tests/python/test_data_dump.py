@@ -10,7 +10,7 @@ import torch
 
 import graphex
 from graphex.custom_ops import reset_dynamo
-from graphex.debug_dump import read_call
+from graphex.runtime.debug_dump import read_call
 from graphex.runtime import live_graphs
 
 

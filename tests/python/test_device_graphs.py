@@ -1,4 +1,4 @@
-"""Device graphs (graphex/device_graphs.py) on the simulated accelerator gxsim (graphex.testing.sim): one replay per
+"""Device graphs (graphex/runtime/device_graphs.py) on the simulated accelerator gxsim (graphex.testing.sim): one replay per
 step, every result bit for bit eager's on the same device (on gxsim that is the CPU's eager result: its kernels are
 the CPU's, test_sim_device.py), inputs written in place with no copy, outputs never overwritten, recaptures on a
 moved buffer, capture failures named and answered by running without a graph.

@@ -321,7 +321,7 @@ def test_the_contents_watch_compares_bytes_not_write_counts():
 def test_a_computed_fold_is_bounded_by_the_contents_limit(dim, folded):
     """Note [Folding frozen parameters]: past FOLD_CONTENTS_LIMIT bytes (64 KiB) of sources, a computed value
     is not folded; it is computed on every run from the live parameter, so a .data write is still exact."""
-    from graphex.fold import FOLD_CONTENTS_LIMIT
+    from graphex.lowering.fold import FOLD_CONTENTS_LIMIT
 
     assert FOLD_CONTENTS_LIMIT == 16 * 1024 * 4
     torch.manual_seed(13)

@@ -12,7 +12,7 @@ import torch
 from graphex import _C, _spec
 from graphex.errors import ProgramError
 from graphex.fb import DType, Program
-from graphex.lower import lower
+from graphex.lowering import lower
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

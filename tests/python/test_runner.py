@@ -1,4 +1,4 @@
-"""The one runner (Note [A compiled graph runs in explicit phases], graphex/runtime.py): explicit phases,
+"""The one runner (Note [A compiled graph runs in explicit phases], graphex/runtime/compiled_graph.py): explicit phases,
 watchers instead of patching, lowered once, cache entries found by signature, cheap run counters."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import torch
 
 import graphex
-import graphex.runtime
+import graphex.runtime.compiled_graph
 from graphex import _C
 from graphex.custom_ops import reset_dynamo
 from graphex.errors import SignatureError
@@ -56,8 +56,8 @@ def test_watchers_see_each_run_and_the_plain_runner_is_back_when_they_stop():
 def test_frozen_parameters_are_lowered_once_on_the_first_call(monkeypatch):
     reset_dynamo()
     lowerings = []
-    real_lower = graphex.runtime.lower
-    monkeypatch.setattr(graphex.runtime, "lower", lambda *a, **k: lowerings.append(k.get("frozen")) or real_lower(*a, **k))
+    real_lower = graphex.runtime.compiled_graph.lower
+    monkeypatch.setattr(graphex.runtime.compiled_graph, "lower", lambda *a, **k: lowerings.append(k.get("frozen")) or real_lower(*a, **k))
     model = _Scaled().eval()
     compiled = torch.compile(model, backend="graphex", fullgraph=True, options={"frozen_parameter": True})
     x = torch.randn(2, 4)
@@ -73,9 +73,9 @@ def test_frozen_parameters_are_lowered_once_on_the_first_call(monkeypatch):
 def test_cache_cold_call_lowers_once_even_with_frozen_parameter(tmp_path, monkeypatch):
     reset_dynamo()
     lowerings = []
-    real_lower = graphex.runtime.lower
-    monkeypatch.setattr(graphex.runtime, "lower", lambda *a, **k: lowerings.append(k.get("frozen")) or real_lower(*a, **k))
-    monkeypatch.setattr(importlib.import_module("graphex.lower"), "lower", lambda *a, **k: lowerings.append("describe") or real_lower(*a, **k))
+    real_lower = graphex.runtime.compiled_graph.lower
+    monkeypatch.setattr(graphex.runtime.compiled_graph, "lower", lambda *a, **k: lowerings.append(k.get("frozen")) or real_lower(*a, **k))
+    monkeypatch.setattr(importlib.import_module("graphex.lowering.lower"), "lower", lambda *a, **k: lowerings.append("describe") or real_lower(*a, **k))
     model = _Scaled(str(tmp_path), options={"frozen_parameter": True}).eval()
     x = torch.randn(2, 4)
     with torch.no_grad():

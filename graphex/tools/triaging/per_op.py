@@ -1,7 +1,7 @@
 """Per-op step of the accuracy bisection: once the replay is the first stage that differs, name the
 first op whose output differs from eager.
 
-The compiled function is run twice more at stage replay with data dumps on (graphex/debug_dump.py):
+The compiled function is run twice more at stage replay with data dumps on (graphex/runtime/debug_dump.py):
 once with data_dump_stage='original' (the functional graph from before graphex's passes, run by
 torch.fx: eager's kernels, called the way eager calls them) and once with 'optimized' (the C++
 engine's own values). Walking the engine's ops in run order, the first whose node also exists in
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ...debug_dump import read_call
+from ...runtime.debug_dump import read_call
 
 
 @dataclasses.dataclass

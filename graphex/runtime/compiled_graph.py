@@ -41,13 +41,13 @@ import torch.fx
 from torch._inductor.fx_utils import get_node_storage
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _C, _log, _spec, errors
-from ._warn import warn_once
-from .distributed import collective_failure, is_collective
-from .lower import LoweredGraph, lower
-from .errors import FrozenInputReplaced
-from .options import Options
-from .passes import KeptCopy
+from .. import _C, _log, _spec, errors
+from .._warn import warn_once
+from ..distributed import collective_failure, is_collective
+from ..lowering.lower import LoweredGraph, lower
+from ..errors import FrozenInputReplaced
+from ..options import Options
+from ..passes import KeptCopy
 
 # Note [A frozen parameter is checked by identity]: after this many re-lowerings, one warning.
 _RELOWER_WARNING = 3
@@ -122,13 +122,13 @@ class CompiledGraph:
             self.num_ops = self.lowered.num_ops
             self.dynamic = self.lowered.dynamic
         # Note [capture_limit counts device graphs]: the CPU engine captures no per-shape device graphs; on an
-        # accelerator with a graph implementation the program is captured per signature (graphex/device_graphs.py).
+        # accelerator with a graph implementation the program is captured per signature (graphex/runtime/device_graphs.py).
         self.captures_per_shape = False
         self.device_graphs: Any = None
         if self.executor is not None:
             self._attach_device_graphs()
         self._clone_outputs = _outputs_to_clone(gm) if options.clone_output else []
-        if options.dump_tensor_data:  # Note [Dumps are written whole and bounded] (graphex/debug_dump.py)
+        if options.dump_tensor_data:  # Note [Dumps are written whole and bounded] (graphex/runtime/debug_dump.py)
             from .debug_dump import DumpingRun
             self._dumping_run = DumpingRun(self)
         self.phase = Phase.STEADY
@@ -206,8 +206,8 @@ class CompiledGraph:
 
     def _validated_call(self, args: list[Any]) -> list[Any]:
         """The first replay checks every custom op's outputs against its fake (option validate_fake)."""
-        from .custom_ops import explain_fake_mismatch
-        from .errors import FakeMismatch
+        from ..custom_ops import explain_fake_mismatch
+        from ..errors import FakeMismatch
 
         if self.captures_per_shape:
             self._admit_signature(args)  # counts toward capture_limit like any other first call

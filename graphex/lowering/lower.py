@@ -17,12 +17,12 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from . import _log
-from ._source import display_name, source_line
-from .program import Const, GetItemNode, Input, Node, OpNode, Program, Slot, SymNode, TensorMeta, Value
-from .fb import SymFn as _fb_sym
-from .custom_ops.registration import is_custom
-from .errors import CaptureError, Finding
+from .. import _log
+from .._source import display_name, source_line
+from ..program import Const, GetItemNode, Input, Node, OpNode, Program, Slot, SymNode, TensorMeta, Value
+from ..fb import SymFn as _fb_sym
+from ..custom_ops.registration import is_custom
+from ..errors import CaptureError, Finding
 from .fold import fold_frozen
 
 
@@ -36,7 +36,7 @@ class LoweredGraph:
     dynamic: bool
     # The operator behind each program node (None for builtins), for error messages.
     node_ops: list[Any] = dataclasses.field(default_factory=list)
-    # Note [Folding frozen parameters]: frozen input index -> what the engine watches on it (graphex/fold.py),
+    # Note [Folding frozen parameters]: frozen input index -> what the engine watches on it (graphex/lowering/fold.py),
     # and how many operator calls folding removed.
     frozen_watch: dict[int, int] = dataclasses.field(default_factory=dict)
     folded_ops: int = 0
@@ -397,7 +397,7 @@ _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 # program switches the current stream itself: a `streams::fork` before the first op of a stretch on a side
 # stream, a `streams::join` back to the entry stream after it, and the program always ends on the stream it was
 # entered on. A tensor made on one stream and read on another gets a `streams::record_stream`, so its memory is
-# not reused before the reader is done. Under a device-graph capture (graphex/device_graphs.py) the entry stream
+# not reused before the reader is done. Under a device-graph capture (graphex/runtime/device_graphs.py) the entry stream
 # is the capture stream (graphex.compat.entry_stream rebinds index 0, as cudagraph trees'
 # _update_current_stream_external_object does): a side stream that waits on it joins the capture (a fork), and
 # the entry stream's wait on the side stream joins it back, so the side stream's work is recorded into the same

@@ -42,9 +42,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from . import _log, compat
-from ._warn import warn_once
-from .options import Options
+from .. import _log, compat
+from .._warn import warn_once
+from ..options import Options
 
 # Note [One replay at a time]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -112,7 +112,7 @@ def pinned_inputs(gm: torch.fx.GraphModule) -> dict[int, str]:
 
 def uses_side_streams(gm: torch.fx.GraphModule) -> bool:
     """Whether the graph runs work on another stream than the one it is called on, or syncs streams
-    (Note [Side streams in a program], graphex/lower.py)."""
+    (Note [Side streams in a program], graphex/lowering/lower.py)."""
     return any((n.meta.get("custom") or {}).get("stream") or
                (isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "streams") or
                (isinstance(n.target, torch._ops.HigherOrderOperator) and n.target.name() == "control_deps")

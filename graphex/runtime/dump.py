@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from . import _log
-from ._warn import warn_once
-from ._atomic import write_atomic
+from .. import _log
+from .._warn import warn_once
+from .._atomic import write_atomic
 
 if TYPE_CHECKING:
-    from .runtime import CompiledGraph
+    from .compiled_graph import CompiledGraph
 
 
 def dump_graph(directory: str, compiled: "CompiledGraph") -> None:

@@ -42,7 +42,7 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _C
+from .. import _C
 
 # What the engine watches on a frozen input (Note [Folding frozen parameters]); ordered by strength. Defined once,
 # by the engine (csrc/runtime/executor.h, Executor::Watch).

@@ -22,14 +22,14 @@ import json
 import operator
 import os
 import re
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ._atomic import write_atomic
-from .options import Options
+from .._atomic import write_atomic
+from ..options import Options
 
 DEFAULT_DIR = "graphex_data_dump"
 
