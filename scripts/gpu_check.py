@@ -112,17 +112,22 @@ def check_side_streams(device: torch.device) -> dict:
         torch.accelerator.current_stream(device).wait_stream(side)
         return z + u
 
+    return _one_capture_then_replays(step, device, rows=16, width=64, seed=2)
+
+
+def _one_capture_then_replays(step, device: torch.device, rows: int, width: int, seed: int, calls: int = 5) -> dict:
+    """`step(x, w)` compiled by graphex, called with a new x each time: each result bit for bit eager's on `device`;
+    the first call runs on the engine, the second captures, and every call after it is a replay."""
     f = _compile(step, "graphex")
-    torch.manual_seed(2)
-    w = torch.randn(64, 64, device=device)
+    torch.manual_seed(seed)
+    w = torch.randn(width, width, device=device)
     before = {id(r) for r in _runners()}
-    for i in range(5):
-        x = torch.randn(16, 64, device=device)
-        got = f(x, w)
-        assert torch.equal(got, step(x, w)), f"call {i}: differs from eager on {device}"
+    for i in range(calls):
+        x = torch.randn(rows, width, device=device)
+        assert torch.equal(f(x, w), step(x, w)), f"call {i}: differs from eager on {device}"
     (runner,) = [r for r in _runners() if id(r) not in before]
-    assert runner.captures == 1 and runner.replays == 4, (runner.captures, runner.replays)  # call 1 on the engine
-    return {"calls": 5, "captures": runner.captures, "replays": runner.replays}
+    assert runner.captures == 1 and runner.replays == calls - 1, (runner.captures, runner.replays)
+    return {"calls": calls, "captures": runner.captures, "replays": runner.replays, "bitwise": True}
 
 
 def check_nccl_one_gpu(device: torch.device) -> dict:
@@ -142,16 +147,7 @@ def check_nccl_one_gpu(device: torch.device) -> dict:
             y = funcol.all_reduce(x @ w, "sum", group)
             return funcol.all_gather_tensor(y.relu(), 0, group) * 2
 
-        f = _compile(step, "graphex")
-        torch.manual_seed(3)
-        w = torch.randn(32, 32, device=device)
-        before = {id(r) for r in _runners()}
-        for i in range(5):
-            x = torch.randn(8, 32, device=device)
-            got = f(x, w)
-            assert torch.equal(got, step(x, w)), f"call {i}: differs from eager"
-        (runner,) = [r for r in _runners() if id(r) not in before]
-        return {"calls": 5, "captures": runner.captures, "replays": runner.replays, "bitwise": True}
+        return _one_capture_then_replays(step, device, rows=8, width=32, seed=3)
     finally:
         dist.destroy_process_group()
 

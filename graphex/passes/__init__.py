@@ -155,7 +155,7 @@ def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object, na
 
 
 def _new_nodes_inherit_source(gm: torch.fx.GraphModule) -> contextlib.AbstractContextManager[None]:
-    """Nodes that passes create inherit the user's source line of the node they are inserted before.
+    """Nodes that passes create inherit the user's source line, and the stream, of the node they are inserted before.
 
     Passes rewrite a node by inserting its replacement just before it; without this,
     the replacement (e.g. the in-place `copy_` that reinplacing makes of a slice
@@ -164,7 +164,14 @@ def _new_nodes_inherit_source(gm: torch.fx.GraphModule) -> contextlib.AbstractCo
     """
     def inherit(node: torch.fx.Node) -> None:
         anchor = insertion_successor(node.graph)
-        if "stack_trace" not in node.meta and anchor is not None and anchor.meta.get("stack_trace"):
+        if anchor is None:
+            return
+        if "stack_trace" not in node.meta and anchor.meta.get("stack_trace"):
             node.meta["stack_trace"] = anchor.meta["stack_trace"]
+        # Note [Side streams in a program]: a replacement runs on the stream of what it replaces (a fused kernel
+        # made of ops inside `with stream:` stays on that stream, not on the entry stream between its syncs)
+        stream = (anchor.meta.get("custom") or {}).get("stream")
+        if stream is not None and "stream" not in (node.meta.get("custom") or {}):
+            node.meta["custom"] = {**(node.meta.get("custom") or {}), "stream": stream}
 
     return on_node_created(gm, inherit)

@@ -13,7 +13,9 @@ the first. Only where that is certain:
   torch._inductor.pattern_matcher.compute_mutation_region_ids, which AOTAutograd's own CSE uses);
 - neither is a graph output or a view of one: outputs are distinct tensors in eager, and a
   caller may write one without changing the other;
-- custom operators are never merged: they may have effects their schema does not declare.
+- custom operators are never merged: they may have effects their schema does not declare;
+- both calls on the same stream (Note [Side streams in a program]): a call on a side stream merged into one
+  on the entry stream (or the reverse) would be read by a stream that never waited for it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
         if not _mergeable(node) or _storage(node) in output_storages:
             continue
         try:
-            key = (node.target, _key(node.args), _key(node.kwargs), node.meta["mutation_region_id"])
+            key = (node.target, _key(node.args), _key(node.kwargs), node.meta["mutation_region_id"], _stream(node))
             hash(key)
         except TypeError:
             continue
@@ -66,6 +68,10 @@ def _mergeable(node: torch.fx.Node) -> bool:
     if torch.Tag.nondeterministic_seeded in target.tags:
         return False
     return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _stream(node: torch.fx.Node) -> Any:
+    return (node.meta.get("custom") or {}).get("stream")
 
 
 def _storage(node: torch.fx.Node) -> Any:

@@ -337,8 +337,10 @@ class StreamLeftError(RuntimeError):
             f"graphex: {name}: the compiled function was entered on stream {entered.stream_id} of {entered.device} "
             f"and returned on stream {left.stream_id}. Every stream switch inside it must be undone before it "
             "returns: run side-stream work inside `with stream:` (and have the calling stream wait for it, "
-            "`torch.accelerator.current_stream().wait_stream(stream)`), and make a custom op that sets a stream "
-            "restore the one it found.")
+            "`torch.accelerator.current_stream().wait_stream(stream)`); a custom op that runs work on another "
+            "stream must fork and join it as a side stream, then restore the stream it found: `found = "
+            "torch.accelerator.current_stream(); side.wait_stream(found)`, the work under `with side:`, then "
+            "`found.wait_stream(side)`.")
 
 
 def _capture_fix(e: BaseException) -> str:

@@ -528,11 +528,73 @@ def test_a_side_stream_never_joined_back_falls_back_named_and_stays_right():
         assert torch.equal(out.cpu(), (x * 2 + 1) * 3)
     assert not capturing()
 
+    def fixed(x):  # the printed fix: the calling stream waits for the side stream before returning
+        y = x * 2
+        side.wait_stream(torch.accelerator.current_stream())
+        with side:
+            z = y + 1
+        torch.accelerator.current_stream().wait_stream(side)
+        return z * 3
+
+    before = {id(c) for c in captures()}
+    h = compiled(fixed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", graphex.GraphexWarning)
+        outs = [h(x.to(DEV)) for _ in range(3)]
+    assert runner_of(before).captures == 1 and runner_of(before).replays == 2
+    for out in outs:
+        assert torch.equal(out.cpu(), (x * 2 + 1) * 3)
+
+
+def _ops_by_stream(program) -> list[tuple[str, int | None]]:
+    """(op, the stream it runs on: a side stream's index, None for the entry stream) for each op of a program."""
+    stream, out = None, []
+    for node in program.nodes:
+        op = getattr(node, "op", None)
+        if op == "streams::fork":
+            stream = node.args[1]
+        elif op == "streams::join":
+            stream = None
+        elif op is not None and not op.startswith("streams::"):
+            out.append((op, stream))
+    return out
+
+
+@needs_traced_streams
+def test_passes_keep_each_call_on_its_stream():
+    """A node a pass makes runs on the stream of the node it replaces, and CSE never merges a call on a side stream
+    with the same call on the entry stream: the entry stream's `x.sin()` before the join would otherwise read the
+    side stream's result without waiting for it (a race on a real device, invisible on gxsim's synchronous
+    streams, so the program itself is checked)."""
+    side = torch.Stream(device=DEV)
+
+    def f(x):
+        side.wait_stream(torch.accelerator.current_stream())
+        with side:
+            b = x.sin() * 2
+            b[1:3] = x[:2].cos()  # functionalized to slice_scatter, which the passes rebuild
+        a = x.sin() + 1           # the same call as the side stream's, on the entry stream before the join
+        torch.accelerator.current_stream().wait_stream(side)
+        return a + b
+
+    before = {id(g) for g in captures()}
+    g = compiled(f)
+    x = torch.randn(4, device=DEV)
+    for _ in range(3):
+        assert same(g(x), f(x))
+    (graph,) = [c for c in captures() if id(c) not in before]
+    ops = _ops_by_stream(graph.lowered.program)
+    side_index = next(s for _, s in ops if s is not None)
+    on_side = [op for op, s in ops if s == side_index]
+    assert ("aten::sin", None) in ops and ("aten::sin", side_index) in ops, ops  # not merged across streams
+    assert "aten::slice_scatter" in on_side and "aten::cos" in on_side, ops  # made by a pass, still on the side
+    assert ops[:len(on_side)] == [(op, side_index) for op in on_side], ops  # the whole `with side:` block first
+
 
 def test_a_custom_op_that_leaves_another_stream_current_raises():
     """A program must return on the stream it was called on: a custom op that switches streams and does not switch
     back is refused at the capture with an error that names both streams and the fix, and the caller's stream is
-    restored."""
+    restored. The fix, applied (the op forks and joins its stream), captures, and its work is in the graph."""
     side = torch.Stream(device=DEV)
     lib = torch.library.Library("gx_devgraph_stream", "DEF")
     lib.define("switches(Tensor x) -> Tensor")
@@ -549,10 +611,28 @@ def test_a_custom_op_that_leaves_another_stream_current_raises():
     x = torch.arange(3.0, device=DEV)
     f(x)  # the first call runs on the engine (and this op leaves `side` current, as it would in eager)
     torch.accelerator.set_stream(entered)
-    with pytest.raises(RuntimeError, match=r"entered on stream \d+ .* returned on stream \d+.*restore the one it found"):
+    with pytest.raises(RuntimeError, match=r"entered on stream \d+ .* returned on stream \d+.*fork and join it"):
         f(x)
     assert torch.accelerator.current_stream(dev) == entered
     assert not capturing()
+
+    def restores(x):  # the printed fix: the op forks and joins its stream, and the stream it found is current again
+        found = torch.accelerator.current_stream(x.device)
+        side.wait_stream(found)
+        with side:
+            out = x + 1
+        found.wait_stream(side)
+        return out
+
+    lib.define("restores(Tensor x) -> Tensor")
+    lib.impl("restores", restores, KEY)
+    lib.impl("restores", lambda x: torch.empty_like(x), "Meta")
+    before = {id(c) for c in captures()}
+    g = compiled(lambda x: torch.ops.gx_devgraph_stream.restores(x * 2))
+    for _ in range(3):
+        assert same(g(x), x * 2 + 1)
+    assert torch.accelerator.current_stream(dev) == entered
+    assert runner_of(before).captures == 1
     del lib
 
 
