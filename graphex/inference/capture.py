@@ -202,6 +202,11 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     graph = rec.graphs[0]
     if options.force_eager:
         raise NotCacheable("option force_eager runs the graph with torch.fx: there is no engine program to store")
+    if any(getattr(n, "op", "").startswith("streams::") for n in graph.lowered.program.nodes):
+        raise NotCacheable("the function runs work on side streams: its program names the frame's stream and event "
+                           "objects by their place in Dynamo's table of them (Note [Side streams in a program]), "
+                           "which only Dynamo's own call fills: torch.compile(backend='graphex') runs it; a cache "
+                           "entry or an exported artifact cannot hold it")
     _check_aot_wrappers_are_trivial(graph, len(rec.example_inputs))
     inputs = [_bind_input(i, value, source, func, flat_args)
               for i, (value, source) in enumerate(zip(rec.example_inputs, rec.sources))]

@@ -591,6 +591,32 @@ def test_passes_keep_each_call_on_its_stream():
     assert ops[:len(on_side)] == [(op, side_index) for op in on_side], ops  # the whole `with side:` block first
 
 
+@needs_traced_streams
+def test_side_streams_are_neither_cached_nor_exported(tmp_path):
+    """A program with side streams names Dynamo's per-call table of stream objects, which a fresh process's cache
+    hit or graphex-run would not have: cache_compile runs it compiled and writes nothing, saying why; export
+    refuses, naming it."""
+    side = torch.Stream(device=DEV)
+
+    def f(x):
+        y = x * 2
+        side.wait_stream(torch.accelerator.current_stream())
+        with side:
+            z = y.sin()
+        torch.accelerator.current_stream().wait_stream(side)
+        return z + 1
+
+    x = torch.arange(4.0, device=DEV)
+    cached = graphex.inference.cache_compile(f, cache_dir=str(tmp_path / "cache"))
+    with pytest.warns(graphex.GraphexWarning, match="cannot be cached: the function runs work on side streams"):
+        out = cached(x)
+    assert same(out, f(x)) and same(cached(x), f(x))
+    assert cached.stats["writes"] == 0, cached.stats
+    with pytest.raises(graphex.ExportError, match="side streams"):
+        graphex.export(f, (x,), str(tmp_path / "f.graphex"))
+    assert not (tmp_path / "f.graphex").exists()
+
+
 def test_a_custom_op_that_leaves_another_stream_current_raises():
     """A program must return on the stream it was called on: a custom op that switches streams and does not switch
     back is refused at the capture with an error that names both streams and the fix, and the caller's stream is
