@@ -133,8 +133,10 @@ test-torch: $(STAMP_SYS)
 
 # On a GPU machine (torch with CUDA already installed, no package registry needed): build graphex against that torch,
 # then scripts/gpu_check.py: the device-graph checks on cuda (one replay per decode step, bit for bit eager; held
-# outputs; a moved KV cache) and the decode-step benchmark (eager, reduce-overhead, inductor, graphex), written to
-# gpu_check.json. About 8 minutes. Without a GPU: python scripts/gpu_check.py --device gxsim --quick.
+# outputs; a moved KV cache; side streams as fork/join; a 1-GPU NCCL group; tests/python/test_device_graphs.py with
+# GRAPHEX_TEST_DEVICE=cuda when pytest is there) and the decode-step benchmark (eager, reduce-overhead, inductor,
+# graphex), written to gpu_check.json. About 8 minutes. Without a GPU: python scripts/gpu_check.py --device gxsim
+# --quick (make test runs its checks on gxsim).
 GPU_PY ?= python3
 gpu-check:
 	$(GPU_PY) -m pip install -q --no-build-isolation --no-deps -e .
