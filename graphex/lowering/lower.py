@@ -337,7 +337,10 @@ class _Lowering:
             return
         slot = self.new_slot()
         self.value_of[node] = slot
-        self.nodes.append(GetItemNode(node.name, source_line(node), (self.arg(source, node), index), (slot.index,)))
+        whole = self.arg(source, node)
+        self.nodes.append(GetItemNode(node.name, source_line(node), (whole, index), (slot.index,)))
+        if isinstance(whole, Slot) and whole.index in self.produced_on:  # an item of a list an op made
+            self.produced_on[slot.index] = self.produced_on[whole.index]
 
     def sym(self, node: torch.fx.Node, fn: str) -> None:
         slot = self.new_slot()
