@@ -53,7 +53,9 @@ class Options:
     clone_output: bool = _option(
         False, (bool,),
         "Clone every output the graph computes before returning it. On CPU outputs are "
-        "always fresh tensors, so this only costs a copy; kept for npugraph_ex scripts.")
+        "always fresh tensors, so this only costs a copy; kept for npugraph_ex scripts. Device graphs copy every "
+        "output they compute out of the graph's pool whatever this says (Note [Device graph outputs are never "
+        "overwritten]), so it adds nothing there.")
 
     frozen_parameter: bool = _option(
         False, (bool,),
