@@ -99,7 +99,7 @@ def wait_stream(waiter: Any, device: torch.device, on: Any = None) -> None:
 
 @contextlib.contextmanager
 def entry_stream(stream: Any) -> Iterator[None]:
-    """Note [Side streams in a program] (graphex/lowering/lower.py): for the block, index 0 of Dynamo's table of a frame's
+    """Note [Side streams in a program] (graphex/lowering/streams.py): for the block, index 0 of Dynamo's table of a frame's
     streams and events (torch._dynamo.graph_bytecode_inputs, torch >= 2.13) is `stream`. Dynamo's bytecode fills
     the table with the stream the frame was called on just before it calls the graph; a device-graph capture runs
     the program on the capture stream instead, and the program's stream switches and syncs must name that one."""

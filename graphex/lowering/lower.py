@@ -24,6 +24,7 @@ from ..fb import SymFn as _fb_sym
 from ..custom_ops.registration import is_custom
 from ..errors import CaptureError, Finding
 from .fold import fold_frozen
+from .streams import ENTRY_STREAM, NOT_MADE_HERE, is_control_deps, slots_in, stream_of
 
 
 @dataclasses.dataclass
@@ -180,7 +181,7 @@ class _Lowering:
         if isinstance(value, torch.Tensor):
             self.value_of[node] = self.const(value)
         elif isinstance(value, torch.fx.GraphModule) and node.users and all(
-                _is_control_deps(u.target) and u.args[1] is node for u in node.users):
+                is_control_deps(u.target) and u.args[1] is node for u in node.users):
             self.value_of[node] = value  # a control_deps body: inlined where it is called
         else:
             raise self.error(node, f"attribute {node.target!r} of type {type(value).__name__} cannot be captured",
@@ -202,7 +203,7 @@ class _Lowering:
             self.sym(node, _SYM_FNS[target])
         elif target is torch.ops.higher_order.with_effects:
             self.with_effects(node)
-        elif _is_control_deps(target):
+        elif is_control_deps(target):
             self.control_deps(node)
         elif isinstance(target, torch._ops.HigherOrderOperator):
             raise self.error(node, f"higher-order op {target.__name__} cannot be replayed by the engine",
@@ -253,9 +254,9 @@ class _Lowering:
     def switch_stream(self, to: int | None, node: torch.fx.Node) -> None:
         """Note [Side streams in a program]: make stream `to` (None: the one the program was entered on) current."""
         switch = torch.ops.streams.fork.default if to is not None else torch.ops.streams.join.default
-        frm = _ENTRY_STREAM if self.stream is None else self.stream
+        frm = ENTRY_STREAM if self.stream is None else self.stream
         self.nodes.append(OpNode(f"{node.name}_stream_switch", source_line(node), switch._schema.name,
-                                 switch._overloadname, (frm, _ENTRY_STREAM if to is None else to), {}, ()))
+                                 switch._overloadname, (frm, ENTRY_STREAM if to is None else to), {}, ()))
         self.node_ops[len(self.nodes) - 1] = switch
         self.num_ops += 1
         self.stream = to
@@ -264,10 +265,10 @@ class _Lowering:
         """A tensor made on one stream and read on another is recorded as used by the reader's stream, so the
         caching allocator does not hand its memory out again before that stream is done with it."""
         record = torch.ops.streams.record_stream.default
-        here = _ENTRY_STREAM if self.stream is None else self.stream
-        for value in _slots_in((*args, *kwargs.values())):
-            made = self.produced_on.get(value.index, _NOT_MADE_HERE)
-            if made is _NOT_MADE_HERE or made == self.stream:
+        here = ENTRY_STREAM if self.stream is None else self.stream
+        for value in slots_in((*args, *kwargs.values())):
+            made = self.produced_on.get(value.index, NOT_MADE_HERE)
+            if made is NOT_MADE_HERE or made == self.stream:
                 continue
             self.nodes.append(OpNode(f"{node.name}_record_stream", source_line(node), record._schema.name,
                                      record._overloadname, (value, here), {}, ()))
@@ -277,7 +278,7 @@ class _Lowering:
     def op(self, node: torch.fx.Node, target: torch._ops.OpOverload, args: Any = None, kwargs: Any = None) -> None:
         self.check_kernel(node, target)
         if target.namespace != "streams":  # stream syncs name their streams; every other op runs on its node's
-            stream = _stream_of(node)
+            stream = stream_of(node)
             if stream != self.stream:
                 self.switch_stream(stream, node)
         node_args = node.args if args is None else args
@@ -309,7 +310,7 @@ class _Lowering:
         for slot in outs:
             self.produced_on[slot] = self.stream
         if self.stream is not None or any(self.produced_on.get(v.index) is not None
-                                          for v in _slots_in((*args, *kwargs.values()))):
+                                          for v in slots_in((*args, *kwargs.values()))):
             self.keep_for_stream(node, args, kwargs)
         if _log.detail_enabled():
             _log.detail("  %s: %s(%s)%s", node.name, _op_text(target),
@@ -390,46 +391,6 @@ class _Lowering:
 
 
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
-
-# Note [Side streams in a program]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# Dynamo (torch >= 2.13) traces `with stream:`, `s.wait_stream(t)` and events into the graph: each op run inside
-# `with stream:` carries `meta["custom"]["stream"]`, an index into Dynamo's table of the frame's stream and event
-# objects (torch._dynamo.graph_bytecode_inputs; index 0 is the stream the frame was called on), and each sync is
-# a `streams::*` op wrapped in `control_deps`. The engine runs the program in order on one host thread, so the
-# program switches the current stream itself: a `streams::fork` before the first op of a stretch on a side
-# stream, a `streams::join` back to the entry stream after it, and the program always ends on the stream it was
-# entered on. A tensor made on one stream and read on another gets a `streams::record_stream`, so its memory is
-# not reused before the reader is done. Under a device-graph capture (graphex/runtime/device_graphs.py) the entry stream
-# is the capture stream (graphex.compat.entry_stream rebinds index 0, as cudagraph trees'
-# _update_current_stream_external_object does): a side stream that waits on it joins the capture (a fork), and
-# the entry stream's wait on the side stream joins it back, so the side stream's work is recorded into the same
-# graph, as CUDA graphs capture fork/join.
-
-
-def _is_control_deps(target: Any) -> bool:
-    """torch._inductor.fx_passes.control_dependencies.control_deps, registered only once that module loads."""
-    return isinstance(target, torch._ops.HigherOrderOperator) and target.name() == "control_deps"
-
-
-_ENTRY_STREAM = 0  # torch._dynamo.graph_bytecode_inputs.CURRENT_STREAM_INDEX
-_NOT_MADE_HERE = object()
-
-
-def _stream_of(node: torch.fx.Node) -> int | None:
-    stream = (node.meta.get("custom") or {}).get("stream")
-    return None if stream == _ENTRY_STREAM else stream
-
-
-def _slots_in(values: Any) -> list[Slot]:
-    found: list[Slot] = []
-    for v in values:
-        if isinstance(v, Slot):
-            found.append(v)
-        elif isinstance(v, tuple):
-            found.extend(_slots_in(v))
-    return found
-
 
 def _is_effect_token(node: torch.fx.Node) -> bool:
     """A graph input that only ever flows into with_effects as its token."""

@@ -112,10 +112,11 @@ def pinned_inputs(gm: torch.fx.GraphModule) -> dict[int, str]:
 
 def uses_side_streams(gm: torch.fx.GraphModule) -> bool:
     """Whether the graph runs work on another stream than the one it is called on, or syncs streams
-    (Note [Side streams in a program], graphex/lowering/lower.py)."""
-    return any((n.meta.get("custom") or {}).get("stream") or
-               (isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "streams") or
-               (isinstance(n.target, torch._ops.HigherOrderOperator) and n.target.name() == "control_deps")
+    (Note [Side streams in a program], graphex/lowering/streams.py)."""
+    from ..lowering.streams import is_control_deps, stream_of
+
+    return any(stream_of(n) is not None or is_control_deps(n.target) or
+               (isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "streams")
                for n in gm.graph.nodes)
 
 

@@ -297,7 +297,7 @@ def test_autograd_hooks_query(name):
 @pytest.mark.skipif(not compat.traces_side_streams(),
                     reason=f"Dynamo traces streams into the graph from torch 2.13; this is {VERSION}")
 def test_dynamos_stream_tracing_has_the_shape_graphex_lowers():
-    """Note [Side streams in a program] (graphex/lowering/lower.py) reads Dynamo's table of a frame's streams (index 0: the
+    """Note [Side streams in a program] (graphex/lowering/streams.py) reads Dynamo's table of a frame's streams (index 0: the
     stream the frame was called on), the `custom["stream"]` annotation, the `streams::*` ops and control_deps."""
     import torch._dynamo.graph_bytecode_inputs as table
 
