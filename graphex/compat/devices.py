@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from typing import Any, Iterator
 
@@ -103,10 +104,10 @@ def entry_stream(stream: Any) -> Iterator[None]:
     streams and events (torch._dynamo.graph_bytecode_inputs, torch >= 2.13) is `stream`. Dynamo's bytecode fills
     the table with the stream the frame was called on just before it calls the graph; a device-graph capture runs
     the program on the capture stream instead, and the program's stream switches and syncs must name that one."""
-    table_module = _stream_tracing_module("torch._dynamo.graph_bytecode_inputs")
-    if table_module is None:  # torch < 2.13: no traced streams, nothing names the entry stream
+    if not traces_side_streams():  # torch < 2.13: nothing in the program names the entry stream
         yield
         return
+    table_module = _stream_tracing_module("torch._dynamo.graph_bytecode_inputs")
     table = table_module.index_to_external_object_weakref
     index = table_module.CURRENT_STREAM_INDEX
     before = table.get(index)
@@ -120,11 +121,17 @@ def entry_stream(stream: Any) -> Iterator[None]:
             table[index] = before
 
 
+@functools.cache
 def traces_side_streams() -> bool:
-    """Whether Dynamo traces `with stream:`, stream waits and events into the graph (torch >= 2.13: the
-    `streams::*` ops and the `custom["stream"]` annotation that Note [Side streams in a program] lowers)."""
+    """Whether Dynamo traces side streams in the shape Note [Side streams in a program] lowers (torch >= 2.13): the
+    `streams::*` ops, the `custom["stream"]` annotation, and index 0 of its table of the frame's streams and events
+    always the stream the frame was called on (CURRENT_STREAM_INDEX). torch 2.11 annotates ops too, but its table
+    has no fixed index for that stream (an event made first takes index 0) and it drops `wait_stream`: there the
+    annotations are not lowered, and the ops run in order on the calling stream, as aot_eager runs them."""
     streams = _stream_tracing_module("torch._dynamo.variables.streams")
-    return streams is not None and hasattr(streams, "fork_stream") and hasattr(torch.ops.streams, "record_stream")
+    table = _stream_tracing_module("torch._dynamo.graph_bytecode_inputs")
+    return (streams is not None and hasattr(streams, "fork_stream") and hasattr(torch.ops.streams, "record_stream")
+            and getattr(table, "CURRENT_STREAM_INDEX", None) == 0)
 
 
 def _stream_tracing_module(name: str) -> Any:

@@ -24,6 +24,7 @@ from ..fb import SymFn as _fb_sym
 from ..custom_ops.registration import is_custom
 from ..errors import CaptureError, Finding
 from .fold import fold_frozen
+from ..compat import traces_side_streams
 from .streams import ENTRY_STREAM, NOT_MADE_HERE, is_control_deps, slots_in, stream_of
 
 
@@ -99,6 +100,7 @@ class _Lowering:
         self.node_ops: dict[int, torch._ops.OpOverload] = {}
         self.folded = fold_frozen(gm, frozen) if frozen else None
         self.stream: int | None = None  # Note [Side streams in a program]: the stream the next op runs on
+        self.lower_streams = traces_side_streams()  # torch < 2.13: annotations not lowered (compat)
         self.produced_on: dict[int, int | None] = {}  # slot -> the stream its op ran on
 
     # -- slots and constants --------------------------------------------------
@@ -277,7 +279,7 @@ class _Lowering:
 
     def op(self, node: torch.fx.Node, target: torch._ops.OpOverload, args: Any = None, kwargs: Any = None) -> None:
         self.check_kernel(node, target)
-        if target.namespace != "streams":  # stream syncs name their streams; every other op runs on its node's
+        if self.lower_streams and target.namespace != "streams":  # syncs name their streams; other ops: their node's
             stream = stream_of(node)
             if stream != self.stream:
                 self.switch_stream(stream, node)
@@ -309,8 +311,8 @@ class _Lowering:
         self.num_ops += 1
         for slot in outs:
             self.produced_on[slot] = self.stream
-        if self.stream is not None or any(self.produced_on.get(v.index) is not None
-                                          for v in slots_in((*args, *kwargs.values()))):
+        if self.lower_streams and (self.stream is not None or any(self.produced_on.get(v.index) is not None
+                                                                  for v in slots_in((*args, *kwargs.values())))):
             self.keep_for_stream(node, args, kwargs)
         if _log.detail_enabled():
             _log.detail("  %s: %s(%s)%s", node.name, _op_text(target),
