@@ -96,11 +96,8 @@ def check_recapture(device: torch.device) -> dict:
 
 def check_side_streams(device: torch.device) -> dict:
     """Note [Side streams in a program]: work forked to a side stream is recorded into the same device graph and
-    joined back; each later call is one replay, bit for bit eager on the same device."""
-    from graphex.compat import traces_side_streams
-
-    if not traces_side_streams():
-        return {"skipped": f"Dynamo traces streams into the graph from torch 2.13; this is {torch.__version__}"}
+    joined back (torch >= 2.13; before, it runs in order on the calling stream); each later call is one replay,
+    bit for bit eager on the same device."""
     side = torch.Stream(device=device)
 
     def step(x, w):

@@ -405,7 +405,7 @@ def test_force_recapture_captures_before_every_call_and_stays_equal_to_eager():
 
 needs_traced_streams = pytest.mark.skipif(
     not graphex.compat.traces_side_streams(),
-    reason=f"Dynamo traces streams into the graph from torch 2.13; this is {torch.__version__}")
+    reason=f"side streams are lowered as fork/join from torch 2.13 (compat.traces_side_streams); this is {torch.__version__}")
 
 
 def _launches_by_stream(runner) -> dict[int, int]:
@@ -682,6 +682,4 @@ def test_the_gpu_check_script_passes_its_checks_on_gxsim(tmp_path):
     assert report["failed"] == [] and len(report["checks"]) == 6, report
     skipped = {name: c["skipped"] for name, c in report["checks"].items() if "skipped" in c}
     expected = ["1-GPU NCCL group: collectives in the graph", "the device tests (test_device_graphs.py) on this device"]
-    if not graphex.compat.traces_side_streams():
-        expected.insert(0, "side streams captured as fork/join")
     assert list(skipped) == expected, skipped

@@ -295,7 +295,7 @@ def test_autograd_hooks_query(name):
 
 
 @pytest.mark.skipif(not compat.traces_side_streams(),
-                    reason=f"Dynamo traces streams into the graph from torch 2.13; this is {VERSION}")
+                    reason=f"side streams are lowered as fork/join from torch 2.13 (compat.traces_side_streams); this is {VERSION}")
 def test_dynamos_stream_tracing_has_the_shape_graphex_lowers():
     """Note [Side streams in a program] (graphex/lowering/streams.py) reads Dynamo's table of a frame's streams (index 0: the
     stream the frame was called on), the `custom["stream"]` annotation, the `streams::*` ops and control_deps."""
