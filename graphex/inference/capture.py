@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 
 from .. import _spec, compat
 from ..compile import compile_dynamo_graph
+from ..lowering.streams import uses_side_streams
 from ..options import Options
 from ..program import Binding, Leaf
 from ..runtime import CompiledGraph
@@ -202,7 +203,7 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     graph = rec.graphs[0]
     if options.force_eager:
         raise NotCacheable("option force_eager runs the graph with torch.fx: there is no engine program to store")
-    if any(getattr(n, "op", "").startswith("streams::") for n in graph.lowered.program.nodes):
+    if uses_side_streams(graph.gm):
         raise NotCacheable("the function runs work on side streams: its program names the frame's stream and event "
                            "objects by their place in Dynamo's table of them (Note [Side streams in a program]), "
                            "which only Dynamo's own call fills: torch.compile(backend='graphex') runs it; a cache "

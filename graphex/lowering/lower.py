@@ -256,26 +256,27 @@ class _Lowering:
     def switch_stream(self, to: int | None, node: torch.fx.Node) -> None:
         """Note [Side streams in a program]: make stream `to` (None: the one the program was entered on) current."""
         switch = torch.ops.streams.fork.default if to is not None else torch.ops.streams.join.default
-        frm = ENTRY_STREAM if self.stream is None else self.stream
-        self.nodes.append(OpNode(f"{node.name}_stream_switch", source_line(node), switch._schema.name,
-                                 switch._overloadname, (frm, ENTRY_STREAM if to is None else to), {}, ()))
-        self.node_ops[len(self.nodes) - 1] = switch
-        self.num_ops += 1
+        self.stream_op(switch, f"{node.name}_stream_switch", node,
+                       (self.stream_index(), ENTRY_STREAM if to is None else to))
         self.stream = to
 
     def keep_for_stream(self, node: torch.fx.Node, args: tuple[Value, ...], kwargs: dict[str, Value]) -> None:
         """A tensor made on one stream and read on another is recorded as used by the reader's stream, so the
         caching allocator does not hand its memory out again before that stream is done with it."""
-        record = torch.ops.streams.record_stream.default
-        here = ENTRY_STREAM if self.stream is None else self.stream
         for value in slots_in((*args, *kwargs.values())):
             made = self.produced_on.get(value.index, NOT_MADE_HERE)
-            if made is NOT_MADE_HERE or made == self.stream:
-                continue
-            self.nodes.append(OpNode(f"{node.name}_record_stream", source_line(node), record._schema.name,
-                                     record._overloadname, (value, here), {}, ()))
-            self.node_ops[len(self.nodes) - 1] = record
-            self.num_ops += 1
+            if made is not NOT_MADE_HERE and made != self.stream:
+                self.stream_op(torch.ops.streams.record_stream.default, f"{node.name}_record_stream", node,
+                               (value, self.stream_index()))
+
+    def stream_index(self) -> int:
+        return ENTRY_STREAM if self.stream is None else self.stream
+
+    def stream_op(self, op: torch._ops.OpOverload, name: str, node: torch.fx.Node, args: tuple[Value, ...]) -> None:
+        """A `streams::*` call the program makes itself (no result), attributed to `node`'s source line."""
+        self.node_ops[len(self.nodes)] = op
+        self.nodes.append(OpNode(name, source_line(node), op._schema.name, op._overloadname, args, {}, ()))
+        self.num_ops += 1
 
     def op(self, node: torch.fx.Node, target: torch._ops.OpOverload, args: Any = None, kwargs: Any = None) -> None:
         self.check_kernel(node, target)

@@ -37,9 +37,26 @@ ENTRY_STREAM = 0  # torch._dynamo.graph_bytecode_inputs.CURRENT_STREAM_INDEX
 NOT_MADE_HERE = object()
 
 
+def annotated_stream(node: torch.fx.Node) -> Any:
+    """The stream index Dynamo annotated `node` with, as it wrote it (None: not annotated)."""
+    return (node.meta.get("custom") or {}).get("stream")
+
+
+def set_stream(node: torch.fx.Node, stream: Any) -> None:
+    node.meta["custom"] = {**(node.meta.get("custom") or {}), "stream": stream}
+
+
 def stream_of(node: torch.fx.Node) -> int | None:
-    stream = (node.meta.get("custom") or {}).get("stream")
+    """The side stream `node` runs on; None for the stream the program was entered on."""
+    stream = annotated_stream(node)
     return None if stream == ENTRY_STREAM else stream
+
+
+def uses_side_streams(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph runs work on another stream than the one it is called on, or syncs streams."""
+    return any(stream_of(n) is not None or is_control_deps(n.target) or
+               (isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "streams")
+               for n in gm.graph.nodes)
 
 
 def slots_in(values: Any) -> list[Slot]:

@@ -30,6 +30,7 @@ import torch.fx
 from torch._inductor.virtualized import V
 
 from ..compat import fake_tensor_updater, insertion_successor, on_node_created
+from ..lowering.streams import annotated_stream, set_stream
 from ..options import Options
 from .noop import remove_noop_ops_keeping_snapshots
 from .cse import eliminate_common_subexpressions
@@ -170,8 +171,7 @@ def _new_nodes_inherit_source(gm: torch.fx.GraphModule) -> contextlib.AbstractCo
             node.meta["stack_trace"] = anchor.meta["stack_trace"]
         # Note [Side streams in a program]: a replacement runs on the stream of what it replaces (a fused kernel
         # made of ops inside `with stream:` stays on that stream, not on the entry stream between its syncs)
-        stream = (anchor.meta.get("custom") or {}).get("stream")
-        if stream is not None and "stream" not in (node.meta.get("custom") or {}):
-            node.meta["custom"] = {**(node.meta.get("custom") or {}), "stream": stream}
+        if annotated_stream(anchor) is not None and annotated_stream(node) is None:
+            set_stream(node, annotated_stream(anchor))
 
     return on_node_created(gm, inherit)

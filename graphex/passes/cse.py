@@ -27,6 +27,8 @@ import torch.fx
 from torch._inductor.pattern_matcher import compute_mutation_region_ids
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..lowering.streams import stream_of
+
 _UNINITIALIZED = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
 
 
@@ -40,7 +42,7 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
         if not _mergeable(node) or _storage(node) in output_storages:
             continue
         try:
-            key = (node.target, _key(node.args), _key(node.kwargs), node.meta["mutation_region_id"], _stream(node))
+            key = (node.target, _key(node.args), _key(node.kwargs), node.meta["mutation_region_id"], stream_of(node))
             hash(key)
         except TypeError:
             continue
@@ -68,10 +70,6 @@ def _mergeable(node: torch.fx.Node) -> bool:
     if torch.Tag.nondeterministic_seeded in target.tags:
         return False
     return isinstance(node.meta.get("val"), torch.Tensor)
-
-
-def _stream(node: torch.fx.Node) -> Any:
-    return (node.meta.get("custom") or {}).get("stream")
 
 
 def _storage(node: torch.fx.Node) -> Any:

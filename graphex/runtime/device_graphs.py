@@ -44,6 +44,7 @@ import torch.fx
 
 from .. import _log, compat
 from .._warn import warn_once
+from ..lowering.streams import uses_side_streams
 from ..options import Options
 
 # Note [One replay at a time]
@@ -108,16 +109,6 @@ def pinned_inputs(gm: torch.fx.GraphModule) -> dict[int, str]:
             if i is not None:
                 pinned.setdefault(i, "an output aliases it")
     return pinned
-
-
-def uses_side_streams(gm: torch.fx.GraphModule) -> bool:
-    """Whether the graph runs work on another stream than the one it is called on, or syncs streams
-    (Note [Side streams in a program], graphex/lowering/streams.py)."""
-    from ..lowering.streams import is_control_deps, stream_of
-
-    return any(stream_of(n) is not None or is_control_deps(n.target) or
-               (isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "streams")
-               for n in gm.graph.nodes)
 
 
 def _bound_args(node: torch.fx.Node) -> list[Any]:
