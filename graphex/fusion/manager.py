@@ -9,7 +9,7 @@ swallow a smaller built-in (add + RMSNorm, the whole gated MLP) are registered b
 from __future__ import annotations
 
 import collections
-import dataclasses
+import contextvars
 import inspect
 import operator
 import threading
@@ -25,21 +25,40 @@ from .. import _log
 from .._warn import warn_once
 
 
-@dataclasses.dataclass
-class _Counts:
-    """Per pattern name, how often it fired in the graph being rewritten."""
-    fired: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+# Note [Fusion's state: one registry, counts per run]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The patterns a process registers are process-wide, like torch.library's operators: they live in
+# one object, REGISTRY (the matcher pass, its lock, whether the built-ins are traced, one line per
+# pattern for the compile-cache key), and nowhere else. What one rewrite found is not state of the
+# module: run_fusion opens a Counter for its graph in a ContextVar, the match checks count into the
+# Counter of the run they belong to, and the result is returned (and kept on the compiled graph,
+# CompiledGraph.report's `fused`), so two compiles on two threads never count into each other.
+class PatternRegistry:
+    """Every fusion pattern of this process (built-ins and users'), in one PatternMatcherPass."""
+
+    def __init__(self) -> None:
+        self.matcher = PatternMatcherPass(pass_name="graphex_pattern_fusion")
+        self.lock = threading.RLock()
+        self.builtins_registered = False
+        self.lines: list[str] = []  # one per pattern, for compile-cache keys
+
+    def ensure_builtins(self) -> None:
+        """The built-in patterns are traced once, at the first graph compiled with pattern_fusion_pass."""
+        with self.lock:
+            if not self.builtins_registered:
+                from .patterns import register_builtins
+
+                self.builtins_registered = True
+                register_builtins()
 
 
-_pass = PatternMatcherPass(pass_name="graphex_pattern_fusion")
-_lock = threading.RLock()
-_builtins_registered = False
-_current: _Counts | None = None
-_registered: list[str] = []  # one line per pattern, for compile-cache keys
+REGISTRY = PatternRegistry()
+_fired: contextvars.ContextVar[collections.Counter[str] | None] = contextvars.ContextVar("graphex_fusion_fired",
+                                                                                         default=None)
 
 
 def pattern_pass() -> PatternMatcherPass:
-    return _pass
+    return REGISTRY.matcher
 
 
 def checked(name: str, search_fn: Callable[..., Any], replace_fn: Callable[..., Any],
@@ -59,8 +78,9 @@ def checked(name: str, search_fn: Callable[..., Any], replace_fn: Callable[..., 
         if why:
             _log.detail("pattern fusion: %s not applied at %s: %s", name, match.output_nodes()[0], why)
             return False
-        if _current is not None:
-            _current.fired[name] += 1
+        fired = _fired.get()
+        if fired is not None:  # Note [Fusion's state: one registry, counts per run]
+            fired[name] += 1
         return True
 
     return check
@@ -190,14 +210,14 @@ def _layout_differs(match: Match, argnames: list[str], replace_fn: Callable[...,
 
 
 def note_registered(name: str, identity: str) -> None:
-    _registered.append(f"{name}: {identity}")
+    REGISTRY.lines.append(f"{name}: {identity}")
 
 
 def registered_patterns() -> list[str]:
     """What the pass holds (built-ins once traced, then users' patterns), for cache keys."""
-    with _lock:
-        _ensure_builtins()
-        return list(_registered)
+    with REGISTRY.lock:
+        REGISTRY.ensure_builtins()
+        return list(REGISTRY.lines)
 
 
 # Note [A fused compile that fused nothing says so]
@@ -208,14 +228,15 @@ def registered_patterns() -> list[str]:
 # was declined.
 def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]:
     """Replace every match of the registered patterns in `gm`; returns {pattern name: times fired}."""
-    global _current
-    with _lock:
-        _ensure_builtins()
-        _current = _Counts()
+    counts: collections.Counter[str] = collections.Counter()
+    with REGISTRY.lock:
+        REGISTRY.ensure_builtins()
+        token = _fired.set(counts)  # Note [Fusion's state: one registry, counts per run]
         try:
-            _pass.apply(gm.graph)
+            REGISTRY.matcher.apply(gm.graph)
         finally:
-            fired, _current = dict(_current.fired), None
+            _fired.reset(token)
+    fired = dict(counts)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     if fired:
@@ -229,14 +250,4 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
                   "it runs exact (eager's kernels). The built-in patterns fuse float32 tensors on the CPU "
                   "(README, \"Fused mode\"); GRAPHEX_LOG=2 logs each match that was declined and why.")
     return fired
-
-
-def _ensure_builtins() -> None:
-    """The built-in patterns are traced once, at the first graph compiled with pattern_fusion_pass."""
-    global _builtins_registered
-    if not _builtins_registered:
-        from .patterns import register_builtins
-
-        _builtins_registered = True
-        register_builtins()
 

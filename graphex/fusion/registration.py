@@ -57,9 +57,9 @@ def register_named(name: str, search_fn: Callable[..., Any], replace_fn: Callabl
                    scalar_workaround: dict[str, float | int] | None = None, skip_duplicates: bool = False,
                    builtin: bool = False) -> bool:
     """register_replacement with the name GRAPHEX_LOG reports when the pattern fires."""
-    with manager._lock:
+    with manager.REGISTRY.lock:
         if not builtin:
-            manager._ensure_builtins()  # built-ins first: at a shared anchor they are tried first
+            manager.REGISTRY.ensure_builtins()  # built-ins first: at a shared anchor they are tried first
         registered = compat.register_replacement(
             search_fn, replace_fn, list(example_inputs), trace_fn, manager.pattern_pass(),
             manager.checked(name, search_fn, replace_fn, extra_check), get_decomp_fn=no_decompositions,
