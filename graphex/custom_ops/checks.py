@@ -15,17 +15,20 @@ which Dynamo re-raises as is (with the user's source line).
 
 `custom_op` ops do not reach that table: their own fake wrapper runs first and,
 with no fake registered, raises torch's generic message. For them, each
-CustomOpDef without a fake gets a stand-in fake (at import, when Dynamo starts a
-compile (its public start-of-compile callback) and when a graphex backend runs); a
-later `register_fake` replaces it as usual. The stand-in raises graphex's error
-only in a graphex trace on the calling thread; anywhere else it does exactly what
-torch does without a fake (a trivial fake where torch makes one, else torch's
-error, same text). The one difference left outside graphex: torch's
-`has_fake_kernel` sees a fake, which only matters to draft export's
-propagate-real-tensors mode. torch._dynamo.reset() clears all compile callbacks;
-graphex adds its own back when its backend next runs (and its tools do so right
-after the resets they make); stand-ins already made stay. torch itself is never
-patched (Note [graphex never patches torch], graphex/compat/).
+CustomOpDef without a fake gets a stand-in fake for the length of a compile only:
+Dynamo's public compile callbacks put the stand-ins in when its first pending
+compile starts and take them out (where still ours) when its last one ends, so
+outside a compile torch's registry is as the user left it (`has_fake_kernel` is
+False again), and nothing is written at import or when the backend loads. A
+`register_fake` during a compile replaces the stand-in as usual. The stand-in
+raises graphex's error only in a graphex trace on the calling thread; in another
+thread's compile it does exactly what torch does without a fake (a trivial fake
+where torch makes one, else torch's error, same text). torch._dynamo.reset()
+clears all compile callbacks; graphex adds its own back when its backend next
+runs (and its tools do so right after the resets they make), so the first
+compile after a reset that fails on a missing fake, before any graphex backend ran
+again, shows torch's message instead of graphex's. torch itself is never patched
+(Note [graphex never patches torch], graphex/compat/).
 
 Schema rules (an in-place op must not return its mutated input) are checked on
 the Dynamo graph at the start of our backend; the fake-vs-real comparison runs
@@ -61,8 +64,8 @@ _op_impl_registered = False
 def install_trace_checks() -> None:
     """Add graphex's custom-op checks to fake tensor propagation; idempotent, cheap (see the Note).
 
-    Called at import and whenever a graphex backend runs, so the compile callbacks
-    come back after torch._dynamo.reset().
+    Called when the backend loads and whenever a graphex backend runs, so the compile
+    callbacks come back after torch._dynamo.reset().
     """
     global _op_impl_registered
     if not _op_impl_registered:
@@ -73,7 +76,8 @@ def install_trace_checks() -> None:
     handler = torch._dynamo.callback.callback_handler
     if _stand_in_missing_fakes not in handler.start_callbacks:
         handler.register_start_callback(_stand_in_missing_fakes)
-    _stand_in_missing_fakes()
+    if _take_stand_ins_out not in handler.end_callbacks:
+        handler.register_end_callback(_take_stand_ins_out)
 
 
 def reset_dynamo() -> None:
@@ -88,6 +92,15 @@ def _stand_in_missing_fakes(*_: Any) -> None:
     for opdef in list(OPDEFS.values()):
         if getattr(opdef, "_abstract_fn", "absent") is None:
             opdef._abstract_fn = _MissingFake(opdef)
+
+
+def _take_stand_ins_out(*_: Any) -> None:
+    """The last pending compile ended: each stand-in still in place goes (see the Note)."""
+    from torch._library.custom_ops import OPDEFS
+
+    for opdef in list(OPDEFS.values()):
+        if isinstance(getattr(opdef, "_abstract_fn", None), _MissingFake):
+            opdef._abstract_fn = None
 
 
 class _MissingFake:

@@ -42,6 +42,31 @@ def test_custom_op_without_fake():
     assert_same(compile_graphex(lambda x: torch.ops.gx_err1.double(x) + 1)(x), x * 2 + 1)
 
 
+def test_stand_in_fakes_live_only_inside_a_compile():
+    """Note [Where custom-op errors are caught]: outside a compile torch's registry is as the user left it, and
+    another backend's compile of the same op gets torch's own message, not graphex's."""
+    from torch._library.utils import has_fake_kernel
+
+    @torch.library.custom_op("gx_err_scope::double", mutates_args=())
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    opdef = torch._library.custom_ops.OPDEFS["gx_err_scope::double"]
+    assert opdef._abstract_fn is None and not has_fake_kernel(torch.ops.gx_err_scope.double.default)
+    msg = compile_error(lambda x: torch.ops.gx_err_scope.double(x) + 1, torch.randn(3))
+    assert "gx_err_scope::double has no fake function" in msg
+    assert opdef._abstract_fn is None, "a stand-in fake outlived the compile"
+    assert not has_fake_kernel(torch.ops.gx_err_scope.double.default)
+
+    torch._dynamo.reset()
+    import graphex.custom_ops
+    graphex.custom_ops.install_trace_checks()  # the callbacks back, as the backend does when it runs
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: torch.ops.gx_err_scope.double(x) + 1, backend="eager", fullgraph=True)(torch.randn(3))
+    assert "There was no fake impl registered for" in str(info.value) and "graphex" not in str(info.value)
+    assert opdef._abstract_fn is None
+
+
 def test_library_op_without_meta():
     lib = torch.library.Library("gx_err2", "FRAGMENT")
     lib.define("double(Tensor x, float alpha) -> Tensor")
