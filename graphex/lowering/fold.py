@@ -43,6 +43,7 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _C
+from ..passes.aliasing import written_nodes
 
 # What the engine watches on a frozen input (Note [Folding frozen parameters]); ordered by strength. Defined once,
 # by the engine (csrc/runtime/executor.h, Executor::Watch).
@@ -64,7 +65,7 @@ class Folded:
 def fold_frozen(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> Folded:
     """Evaluate every foldable node of `gm` given the frozen inputs (index -> real tensor)."""
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    written = _written_nodes(gm.graph)
+    written = written_nodes(gm.graph)  # Note [One alias analysis]
     value: dict[torch.fx.Node, Any] = {}
     sources: dict[torch.fx.Node, dict[int, int]] = {}  # foldable node -> frozen inputs it reads, with watch level
     for index, node in enumerate(placeholders):
@@ -144,46 +145,6 @@ def _foldable_op(node: torch.fx.Node) -> bool:
 def _is_view(target: Any) -> bool:
     returns = target._schema.returns
     return bool(returns) and returns[0].alias_info is not None
-
-
-def _written_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """Nodes whose memory some op of the graph writes: the written argument and everything it is a view of
-    or that is a view of it (alias classes through view ops)."""
-    parent: dict[torch.fx.Node, torch.fx.Node] = {}
-
-    def root(n: torch.fx.Node) -> torch.fx.Node:
-        while n in parent:
-            n = parent[n]
-        return n
-
-    for node in graph.nodes:
-        if node.op != "call_function":
-            continue
-        is_alias = node.target is operator.getitem or (
-            isinstance(node.target, torch._ops.OpOverload) and _is_view(node.target))
-        base = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
-        if is_alias and base is not None:
-            parent[node] = root(base)
-    written_roots: set[torch.fx.Node] = set()
-    for node in graph.nodes:
-        target = node.target
-        if node.op != "call_function":
-            continue
-        if not isinstance(target, torch._ops.OpOverload):
-            # with_effects, getitem, higher-order ops: treat every tensor input of an unknown call as written
-            if target is not operator.getitem:
-                for i in node.all_input_nodes:
-                    written_roots.add(root(i))
-            continue
-        schema = target._schema
-        for position, arg in enumerate(schema.arguments):
-            if arg.alias_info is None or not arg.alias_info.is_write:
-                continue
-            value = node.args[position] if position < len(node.args) else node.kwargs.get(arg.name)
-            for n in (value if isinstance(value, (list, tuple)) else [value]):
-                if isinstance(n, torch.fx.Node):
-                    written_roots.add(root(n))
-    return {n for n in graph.nodes if root(n) in written_roots}
 
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:

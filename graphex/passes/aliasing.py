@@ -1,11 +1,24 @@
 """The one alias analysis graphex's passes share: which tensor a node names, and who reads it when.
 
-Used by reinplace.py (to explain every copy the replay still makes) and copy_back.py
-(to decide whether a copy-back can be folded), so a kept copy is explained by the
-same analysis that kept it.
+Used by reinplace.py (to explain every copy the replay still makes), copy_back.py
+(to decide whether a copy-back can be folded) and lowering's fold.py (which values
+an op of the graph writes, so none of them is folded), so a kept copy is explained
+by the same analysis that kept it.
+
+Note [One alias analysis]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+A node names the memory of its `view_base` when it is a view (its first argument is
+an alias the op does not write: `t`, `view`, `split`), the result of an in-place or
+out= op (the argument it returns), or an item of a view op's list (`split(x)[1]`);
+`root` follows those steps to the value that owns the memory. Anything else is new
+memory. Where the analysis cannot see inside a call (a higher-order op, with_effects)
+`written_nodes` assumes the call writes every tensor it is given: too many writes
+only cost a fold or a removed copy, too few would be silently wrong.
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.fx
@@ -38,13 +51,45 @@ def resolve_inplace(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
+def view_base(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node whose memory `node` names, one step (Note [One alias analysis]), else None."""
+    if node.op != "call_function" or not node.args:
+        return None
+    first = node.args[0]
+    if node.target is operator.getitem:
+        is_item_of_view = isinstance(first, torch.fx.Node) and first.op == "call_function" and _is_view_op(first.target)
+        return first if is_item_of_view else None
+    if isinstance(first, torch.fx.Node) and _is_view_op(node.target):
+        return first
+    return returns_input(node)
+
+
 def root(node: torch.fx.Node) -> torch.fx.Node:
-    """The graph value whose memory `node` names: through views and in-place results."""
-    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node) and (
-        _is_view_op(node.target) or returns_input(node) is not None
-    ):
-        node = node.args[0]
+    """The graph value whose memory `node` names: through views, items of views and in-place results."""
+    while (base := view_base(node)) is not None:
+        node = base
     return node
+
+
+def written_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Every node whose memory some op of the graph writes: a written argument, what it is a view of and every
+    view of that; a call the analysis cannot see into writes every tensor it is given (Note [One alias analysis])."""
+    written_roots: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        target = node.target
+        if node.op != "call_function" or target is operator.getitem:
+            continue
+        if not isinstance(target, torch._ops.OpOverload):
+            written_roots.update(root(i) for i in node.all_input_nodes)
+            continue
+        for position, arg in enumerate(target._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.args[position] if position < len(node.args) else node.kwargs.get(arg.name)
+            for n in (value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(n, torch.fx.Node):
+                    written_roots.add(root(n))
+    return {n for n in graph.nodes if root(n) in written_roots}
 
 
 def reads_memory(node: torch.fx.Node) -> bool:
