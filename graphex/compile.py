@@ -3,7 +3,7 @@
     Dynamo FX graph
       └─ AOTAutograd (inference, keep_inference_input_mutations=True): functional ATen graph
            └─ passes (graphex/passes): reinplace, remove no-ops, the user's passes
-                └─ lower (graphex/lowering/lower.py): the typed Program (graphex/program.py)
+                └─ lower (graphex/lowering/lower.py): the typed Program (graphex/program/typed.py)
                      └─ graphex._C.Executor: ops resolved once, run from C++
 
 When autograd is needed (grad mode on and an input requires grad) the forward

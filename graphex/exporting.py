@@ -105,7 +105,7 @@ def program_operators(program: bytes) -> dict[str, str]:
     from .fb.NodeKind import NodeKind
     from .fb.Program import Program
 
-    root = Program.GetRootAs(program, 4)  # size-prefixed (graphex/_spec.py)
+    root = Program.GetRootAs(program, 4)  # size-prefixed (graphex/program/encode.py)
     ops: dict[str, str] = {}
     for j in range(root.NodesLength()):
         node = root.Nodes(j)

@@ -4,7 +4,7 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // A program is one size-prefixed FlatBuffers `Program` (file identifier "GXPG", field
 // format_version); the size prefix tells a truncated file from a whole one.
-// Python writes it with flatc's generated builders (graphex/_spec.py, the only encoder);
+// Python writes it with flatc's generated builders (graphex/program/encode.py, the only encoder);
 // C++ reads it in place through flatc's generated header, after `verify` has checked,
 // before anything runs, that it is ours (identifier), well formed (every offset, length
 // and nested table inside the buffer: flatbuffers::Verifier) and of the version this build
@@ -34,7 +34,7 @@
 
 namespace graphex::format {
 
-// Bump with FORMAT_VERSION in graphex/_spec.py when the meaning of any field changes.
+// Bump with FORMAT_VERSION in graphex/program/encode.py when the meaning of any field changes.
 constexpr uint32_t kFormatVersion = 2;
 constexpr char kFileIdentifier[] = "GXPG";
 

@@ -19,7 +19,8 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from .. import _spec, compat
+from .. import compat
+from ..program import encode as _spec
 from ..compile import compile_dynamo_graph
 from ..lowering.streams import uses_side_streams
 from ..options import Options

@@ -1,8 +1,8 @@
 """Lowering: an ATen-level FX graph becomes a typed Program for the C++ core (Note [One typed program]).
 
 Each value in the graph gets a slot; each call becomes a node of the program that
-names its operator and refers to slots and constants (graphex/program.py; written by
-graphex/_spec.py). Nothing here runs anything: C++ resolves the operators and checks
+names its operator and refers to slots and constants (graphex/program/typed.py; written by
+graphex/program/encode.py). Nothing here runs anything: C++ resolves the operators and checks
 every argument against its schema when it builds the Program.
 """
 
@@ -380,7 +380,7 @@ class _Lowering:
                 return a  # inf / nan are valid float constants
             return a
         if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
-            return a  # written as graphex's own enums by _spec.encode
+            return a  # written as graphex's own enums by program.encode
         if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor):
             return self.const(a)
         raise self.error(user, f"has an argument of type {type(a).__name__} ({a!r}) that cannot be captured",

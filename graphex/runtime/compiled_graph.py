@@ -41,7 +41,8 @@ import torch.fx
 from torch._inductor.fx_utils import get_node_storage
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import _C, _log, _spec, errors
+from .. import _C, _log, errors
+from ..program import encode as _spec
 from .._warn import warn_once
 from ..distributed import collective_failure, is_collective
 from ..lowering.lower import LoweredGraph, lower

@@ -1,6 +1,6 @@
 // Programs written by hand in C++ tests, as flatc's generated object API for
 // csrc/schema/program.fbs (fb::ProgramT, fb::NodeT, fb::ArgT ...), packed by the generated
-// code: the same tables graphex/_spec.py writes (Note [One typed format]), with no notation
+// code: the same tables graphex/program/encode.py writes (Note [One typed format]), with no notation
 // of their own in between. The helpers below only fill those objects in; tests may also
 // set any field directly (a malformed program is one assignment away).
 #pragma once

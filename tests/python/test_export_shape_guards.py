@@ -13,7 +13,8 @@ import torch
 import torch.utils._pytree as pytree
 
 import graphex
-from graphex import _C, _spec
+from graphex import _C
+from graphex.program import encode as _spec
 from graphex.errors import ProgramError, SignatureError
 from graphex.exporting import ExportError, load_safetensors, safetensors_bytes
 from graphex.inference import capture, shape_guards

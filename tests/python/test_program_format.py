@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from graphex import _C, _spec
+from graphex import _C
+from graphex.program import encode as _spec
 from graphex.errors import ProgramError
 from graphex.fb import DType, Program
 from graphex.lowering import lower

@@ -1,11 +1,11 @@
-"""The one encoder of graphex programs: a typed Program (graphex/program.py) becomes a FlatBuffers `Program`.
+"""The one encoder of graphex programs: a typed Program (graphex/program/typed.py) becomes a FlatBuffers `Program`.
 
 The schema is csrc/schema/program.fbs; graphex/fb/ is flatc's Python code for it
 (`make schema` regenerates it) and C++ reads the same bytes through flatc's header
 (csrc/program/format.h, Note [One typed format]). Nothing here lays out bytes by hand:
 every table is written with the generated builders.
 
-Argument values are graphex.program.Value (Note [One typed program]). Dtypes, devices,
+Argument values are graphex.program.typed.Value (Note [One typed program]). Dtypes, devices,
 layouts and memory formats are written as graphex's own enums, never as c10 integers
 (Note [graphex owns its enums on disk] in format.h).
 """
@@ -18,11 +18,11 @@ from typing import Any, Sequence
 from graphex._vendor import flatbuffers
 import torch
 
-from . import program as typed
-from .fb import (Arg, ArgKind, Binding, BindingKind, Device, DeviceType, DType, Expect, Guard, GuardOp, Input,
+from . import typed
+from ..fb import (Arg, ArgKind, Binding, BindingKind, Device, DeviceType, DType, Expect, Guard, GuardOp, Input,
                  InputKind, Kwarg, Layout, Leaf, LeafKind, MemoryFormat, Node, NodeKind, Program, SymFn, Tensor,
                  TensorMeta)
-from .program import Const, Slot
+from .typed import Const, Slot
 
 FILE_IDENTIFIER = b"GXPG"
 # Bump with kFormatVersion in csrc/program/format.h when the meaning of any field changes.

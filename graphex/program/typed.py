@@ -1,4 +1,4 @@
-"""The typed program: what lowering (graphex/lowering/lower.py) produces and the one encoder (graphex/_spec.py) writes.
+"""The typed program: what lowering (graphex/lowering/lower.py) produces and the one encoder (graphex/program/encode.py) writes.
 
 Note [One typed program]
 ~~~~~~~~~~~~~~~~~~~~~~~~
