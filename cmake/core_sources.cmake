@@ -9,6 +9,7 @@ set(GRAPHEX_CORE_SOURCES
   csrc/plan/describe.cpp
   csrc/runtime/sym_ops.cpp
   csrc/runtime/shape_guards.cpp
+  csrc/runtime/binder.cpp
   csrc/runtime/executor.cpp
   csrc/deploy/safetensors.cpp
   csrc/deploy/module.cpp

@@ -75,89 +75,44 @@ Module Module::load(const std::string& path) {
 
   requireOperators(root, program_path.string());
   Program program = Program::fromTable(root);
-  for (uint32_t i = 0; i < root.bindings()->size(); ++i) {
+  m.binder_ = Binder::fromTable(root, program, program_path.string());  // Note [One binder]
+  for (int32_t i : m.binder_.heldBindings()) {
     const fb::Binding& b = *root.bindings()->Get(i);
-    Bind bind{static_cast<int>(b.kind()), b.index(), b.dim(), {}};
-    if (b.kind() == fb::BindingKind::Parameter || b.kind() == fb::BindingKind::Buffer) {
-      std::string name = b.name() ? b.name()->str() : "";
-      auto it = m.weights_.find(name);
-      if (it == m.weights_.end())
-        throw deploy::WeightsError("the weights file has no tensor '" + name + "', which program input " +
-                                   std::to_string(i) + " (" + program.inputs[i].name + ") is bound to");
-      const InputSpec& spec = program.inputs[i];
-      // Checked once here (Note [An artifact binds its inputs by kind]); the run-time check then passes.
-      std::string mismatch = describeMismatch(spec, it->second);
-      if (!mismatch.empty())
-        throw deploy::WeightsError("weight '" + name + "' does not match the program: " + mismatch);
-      bind.weight = it->second;
-    } else if (b.kind() == fb::BindingKind::ArgumentPath) {
+    if (b.kind() == fb::BindingKind::ArgumentPath)
       throw format::FormatError("program input " + std::to_string(i) + " is a tensor that argument " +
                                 std::to_string(b.index()) + " holds (" + (b.name() ? b.name()->str() : "?") +
                                 "): graphex::Module takes tensors as arguments; this program is a cache entry's, "
                                 "not an exported artifact");
-    } else if (b.kind() != fb::BindingKind::Token) {
-      if (b.index() < 0) throw format::FormatError("binding " + std::to_string(i) + ": negative argument index");
-      m.num_args_ = std::max(m.num_args_, static_cast<size_t>(b.index()) + 1);
-    }
-    m.binds_.push_back(std::move(bind));
+    std::string name = b.name() ? b.name()->str() : "";
+    auto it = m.weights_.find(name);
+    if (it == m.weights_.end())
+      throw deploy::WeightsError("the weights file has no tensor '" + name + "', which program input " +
+                                 std::to_string(i) + " (" + program.inputs[i].name + ") is bound to");
+    // Checked once here (Note [An artifact binds its inputs by kind]); the run-time check then passes.
+    std::string mismatch = describeMismatch(program.inputs[i], it->second);
+    if (!mismatch.empty()) throw deploy::WeightsError("weight '" + name + "' does not match the program: " + mismatch);
+    m.held_.push_back(it->second);
   }
-  if (root.leaves()) {
-    for (const fb::Leaf* l : *root.leaves()) {
-      Leaf leaf{static_cast<int>(l->kind()), l->index(), {}};
-      if (l->kind() == fb::LeafKind::Constant)
-        leaf.value = makeUntypedArgSource(l->value(), {}, "result constant").constant;
-      else if (l->kind() == fb::LeafKind::Argument)
-        m.num_args_ = std::max(m.num_args_, static_cast<size_t>(std::max(l->index(), 0)) + 1);
-      else if (l->index() < 0 || static_cast<size_t>(l->index()) >= program.outputs.size())
-        throw format::FormatError("result leaf refers to program output " + std::to_string(l->index()));
-      m.leaves_.push_back(std::move(leaf));
-    }
-  }
-  m.guards_ = readShapeGuards(root, program);
   m.executor_ = std::make_shared<const Executor>(std::move(program));
   return m;
 }
 
 std::vector<c10::IValue> Module::run(const std::vector<c10::IValue>& args) const {
-  if (args.size() != num_args_)
+  if (args.size() != binder_.numArguments())
     throw SignatureError("graphex::Module: " + std::to_string(args.size()) + " arguments given, the program takes " +
-                         std::to_string(num_args_));
+                         std::to_string(binder_.numArguments()));
   std::vector<c10::IValue> inputs;
-  inputs.reserve(binds_.size());
-  auto tensorArg = [&](int32_t i) -> const at::Tensor& {
-    if (!args[i].isTensor()) throw SignatureError("graphex::Module: argument " + std::to_string(i) + " must be a tensor");
-    return args[i].toTensor();
-  };
-  for (const Bind& b : binds_) {
-    switch (static_cast<fb::BindingKind>(b.kind)) {
-      case fb::BindingKind::Argument: inputs.push_back(args[b.index]); break;
-      case fb::BindingKind::Parameter:
-      case fb::BindingKind::Buffer: inputs.push_back(b.weight); break;
-      case fb::BindingKind::Size: inputs.push_back(tensorArg(b.index).size(b.dim)); break;
-      case fb::BindingKind::Stride: inputs.push_back(tensorArg(b.index).stride(b.dim)); break;
-      case fb::BindingKind::StorageOffset: inputs.push_back(tensorArg(b.index).storage_offset()); break;
-      default: inputs.push_back(c10::IValue()); break;
-    }
+  try {
+    inputs = binder_.bind(args, held_);
+  } catch (const SignatureError& e) {
+    throw SignatureError(std::string("graphex::Module: ") + e.what());
   }
-  if (!guards_.empty()) {  // Note [An exported program checks its shape guards]
-    std::string broken = brokenShapeGuard(guards_, inputs, executor_->program());
-    if (!broken.empty())
-      throw SignatureError("graphex::Module: the inputs break a shape guard the program was traced under: " + broken +
-                           ". The program was exported with dynamic=True from example inputs for which it holds; "
-                           "export again with examples of these shapes, or with dynamic=False");
-  }
-  std::vector<c10::IValue> outs = executor_->run(std::move(inputs));
-  if (leaves_.empty()) return outs;
-  std::vector<c10::IValue> result;
-  result.reserve(leaves_.size());
-  for (const Leaf& l : leaves_) {
-    switch (static_cast<fb::LeafKind>(l.kind)) {
-      case fb::LeafKind::Output: result.push_back(outs[l.index]); break;
-      case fb::LeafKind::Argument: result.push_back(args[l.index]); break;
-      default: result.push_back(l.value); break;
-    }
-  }
-  return result;
+  std::string broken = binder_.brokenGuard(inputs, executor_->program());  // Note [An exported program checks ...]
+  if (!broken.empty())
+    throw SignatureError("graphex::Module: the inputs break a shape guard the program was traced under: " + broken +
+                         ". The program was exported with dynamic=True from example inputs for which it holds; "
+                         "export again with examples of these shapes, or with dynamic=False");
+  return binder_.results(executor_->run(std::move(inputs)), args);
 }
 
 }  // namespace graphex

@@ -16,7 +16,7 @@
 
 #include "program/program.h"
 #include "runtime/executor.h"
-#include "runtime/shape_guards.h"
+#include "runtime/binder.h"
 
 #include <ATen/core/ivalue.h>
 
@@ -38,26 +38,13 @@ class Module {
   [[nodiscard]] std::vector<c10::IValue> run(const std::vector<c10::IValue>& args) const;
 
   const Program& program() const { return executor_->program(); }
-  size_t numArguments() const { return num_args_; }
+  size_t numArguments() const { return binder_.numArguments(); }
   const std::string& tree() const { return tree_; }  // the result's structure (pytree JSON)
 
  private:
-  struct Bind {
-    int kind = 0;  // fb::BindingKind
-    int32_t index = 0;
-    int32_t dim = 0;
-    c10::IValue weight;
-  };
-  struct Leaf {
-    int kind = 0;  // fb::LeafKind
-    int32_t index = 0;
-    c10::IValue value;
-  };
   std::shared_ptr<const Executor> executor_;
-  std::vector<Bind> binds_;
-  std::vector<Leaf> leaves_;
-  std::vector<ShapeGuard> guards_;
-  size_t num_args_ = 0;
+  Binder binder_;                   // Note [One binder]
+  std::vector<c10::IValue> held_;   // the weights, one per held binding
   std::string tree_;
   std::map<std::string, at::Tensor> weights_;  // views of the mapped file, kept alive here
 };

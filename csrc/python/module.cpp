@@ -10,6 +10,7 @@
 #include "program/program.h"
 #include "program/format.h"
 #include "python/state_watch.h"
+#include "runtime/binder.h"
 #include "runtime/executor.h"
 
 #include <torch/csrc/Exceptions.h>
@@ -238,6 +239,67 @@ py::tuple runDumpedBoxed(const Executor& ex, const py::list& args) {
 
 std::string programSummary(const Program& p) { return describeProgram(p); }
 
+// Note [One binder]: a program with the binder of its tables, what a cache entry runs. The executor is
+// shared with Python (first-run validation, dumps); every other run goes through try_run.
+struct BoundProgram {
+  std::shared_ptr<Executor> executor;
+  Binder binder;
+};
+
+std::shared_ptr<BoundProgram> makeBoundProgram(const py::bytes& program_bytes, const std::string& what) {
+  std::string_view bytes = program_bytes;
+  const fb::Program& root = format::verify(bytes);
+  Program program = Program::fromTable(root);
+  Binder binder = Binder::fromTable(root, program, what);
+  return std::make_shared<BoundProgram>(BoundProgram{std::make_shared<Executor>(std::move(program)), std::move(binder)});
+}
+
+// The arguments the bindings read, as values; the others (any Python object: a result leaf may pass it
+// through) are left None (Note [One binder]).
+std::vector<c10::IValue> boundArguments(const Binder& binder, const py::list& args) {
+  if (args.size() < binder.numArguments())
+    throw SignatureError(std::to_string(args.size()) + " arguments given, the program takes " +
+                         std::to_string(binder.numArguments()));
+  std::vector<c10::IValue> values(args.size());
+  for (size_t i = 0; i < args.size(); ++i)
+    if (binder.readsArgument(i)) values[i] = toIValue(args[i].ptr(), i);
+  return values;
+}
+
+// The flattened result as Python objects: an argument passed through is the caller's object itself.
+py::list pyResults(const Binder& binder, std::vector<c10::IValue> outputs, const py::list& args) {
+  if (binder.leaves().empty()) return toPyList(std::move(outputs));
+  py::list result(binder.leaves().size());
+  size_t k = 0;
+  for (const Binder::Leaf& l : binder.leaves()) {
+    switch (static_cast<fb::LeafKind>(l.kind)) {
+      case fb::LeafKind::Output: result[k++] = fromIValue(outputs[l.index]); break;
+      case fb::LeafKind::Argument: result[k++] = args[l.index]; break;
+      default: result[k++] = fromIValue(l.value); break;
+    }
+  }
+  return result;
+}
+
+// The program's inputs, or None when a shape guard is broken (Note [Entries are found by signature, not by
+// exceptions]).
+py::object bindBoxed(const BoundProgram& bp, const py::list& args, const py::list& held) {
+  std::vector<c10::IValue> inputs = bp.binder.bind(boundArguments(bp.binder, args), toIValues(held));
+  if (bp.binder.hasGuards() && !bp.binder.brokenGuard(inputs, bp.executor->program()).empty()) return py::none();
+  return toPyList(std::move(inputs));
+}
+
+// The flattened result, or None (nothing run) when the call breaks a shape guard or does not fit the signature.
+py::object tryRunBound(const BoundProgram& bp, const py::list& args, const py::list& held) {
+  std::vector<c10::IValue> inputs = bp.binder.bind(boundArguments(bp.binder, args), toIValues(held));
+  const Executor& ex = *bp.executor;
+  if (bp.binder.hasGuards() && !bp.binder.brokenGuard(inputs, ex.program()).empty()) return py::none();
+  if (!ex.fits(inputs)) return py::none();
+  std::vector<c10::IValue> outs =
+      withoutGil(std::move(inputs), [&](std::vector<c10::IValue> in) { return ex.runFitting(std::move(in)); });
+  return pyResults(bp.binder, std::move(outs), args);
+}
+
 void registerErrors(py::module_& m) {
   (void)errorClasses();  // imported now, with the GIL held by module init
   py::register_exception_translator([](std::exception_ptr p) {
@@ -326,6 +388,30 @@ PYBIND11_MODULE(_C, m) {
       .def("describe", [](const Executor& e) { return programSummary(e.program()); },
            "A readable listing of the program: instructions, slots, moves and frees.")
       .def_property_readonly_static("_boxed_call", [](py::object) { return true; });
+
+  py::class_<BoundProgram, std::shared_ptr<BoundProgram>>(m, "BoundProgram")
+      .def(py::init(&makeBoundProgram), py::arg("program"), py::arg("what"),
+           "A program (bytes, verified) with its binder (Note [One binder]): bindings, shape guards and result "
+           "leaves read from its tables; `what` names it in errors.")
+      .def_readonly("executor", &BoundProgram::executor)
+      .def_property_readonly("held_bindings", [](const BoundProgram& bp) { return bp.binder.heldBindings(); },
+                             "The program inputs the caller hands over as `held` (parameters, buffers, tensors an "
+                             "argument holds), in binding order.")
+      .def("bind", &bindBoxed, py::arg("args"), py::arg("held"),
+           "The program's inputs for the flattened arguments and the held tensors; None when a shape guard fails.")
+      .def("broken_guard",
+           [](const BoundProgram& bp, const py::list& inputs) {
+             return bp.binder.brokenGuard(toIValues(inputs), bp.executor->program());
+           },
+           py::arg("inputs"), "'' when every shape guard holds for the bound inputs, else the first that fails.")
+      .def("try_run", &tryRunBound, py::arg("args"), py::arg("held"),
+           "Bind, check the shape guards and the signature, run, and return the flattened result; None (nothing "
+           "run) when the call does not fit.")
+      .def("results",
+           [](const BoundProgram& bp, const py::list& outputs, const py::list& args) {
+             return pyResults(bp.binder, toIValues(outputs), args);
+           },
+           py::arg("outputs"), py::arg("args"), "The flattened result of a run's outputs (the result leaves).");
 
   py::class_<Module, std::shared_ptr<Module>>(m, "Module")
       .def(py::init([](const std::string& path) { return std::make_shared<Module>(Module::load(path)); }),

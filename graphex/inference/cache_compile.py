@@ -18,9 +18,7 @@ keys on] (keys.py) for what makes an entry stale.
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import functools
 import glob
 import os
 import time
@@ -69,18 +67,16 @@ class _Loaded:
         self.path = path
         self.header = entry.header
         self.func = func
-        self.executor = _C.Executor(entry.program, [])
+        # Note [One binder]: the program's bindings, shape guards and result leaves, resolved from its tables in C++
+        self.program = _C.BoundProgram(entry.program, path)
+        self.executor = self.program.executor
         self.validate_next = bool(entry.header.get("validate_fake"))
         self.out_spec = pytree.treespec_loads(entry.header["outputs"]["spec"])
         self.bindings = entry.bindings
-        self.leaves = [(leaf.kind, leaf.index, leaf.value) for leaf in entry.leaves]
-        self.single_output = self.leaves[0][1] if (self.out_spec.is_leaf() and len(self.leaves) == 1
-                                                   and self.leaves[0][0] == "graph") else None
+        self.single_leaf = self.out_spec.is_leaf()
         self.guard_set = GuardSet(entry.header["dynamo_guards"])
         self.bind: Callable[[list[Any], Any], list[Any] | None] | None = None
         self.why = ""  # the guard that failed, for the cache-miss message
-        shape_guards = entry.header.get("guards")
-        self.guards = _compile_shape_guards(shape_guards, path) if shape_guards else None
 
     def try_run(self, flat: list[Any]) -> Any:
         """The call's result, or MISS (nothing run) if this entry does not fit the call.
@@ -100,37 +96,43 @@ class _Loaded:
                 self.why = f"guard failed: {problem}"
                 return MISS
             bind = self.bind = self.guard_set.run
-        inputs = bind(flat, self.func)
-        if inputs is None:
+        held = bind(flat, self.func)
+        if held is None:
             self.why = "a guard failed: the state the trace read changed since (Note [cache_compile keys on what " \
                        "the trace read])"
             return MISS
-        if self.guards is not None and not _guards_hold(self.guards, inputs):
-            self.why = (f"{keys.describe_signature(flat)} fails the shape guards of {self.path} "
-                        "(Note [A dynamic entry carries its shape guards])")
-            return MISS
         if self.validate_next:
-            if not self.executor.fits(inputs):
-                self.why = f"{keys.describe_signature(flat)}, the entry was built for {self.header.get('signature')}"
-                return MISS
-            from ..custom_ops import explain_fake_mismatch
-            from ..errors import FakeMismatch
-
-            try:
-                outs = self.executor.run_validated(inputs)
-            except FakeMismatch as e:
-                raise explain_fake_mismatch(*_fake_mismatch_details(self, e)) from None
-            self.validate_next = False
-        else:
-            outs = self.executor.try_run(inputs)
-            if outs is None:
-                self.why = f"{keys.describe_signature(flat)}, the entry was built for {self.header.get('signature')}"
-                return MISS
-        if self.single_output is not None:  # one graph output returned as it is: no pytree per call
-            return outs[self.single_output]
-        leaves = [outs[i] if kind == "graph" else flat[i] if kind == "arg" else value
-                  for kind, i, value in self.leaves]
+            return self._first_run_validated(flat, held)
+        leaves = self.program.try_run(flat, held)
+        if leaves is None:
+            self.why = self._why_not(flat, held)
+            return MISS
+        if self.single_leaf:  # one result returned as it is: no pytree per call
+            return leaves[0]
         return pytree.tree_unflatten(leaves, self.out_spec)
+
+    def _why_not(self, flat: list[Any], held: list[Any]) -> str:
+        inputs = self.program.bind(flat, held)
+        if inputs is None:
+            return (f"{keys.describe_signature(flat)} fails the shape guards of {self.path} "
+                    "(Note [A dynamic entry carries its shape guards])")
+        return f"{keys.describe_signature(flat)}, the entry was built for {self.header.get('signature')}"
+
+    def _first_run_validated(self, flat: list[Any], held: list[Any]) -> Any:
+        inputs = self.program.bind(flat, held)
+        if inputs is None or not self.executor.fits(inputs):
+            self.why = self._why_not(flat, held)
+            return MISS
+        from ..custom_ops import explain_fake_mismatch
+        from ..errors import FakeMismatch
+
+        try:
+            outs = self.executor.run_validated(inputs)
+        except FakeMismatch as e:
+            raise explain_fake_mismatch(*_fake_mismatch_details(self, e)) from None
+        self.validate_next = False
+        leaves = self.program.results(outs, flat)
+        return leaves[0] if self.single_leaf else pytree.tree_unflatten(leaves, self.out_spec)
 
 
 MISS = object()  # _Loaded.try_run: the entry does not fit this call
@@ -152,51 +154,6 @@ def _call_value(a: Any, any_leaf: bool = False) -> Any:
         return t  # a subclass or Parameter: its own entries (the type is guarded too)
     return t if any_leaf else _NOT_A_LEAF
 _LEAF_TYPES = (torch.Tensor, int, float, bool)  # pytree leaves (Note [A plain call skips pytree])
-
-
-def _guards_hold(code: Any, inputs: list[Any]) -> bool:
-    return bool(eval(code, _shape_guard_globals(), {"L": {f"t{i}": v for i, v in enumerate(inputs)}}))
-
-
-@functools.cache
-def _shape_guard_globals() -> dict[str, Any]:
-    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
-
-    return {**SYMPY_INTERP, "__builtins__": {}}
-
-
-_SHAPE_GUARD_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
-                      ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.BinOp, ast.Add, ast.Sub,
-                      ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Constant, ast.Subscript, ast.Name,
-                      ast.Load, ast.Call, ast.Attribute, ast.Tuple, ast.keyword)
-_SHAPE_GUARD_METHODS = {"size", "stride", "storage_offset", "dim", "numel"}
-
-
-def _compile_shape_guards(text: str, path: str) -> Any:
-    """Note [A cache file is loaded only when it is the user's own] and beyond: the shape guards are ShapeEnv's
-    expression over the inputs (`L['t0'].size()[0] > 4`), and nothing else is let through: only comparisons,
-    arithmetic, numbers, `L['tN']`, their size/stride methods and the sympy helpers torch's guards call."""
-    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
-
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as e:
-        raise EntryError(f"malformed shape guards ({e.msg})") from None
-    for node in ast.walk(tree):
-        bad = not isinstance(node, _SHAPE_GUARD_NODES)
-        if isinstance(node, ast.Name):
-            bad = node.id != "L" and node.id not in SYMPY_INTERP
-        elif isinstance(node, ast.Attribute):
-            bad = node.attr not in _SHAPE_GUARD_METHODS
-        elif isinstance(node, ast.Constant):
-            bad = not isinstance(node.value, (int, float, str)) or (
-                isinstance(node.value, str) and not node.value.startswith("t"))
-        elif isinstance(node, ast.Call):
-            bad = not isinstance(node.func, (ast.Name, ast.Attribute))
-        if bad:
-            raise EntryError(f"refused: the shape guards hold {ast.dump(node)[:60]}, which no shape guard graphex "
-                             "writes has")
-    return compile(tree, f"<shape guards of {path}>", "eval")
 
 
 def _fake_mismatch_details(loaded: _Loaded, e: Any) -> tuple[Any, ...]:

@@ -167,8 +167,11 @@ def _shape_guards(rec: _Recording) -> str | None:
     may depend on more: a branch on `x.shape[0] > 4`, a dim specialized to a constant by
     broadcasting. Dynamo would guard on that and recompile; a cache hit skips Dynamo, so
     the entry stores the ShapeEnv's guards over its graph inputs (sizes, strides and
-    relations, static dims included) as one Python expression, checked on every replay
-    (_Loaded.try_run). A call that fails them is another entry's or a new compile's.
+    relations, static dims included), written into the program as typed guards
+    (shape_guards.py) and checked in C++ on every replay by the one binder (Note [One
+    binder]). A call that fails them is another entry's or a new compile's. A guard the
+    runtime cannot evaluate makes the entry uncacheable (and the export refused): an entry
+    whose guards go unchecked would replay a program traced for other shapes.
 
     Guards only over symbols that no graph input carries (Dynamo makes the ints of the
     flat wrapper's TreeSpec symbolic too) are about values the key or the load check
@@ -231,7 +234,9 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         try:
             program_guards = shape_guards.from_expression(shape_text, inputs) if shape_text else []
         except shape_guards.Unsupported as e:
-            unexportable = str(e)  # a cache entry checks its guards in Python; an export is refused
+            if with_guards:  # a cache entry: Note [A dynamic entry carries its shape guards]
+                raise NotCacheable(f"with dynamic=True, {e}; cache it with dynamic=False (one entry per shape)") from None
+            unexportable = str(e)
     header = {
         **keys.versions(),
         "key_parts": key_parts,

@@ -30,7 +30,8 @@ from .._atomic import write_atomic
 from ..program import Binding, Leaf
 
 MAGIC = b"GXCACHE\x00"
-FORMAT_VERSION = 2  # 2: the program is the export artifact's; the header names HEADER_SCHEMA
+FORMAT_VERSION = 3  # 2: the program is the export artifact's; the header names HEADER_SCHEMA. 3: shape guards are
+# checked from the program's typed guards only (Note [One binder]), so an entry of 2 may lack the ones it needs
 HEADER_SCHEMA = "graphex.cache_header/3"  # 2: Dynamo's guards (dynamo_guards, guard_format); 3: typed Bindings
 PROGRAM_IDENTIFIER = b"GXPG"  # csrc/schema/program.fbs: bytes 8-12 (after the size prefix and root offset)
 

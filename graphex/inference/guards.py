@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..program import Binding
+from ..program import HELD_KINDS, Binding
 from .guard_sources import NotCheckable, Path, _KEYED_BY_PATH, _MISSING, _STEPS, contextvar_get, parse_source, resolve, resolve_global
 from .fingerprints import _global_state, _saved_tensors_hooks, from_constant, identity, type_name
 from .guard_records import _attr_name, _find_by_identity, _tensor_meta
@@ -60,19 +60,21 @@ from .pins import _ClassUnchanged, _Pins
 
 class GuardSet:
     """The records of one entry. `bind` checks them in this process and builds `run`, called before each
-    replay: `run(flat_args, func)` is the engine's input list when every guard holds, else None.
+    replay: `run(flat_args, func)` is the held inputs (Note [One binder]) when every guard holds, else None.
 
     Note [One function checks the guards and binds the inputs]
-    The generated function checks the guards, then reads the program's inputs: arguments by
-    position, sizes and strides of arguments, parameters and buffers through the source Dynamo read
-    them from (`L['func'].__self__._modules['proj']._parameters['weight']`), so a submodule or
-    parameter replaced after the first call is the one used. It has two paths:
+    The generated function checks the guards, then reads what only Python can read of the program's
+    inputs, the held ones: parameters, buffers and tensors an argument holds, through the source
+    Dynamo read them from (`L['func'].__self__._modules['proj']._parameters['weight']`), so a
+    submodule or parameter replaced after the first call is the one used. The arguments, their
+    sizes and strides, the shape guards and the result leaves are C++'s, the one binder every
+    runner of a program's bytes uses (Note [One binder], csrc/runtime/binder.h). It has two paths:
       * full: every guard, every path read anew (common prefixes once per call);
       * fast, taken while a StateWatch (Note [A watched dict proves its guards still hold],
         csrc/python/state_watch.cpp) says that no dict the pinned guards read through has
         changed and no watched object changed its type: only the "always" guards (those that
-        read through something no dict version covers), the arguments, and the parameters the
-        full path read last time.
+        read through something no dict version covers), and the parameters the full path read
+        last time.
     Each full check takes a fresh watch's snapshot before it reads anything and publishes the pair
     (watch, parameters) only when it passes, so a change made at any moment, on any thread, is seen
     by the next call.
@@ -128,12 +130,14 @@ class GuardSet:
                     fast.check(_condition(rec, value, fast.var(path), held, locals_, globals_, fast.var)[0])
                     always += 1
             reads_full, reads_fast, static = [], [], []
-            for i, b in enumerate(inputs or []):
-                read = self._input(b, locals_, globals_, full.var)
-                reads_full.append(read)
+            for b in inputs or []:
+                if b.kind not in HELD_KINDS:
+                    self._check_binding(b)
+                    continue  # bound in C++ from the arguments (Note [One binder])
+                reads_full.append(self._input(b, locals_, globals_, full.var))
                 if b.kind in ("param", "buffer") and pins.pinned(parse_source(b.source), locals_, globals_):
                     reads_fast.append(f"S[{len(static)}]")
-                    static.append(i)
+                    static.append(len(reads_full) - 1)
                 else:
                     reads_fast.append(self._input(b, locals_, globals_, fast.var))
         except _Fails as e:
@@ -173,17 +177,18 @@ class GuardSet:
         return None
 
     @staticmethod
+    def _check_binding(binding: Binding) -> None:
+        """A binding C++ resolves from the arguments (Note [One binder]): one it knows."""
+        if binding.kind not in ("arg", "size", "stride", "storage_offset"):
+            raise NotCheckable(f"an input binding of kind {binding.kind!r}")
+
+    @staticmethod
     def _input(binding: Binding, locals_: dict[str, Any], globals_: dict[str, Any],
                var: Callable[[Path], str]) -> str:
-        """The expression that reads one program input (Note [A program input is bound by one typed Binding])."""
+        """The expression that reads one held input (Note [A program input is bound by one typed Binding]): a
+        parameter, buffer or tensor an argument holds, through the source Dynamo read it from."""
         kind = binding.kind
-        if kind == "arg":
-            return f"flat_args[{int(binding.index)!r}]"
-        if kind in ("size", "stride"):
-            return f"flat_args[{int(binding.index)!r}].{kind}({int(binding.dim)!r})"
-        if kind == "storage_offset":
-            return f"flat_args[{int(binding.index)!r}].storage_offset()"
-        if kind in ("param", "buffer", "attr") and binding.source:  # attr: Note [A tensor an argument holds ...]
+        if kind in HELD_KINDS and binding.source:  # attr: Note [A tensor an argument holds ...]
             path = parse_source(binding.source)
             if not isinstance(resolve(path, locals_, globals_), torch.Tensor):
                 raise _Fails(f"the {kind} read from {binding.source} is gone")

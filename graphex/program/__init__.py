@@ -11,6 +11,7 @@ from .typed import (  # noqa: F401
     BindingKind,
     Const,
     GetItemNode,
+    HELD_KINDS,
     Input,
     InputKind,
     Leaf,

@@ -138,10 +138,13 @@ class Program:
 # user argument `index`; a parameter or buffer `owner`.`name`; size, stride or storage offset `dim` of
 # argument `index`; an effect token; a tensor that argument `index` holds at Dynamo's access path `source`.
 # One dataclass for every reader: the encoder (table Binding of program.fbs, which C++'s graphex::Module
-# reads), the cache entry's header (`to_json`, read back by `from_json`, which refuses anything it did not
+# and graphex-run read through the one binder), the cache entry's header (`to_json`, read back by `from_json`, which refuses anything it did not
 # write), cache_compile's generated binder (graphex/inference/guards.py), export, and the names errors use.
 BindingKind = Literal["arg", "param", "buffer", "size", "stride", "storage_offset", "token", "attr"]
 _BINDING_KINDS = frozenset(BindingKind.__args__)  # type: ignore[attr-defined]
+# The kinds the caller resolves and hands over as `held`, in binding order; the binder reads the rest from the
+# arguments (Note [One binder], csrc/runtime/binder.h: Parameter, Buffer, ArgumentPath).
+HELD_KINDS = frozenset({"param", "buffer", "attr"})
 
 
 @dataclasses.dataclass(frozen=True)

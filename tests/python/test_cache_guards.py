@@ -357,7 +357,7 @@ def test_an_unhashable_argument_is_guarded_not_hashed(tmp_path):
 
 
 @pytest.mark.parametrize("forged", ["code", "syntax", "bad constant"])
-def test_a_forged_entry_is_refused_without_running_or_crashing(tmp_path, forged):
+def test_a_forged_entry_never_runs_its_text_and_is_refused_where_it_is_read(tmp_path, forged):
     cache = tmp_path / "cache"
     path, x = _compiled_entry(cache)
     marker = tmp_path / "ran"
@@ -372,7 +372,11 @@ def test_a_forged_entry_is_refused_without_running_or_crashing(tmp_path, forged)
     entry_mod.write_entry(path, entry)
     stats = _fresh_model_run(cache, x)
     assert not marker.exists()
-    assert stats["hits"] == 0 and stats["compiles"] == 1, stats
+    if forged == "bad constant":
+        assert stats["hits"] == 0 and stats["compiles"] == 1, stats
+    else:  # the header's shape-guard text is ShapeEnv's, for people (graphex inspect): nothing reads or runs it; the
+        # guards checked are the program's typed ones (Note [One binder]; forged: test_cache_shapes.py)
+        assert stats["hits"] == 1 and stats["compiles"] == 0, stats
 
 
 def test_a_hard_link_to_an_entry_is_refused(tmp_path):

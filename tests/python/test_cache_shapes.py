@@ -186,3 +186,75 @@ def test_a_dataclass_built_in_the_step_is_checked_through_its_module_file(tmp_pa
     (entry,) = cache_dir.glob("*.gxc")
     files = [s["file"] for s in read_header(str(entry))["sources"]]
     assert any(f.endswith("gx_dc_outputs.py") for f in files), files
+
+
+def test_a_dynamic_entry_checks_its_shape_guards_in_the_one_binder(tmp_path):
+    """Note [One binder]: a cache entry traced with a branch on its size replays only where the branch holds; the
+    guard is the program's typed one, checked in C++ (what graphex-run checks), and a call that breaks it is another
+    entry's. An argument returned as it is comes back as the caller's own object."""
+    def branch(x, y):
+        z = x * 2 if x.shape[0] > 4 else x - 1
+        return z + y.sum(), y
+
+    cached = graphex.inference.cache_compile(branch, dynamic=True, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for rows in (8, 6, 3, 2, 9):
+            x, y = torch.randn(rows, 3), torch.randn(rows)
+            out, passed = cached(x, y)
+            assert_same(out, branch(x, y)[0], f"{rows} rows")
+            assert passed is y, "the argument passed through is not the caller's tensor"
+    assert cached.stats["compiles"] == 2, cached.stats  # one entry for > 4 rows, one for the rest
+
+
+def test_a_shape_guard_the_runtime_cannot_check_is_not_cached(tmp_path, monkeypatch):
+    """An entry whose guards would go unchecked would replay a program traced for other shapes: it is not written,
+    the call runs compiled, and the warning says why and what to do."""
+    from graphex.inference import shape_guards
+
+    def unsupported(text, bindings=None):
+        raise shape_guards.Unsupported("shape guard 'sqrt(args[0].size(0)) > 2': cannot evaluate 'sqrt(...)'")
+
+    monkeypatch.setattr(shape_guards, "from_expression", unsupported)
+
+    def branch(x):
+        return x * 2 if x.shape[0] > 4 else x - 1
+
+    cached = graphex.inference.cache_compile(branch, dynamic=True, cache_dir=str(tmp_path))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in (8, 3):
+            x = torch.randn(rows, 3)
+            assert_same(cached(x), branch(x))
+    assert cached.stats["writes"] == 0 and not list(tmp_path.glob("**/*.gxc")), cached.stats
+    assert any("cannot be cached" in str(w.message) and "dynamic=False" in str(w.message) for w in caught), \
+        [str(w.message) for w in caught]
+
+
+def test_an_entry_whose_typed_shape_guards_are_forged_is_refused_at_load(tmp_path):
+    """The guards a cache entry is checked by are the program's typed ones, verified by the C++ loader before any
+    is evaluated: a forged one (reading an input the program lacks) makes the entry unusable, never a wrong hit."""
+    from graphex.inference import entry as entry_mod, shape_guards
+    from graphex.program import encode
+    from graphex.runtime import live_graphs
+
+    def branch(x):
+        return x * 2 if x.shape[0] > 4 else x - 1
+
+    x = torch.randn(8, 3)
+    cached = graphex.inference.cache_compile(branch, dynamic=True, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        assert_same(cached(x), branch(x))
+    (path,) = [str(p) for p in tmp_path.glob("**/*.gxc")]
+    entry = entry_mod.read_entry(path)
+    lowered = live_graphs()[-1].lowered
+    forged = shape_guards.ShapeGuard((shape_guards.GuardOp(shape_guards._K.Input, input=99),), "forged")
+    entry.program = encode.encode(lowered.program, lowered.constants, bindings=entry.bindings, leaves=entry.leaves,
+                                  tree=entry.header["outputs"]["spec"], guards=[forged])
+    entry_mod.write_entry(path, entry)
+
+    fresh = graphex.inference.cache_compile(branch, dynamic=True, cache_dir=str(tmp_path))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_same(fresh(x), branch(x))
+    assert fresh.stats["hits"] == 0 and fresh.stats["compiles"] == 1, fresh.stats
+    assert any("reads program input 99" in str(w.message) for w in caught), [str(w.message) for w in caught]
