@@ -36,7 +36,7 @@ _PUBLIC = {
     "export": "exporting", "ExportError": "exporting",  # graphex.export is the function; the module is graphex.exporting
     "save_tensor": "save_tensor",  # print-like dump that survives replay
     "register_replacement": "fusion",  # fused mode's user patterns, npugraph_ex's API
-    "GraphexWarning": "_warn",  # every warning graphex gives: filter it by this category
+    "GraphexWarning": "base.warn",  # every warning graphex gives: filter it by this category
 }
 _SUBPACKAGES = ("inference", "testing", "tools", "custom_ops", "fusion", "passes")
 
@@ -45,7 +45,7 @@ __all__ = [*_PUBLIC, "__version__"]
 
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC:
-        from ._warn import import_torch_quietly
+        from .base.warn import import_torch_quietly
 
         import_torch_quietly()  # Note [No DeprecationWarnings from importing graphex]
         value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from ._warn import import_torch_quietly
+from .base.warn import import_torch_quietly
 
 import_torch_quietly()  # Note [No DeprecationWarnings from importing graphex]: before inductor's modules load
 
@@ -26,7 +26,7 @@ from .compile import capture, compile_dynamo_graph  # noqa: E402
 from .custom_ops import install_trace_checks  # noqa: E402
 from .errors import OptionsError  # noqa: E402
 from .options import Options  # noqa: E402
-from ._warn import warn_once  # noqa: E402
+from .base.warn import warn_once  # noqa: E402
 
 # torch.compile modes and what they mean here. None and "default" are the plain compile. "reduce-overhead" asks for
 # the replay with the least host overhead per call, which is what graphex always does (torchair called its graph mode

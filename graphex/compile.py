@@ -23,8 +23,8 @@ from torch._functorch._aot_autograd.utils import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._guards import TracingContext, detect_fake_mode
 
-from . import _log
-from ._source import pretty_source
+from .base import log as _log
+from .base.source import pretty_source
 from .custom_ops import check_dynamo_graph, install_trace_checks
 from .runtime.debug_dump import keep_original
 from .runtime.dump import dump_graph

@@ -30,8 +30,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils import _pytree as pytree
 
-from ._atomic import write_atomic
-from ._weights_layout import PAD_PREFIX, is_padding
+from .base.atomic import write_atomic
+from .base.weights_layout import PAD_PREFIX, is_padding
 from .distributed import is_collective
 from .errors import GraphexError, Finding
 from .options import Options
@@ -42,7 +42,7 @@ WEIGHTS_FILE = "weights.safetensors"
 # aligned] (csrc/deploy/safetensors.h, whose kWeightsAlignment is the same number). MKL/oneDNN pick their code
 # path by the operands' alignment and eager's weights come from c10's 64-aligned allocator, so a weight mapped
 # from the file at another alignment can round differently from eager. The gaps this leaves between tensors are
-# padding entries named with PAD_PREFIX (graphex/_weights_layout.py), which readers skip.
+# padding entries named with PAD_PREFIX (graphex/base/weights_layout.py), which readers skip.
 WEIGHTS_ALIGNMENT = 64
 
 _SAFETENSORS_DTYPES = {torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",

@@ -8,7 +8,7 @@ custom operator (graphex::save_tensor) so it is captured into the graph and the 
 it on every replay. It returns nothing, so dead-code elimination would drop it: it is
 registered as an ORDERED effectful op (graphex/compat/library.py), which makes AOTAutograd wrap it in
 `with_effects` with a token; the engine replays those in program order (graphex/lowering/lower.py).
-Each call replaces the file atomically (graphex/_atomic.py): the file holds the last replay's value.
+Each call replaces the file atomically (graphex/base/atomic.py): the file holds the last replay's value.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from . import compat
 from . import _C  # noqa: F401  (registers graphex::save_tensor)
-from ._atomic import write_atomic
+from .base.atomic import write_atomic
 
 
 @torch.library.custom_op("graphex::save_tensor", mutates_args=())

@@ -29,7 +29,7 @@
 //    writer aligns only to 8 bytes (by sorting tensors by dtype size), so an entry is the one way
 //    to leave a gap that every reader accepts (safetensors_bytes and this writer lay out the same
 //    tensors byte for byte, ASCII names assumed);
-//  - the one prefix, kPaddingPrefix here and PAD_PREFIX in graphex/_weights_layout.py, marks
+//  - the one prefix, kPaddingPrefix here and PAD_PREFIX in graphex/base/weights_layout.py, marks
 //    padding: graphex's readers (loadSafetensors, so graphex::Module's weight binding and
 //    graphex-run's --inputs; graphex.exporting.load_safetensors) and `graphex inspect` skip every
 //    entry whose name starts with it, and both writers refuse a tensor named so (graphex.export
@@ -55,7 +55,7 @@ namespace graphex::deploy {
 inline constexpr size_t kWeightsAlignment = 64;
 
 // Note [Weights are 64-byte aligned]: the names of the entries that fill the gaps between tensors;
-// graphex/_weights_layout.py's PAD_PREFIX is the same string.
+// graphex/base/weights_layout.py's PAD_PREFIX is the same string.
 inline constexpr std::string_view kPaddingPrefix = "__graphex_pad_";
 
 // Whether a safetensors entry is padding (Note [Weights are 64-byte aligned]), never a weight.

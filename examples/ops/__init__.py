@@ -18,7 +18,7 @@ _loaded = False
 
 def library_path() -> Path:
     """Where `make build` put the library: installed next to graphex._C, or in the build tree."""
-    from graphex._libraries import built_library
+    from graphex.base.libraries import built_library
 
     return built_library("_examples", LIBRARY, "run `make build`")
 

@@ -213,7 +213,7 @@ def explain_fake_mismatch(op: torch._ops.OpOverload, node_name: str, output: int
 
 def _finding(reg: Registration, problem: str, why: str, fix: str, node: torch.fx.Node | None = None,
              source: str = "") -> Finding:
-    from .._source import source_line
+    from ..base.source import source_line
 
     style = {"custom_op": "torch.library.custom_op", "library": "torch.library.Library",
              "cpp": "C++ TORCH_LIBRARY"}[reg.style]

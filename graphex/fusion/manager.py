@@ -21,8 +21,8 @@ import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
 from torch._inductor.pattern_matcher import Match, PatternMatcherPass
 
-from .. import _log
-from .._warn import warn_once
+from ..base import log as _log
+from ..base.warn import warn_once
 
 
 # Note [Fusion's state: one registry, counts per run]

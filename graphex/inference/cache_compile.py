@@ -27,8 +27,9 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from .. import _C, _log
-from .._warn import warn_once
+from .. import _C
+from ..base import log as _log
+from ..base.warn import warn_once
 from ..distributed import describe_world, world_key, world_mismatch
 from ..errors import OptionsError
 from ..fusion.manager import registered_patterns

@@ -26,7 +26,7 @@ import stat
 import struct
 from typing import Any
 
-from .._atomic import write_atomic
+from ..base.atomic import write_atomic
 from ..program import Binding, Leaf
 
 MAGIC = b"GXCACHE\x00"

@@ -17,8 +17,8 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .. import _log
-from .._source import display_name, source_line
+from ..base import log as _log
+from ..base.source import display_name, source_line
 from ..program import Const, GetItemNode, Input, Node, OpNode, Program, Slot, SymNode, TensorMeta, Value
 from ..fb import SymFn as _fb_sym
 from ..custom_ops.registration import is_custom

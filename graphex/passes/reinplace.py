@@ -36,7 +36,7 @@ from torch._inductor.fx_passes.post_grad import decompose_auto_functionalized
 from torch._inductor.fx_utils import get_node_storage
 from torch._inductor.virtualized import V
 
-from .._source import display_name, source_line
+from ..base.source import display_name, source_line
 from ..compat import fake_tensor_updater, inplaceable_ops_table, reinplace_inplaceable_ops
 from .aliasing import first_toucher_between, resolve_inplace, root
 from .copy_back import Declined, fold_copy_backs

@@ -41,9 +41,10 @@ import torch.fx
 from torch._inductor.fx_utils import get_node_storage
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import _C, _log, errors
+from .. import _C, errors
+from ..base import log as _log
 from ..program import encode as _spec
-from .._warn import warn_once
+from ..base.warn import warn_once
 from ..distributed import collective_failure, is_collective
 from ..lowering.lower import LoweredGraph, lower
 from ..errors import FrozenInputReplaced

@@ -8,7 +8,7 @@ Layout, one directory per graph and dumped replay:
 
 Note [Dumps are written whole and bounded]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Every file is written atomically (graphex/_atomic.py) and index.json last, so a directory with
+Every file is written atomically (graphex/base/atomic.py) and index.json last, so a directory with
 an index is complete. Only the first data_dump_calls replays of each graph are dumped; then the
 graph switches back to the plain engine call, so one dumped call costs about the graph's inputs
 plus all its intermediates, times data_dump_calls, per graph.
@@ -28,7 +28,7 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .._atomic import write_atomic
+from ..base.atomic import write_atomic
 from ..options import Options
 
 DEFAULT_DIR = "graphex_data_dump"

@@ -42,8 +42,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from .. import _log, compat
-from .._warn import warn_once
+from .. import compat
+from ..base import log as _log
+from ..base.warn import warn_once
 from ..lowering.streams import uses_side_streams
 from ..options import Options
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from .. import _log
-from .._warn import warn_once
-from .._atomic import write_atomic
+from ..base import log as _log
+from ..base.warn import warn_once
+from ..base.atomic import write_atomic
 
 if TYPE_CHECKING:
     from .compiled_graph import CompiledGraph

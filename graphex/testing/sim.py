@@ -38,7 +38,7 @@ def library_path() -> Path:
     """$GRAPHEX_SIM_LIB, else installed next to graphex._C (graphex/_sim/), else the build tree."""
     if os.environ.get(ENV_LIBRARY):
         return Path(os.environ[ENV_LIBRARY])
-    from .._libraries import built_library
+    from ..base.libraries import built_library
 
     return built_library("_sim", LIBRARY, f"build the graphex_sim target (make build) or set {ENV_LIBRARY}")
 

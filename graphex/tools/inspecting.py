@@ -19,7 +19,7 @@ import os
 import struct
 from typing import Any
 
-from graphex._weights_layout import is_padding
+from graphex.base.weights_layout import is_padding
 
 PROGRAM_FILE = "program.gxp"  # graphex/exporting.py's names (not imported: that module imports torch)
 WEIGHTS_FILE = "weights.safetensors"

@@ -15,7 +15,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # examples.models
 
 import graphex  # noqa: E402
-from graphex import _warn  # noqa: E402
+from graphex.base import warn as _warn  # noqa: E402
 from graphex.runtime import CompiledGraph, live_graphs  # noqa: E402
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from graphex._warn import GraphexWarning
+from graphex.base.warn import GraphexWarning
 from conftest import compile_graphex
 
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import graphex
 from distributed_scripts.launch import ROOT, launch
-from graphex import _warn
+from graphex.base import warn as _warn
 
 cache_module = importlib.import_module("graphex.inference.cache_compile")  # the module, not the function
 

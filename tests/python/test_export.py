@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import graphex
-from graphex._weights_layout import PAD_PREFIX
+from graphex.base.weights_layout import PAD_PREFIX
 from graphex.exporting import WEIGHTS_FILE, ExportError, safetensors_bytes
 from graphex import _C
 from graphex.errors import ProgramError

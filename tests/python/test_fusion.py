@@ -339,7 +339,7 @@ def test_a_fused_compile_that_fused_nothing_says_so_once(monkeypatch):
     once per process, without GRAPHEX_LOG, and a compile where a kernel fired says nothing."""
     import warnings
 
-    from graphex import _warn
+    from graphex.base import warn as _warn
 
     monkeypatch.setattr(_warn, "_seen", set())
     model = build_decoder(DecoderConfig(layers=1))

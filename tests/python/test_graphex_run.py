@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import graphex
-from graphex._weights_layout import PAD_PREFIX
+from graphex.base.weights_layout import PAD_PREFIX
 from graphex.exporting import WEIGHTS_ALIGNMENT, WEIGHTS_FILE, load_safetensors, safetensors_bytes
 from examples.models.decoder import build_decoder
 

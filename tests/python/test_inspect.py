@@ -15,7 +15,7 @@ import torch
 
 import graphex
 from conftest import ROOT
-from graphex._weights_layout import PAD_PREFIX
+from graphex.base.weights_layout import PAD_PREFIX
 from graphex.custom_ops import reset_dynamo
 from graphex.inference.entry import HEADER_SCHEMA, Entry, EntryError, decode_entry, encode_entry, read_entry
 from graphex.tools.inspecting import InspectError, describe

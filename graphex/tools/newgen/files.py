@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from graphex._atomic import write_atomic
+from graphex.base.atomic import write_atomic
 
 from .spec import SkeletonError
 
@@ -21,7 +21,7 @@ def write_all(out_dir: str, files: list[File], *, force: bool = False) -> list[s
     """Write files into out_dir (created if needed); returns their paths.
 
     Checks every target first, so a refusal writes nothing. Each file is written whole or
-    not at all (graphex._atomic: a temporary file renamed over the target).
+    not at all (graphex.base.atomic: a temporary file renamed over the target).
     """
     paths = [os.path.join(out_dir, f.name) for f in files]
     existing = [p for p in paths if os.path.lexists(p)]

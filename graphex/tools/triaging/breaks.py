@@ -17,7 +17,7 @@ import re
 import torch
 from torch._dynamo.exc import Unsupported
 
-from ..._source import _FRAME
+from ...base.source import _FRAME
 from ...custom_ops import reset_dynamo
 from ...errors import CustomOpError
 from .capture import from_error

@@ -34,7 +34,7 @@ def from_error(e: BaseException, where: str = "") -> Finding | None:
 
 def error_findings(run: ScriptRun) -> list[Finding]:
     """Errors raised out of compiled calls, other than graph breaks (breaks.py reports those)."""
-    from ..._source import source_line
+    from ...base.source import source_line
     from .breaks import is_graph_break
 
     findings = []
@@ -89,7 +89,7 @@ def _failing_node(e: BaseException) -> torch.fx.Node | None:
 
 def _int_tensor_inputs(node: torch.fx.Node) -> list[str]:
     """The user's names of the graph inputs feeding `node` that are one-element integer tensors."""
-    from ..._source import pretty_source
+    from ...base.source import pretty_source
 
     names = []
     for arg in node.all_input_nodes:
@@ -162,7 +162,7 @@ def _copies_in(gm: torch.fx.GraphModule) -> int:
 
 def user_copies(gm: torch.fx.GraphModule) -> tuple[int, str]:
     """Clones and copy_ calls in a Dynamo graph (the user's own copies), and the first one's source line."""
-    from ..._source import source_line
+    from ...base.source import source_line
 
     copies = [n for n in gm.graph.nodes
               if (n.op == "call_method" and n.target in ("clone", "copy_"))

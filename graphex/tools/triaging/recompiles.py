@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..._source import _FRAME
+from ...base.source import _FRAME
 from .dynamo_logs import LogEvent
 from .findings import Finding, clean_fn, short_path
 

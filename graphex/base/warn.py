@@ -18,7 +18,7 @@ import warnings
 
 _seen: set[str] = set()
 
-_GRAPHEX_DIR = os.path.dirname(os.path.abspath(__file__))
+_GRAPHEX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # graphex/
 _STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__))
 
 

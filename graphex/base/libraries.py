@@ -11,7 +11,7 @@ def built_library(subdir: str, name: str, how_to_build: str) -> Path:
     import graphex
 
     candidates = [Path(p) / subdir / name for p in graphex.__path__]
-    candidates.append(Path(__file__).resolve().parents[1] / "build" / "py" / name)
+    candidates.append(Path(__file__).resolve().parents[2] / "build" / "py" / name)
     for path in candidates:
         if path.exists():
             return path
