@@ -112,7 +112,7 @@ def capture(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], options: Op
 
     static_inputs = _static_input_indices(len(flat_inputs))
     compiled = CompiledGraph(name, fx_gm, options, static_inputs=static_inputs, kept_copies=done.kept,
-                             fused=done.fused)
+                             in_place=done.in_place, fused=done.fused)
     ctx = TracingContext.try_get()
     compiled.original_gm = original
     compiled.aot_metadata = getattr(ctx, "fw_metadata", None) if ctx is not None else None

@@ -38,7 +38,9 @@ from .fx import (  # noqa: F401
 
 from .inductor import (  # noqa: F401
     inplaceable_ops_table,
-    reinplace_inplaceable_ops,
+    is_foreach_entry,
+    around_reinplacing,
+    may_overlap,
     fake_tensor_updater,
     noop_source,
     register_replacement,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import types
 from typing import Any, Callable
 
 import torch
@@ -14,15 +13,17 @@ import torch.fx
 from ._base import TorchInternalChanged
 
 
-# -- inductor's reinplacing pass, with a table of our own ---------------------------------------
+# -- inductor's pieces around graphex's reinplacing decisions -----------------------------------
 
-def inplaceable_ops_table(scatter_check: Callable[[torch.fx.Node], bool]) -> dict[Any, Any]:
-    """A copy of inductor's table of functional ops and their in-place forms.
+def inplaceable_ops_table() -> dict[Any, Any]:
+    """A copy of inductor's table of functional ops and their in-place forms (op -> InplaceableOp: inplace_op,
+    mutated_args, extra_check), and of its foreach table.
 
-    The generalized scatter's `should_reinplace_scatter` check (a fusion heuristic: with no
-    fusion, in place always wins; since 2.15 it also declines a scatter whose source is a view
-    of its own base) is replaced by `scatter_check`. Built per call: inductor extends its table
-    at import time (collectives), so a copy taken once could miss entries.
+    graphex decides itself whether a node may be written in place (graphex/passes/reinplace.py); it keeps each
+    entry's extra_check but the generalized scatter's (`should_reinplace_scatter`: a fusion heuristic of
+    inductor's; with no fusion, in place always wins), which graphex replaces by its own test (Note [A scatter is
+    not reinplaced onto its own source]). Built per call: inductor extends its table at import time
+    (collectives), so a copy taken once could miss entries.
     """
     from torch._inductor.fx_passes import reinplace as inductor_reinplace
 
@@ -30,37 +31,44 @@ def inplaceable_ops_table(scatter_check: Callable[[torch.fx.Node], bool]) -> dic
     scatter = inductor_reinplace._generalized_scatter
     if scatter in table:
         op = table[scatter]
-        table[scatter] = inductor_reinplace.InplaceableOp(op.inplace_op, op.mutated_arg, extra_check=scatter_check)
+        table[scatter] = inductor_reinplace.InplaceableOp(op.inplace_op, op.mutated_arg)
+    table.update(getattr(inductor_reinplace, "inplaceable_foreach_ops", {}))
     return table
 
 
-@functools.cache
-def _core_code() -> tuple[types.CodeType, dict[str, Any], Any, Any]:
+def is_foreach_entry(target: Any) -> bool:
+    """True for a foreach op of inductor's table: its mutated argument is a list, each with a copy-back."""
     from torch._inductor.fx_passes import reinplace as inductor_reinplace
 
-    core = inductor_reinplace.reinplace_inplaceable_ops_core
-    return core.__code__, core.__globals__, core.__defaults__, core.__closure__
+    return target in getattr(inductor_reinplace, "inplaceable_foreach_ops", {})
 
 
-def reinplace_inplaceable_ops(fake_tensor_updater: Any, graph: torch.fx.Graph, table: dict[Any, Any]) -> None:
-    """inductor's `reinplace_inplaceable_ops`, reading `table` instead of its module-level table.
-
-    The pass looks its table up as a module global; rather than swap that global
-    for every thread, we run the same code with a globals mapping of our own in
-    which `inplaceable_ops` is `table`. Same steps as inductor's driver (2.11-2.15):
-    canonicalize view scatters, refresh fake tensors, reinplace, decompose scatters.
-    """
+def around_reinplacing(fake_tensor_updater: Any, graph: torch.fx.Graph, decide: Callable[[torch.fx.Graph], None]) -> None:
+    """inductor's steps around its reinplacing core (the same in 2.11-2.15), with graphex's `decide` in its place:
+    view scatters canonicalized to one generalized scatter, fake tensors refreshed, then `decide`, then the
+    generalized scatters that stayed functional decomposed back to ATen ops."""
     from torch._dispatch.python import enable_python_dispatcher
     from torch._inductor.fx_passes import reinplace as inductor_reinplace
 
-    code, module_globals, defaults, closure = _core_code()
-    scoped_globals = dict(module_globals, inplaceable_ops=table)
-    core = types.FunctionType(code, scoped_globals, code.co_name, defaults, closure)
     with enable_python_dispatcher():
         inductor_reinplace.canonicalize_view_scatter_ops(graph)
         fake_tensor_updater.incremental_update()
-        core(graph)
+        decide(graph)
         inductor_reinplace.decompose_generalized_scatter(graph)
+
+
+def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one storage may share an element (torch's own test, as inductor's pass uses it);
+    True where it cannot tell (a data-dependent size, or a torch without the test)."""
+    try:
+        from torch._C._dynamo.guards import compute_overlapping_tensors
+        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    except ImportError:
+        return True
+    try:
+        return len(compute_overlapping_tensors([a, b])) != 0
+    except GuardOnDataDependentSymNode:
+        return True
 
 
 def fake_tensor_updater(gm: torch.fx.GraphModule) -> Any:

@@ -49,14 +49,17 @@ class _Run:
     fake_mode: object
     name: str
     kept: list[KeptCopy] = dataclasses.field(default_factory=list)
+    in_place: dict[str, int] = dataclasses.field(default_factory=dict)
     fused: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class PassesDone:
-    """What the passes decided, kept on the compiled graph (CompiledGraph.kept_copies, .fused) for tools and tests:
-    the copies the replay still makes, with their reasons, and how often each fusion pattern fired."""
+    """What the passes decided, kept on the compiled graph (CompiledGraph.kept_copies, .in_place, .fused) for tools
+    and tests: the copies the replay still makes, with their reasons; the writes reinplacing made in place, per
+    in-place op; how often each fusion pattern fired."""
     kept: list[KeptCopy]
+    in_place: dict[str, int]
     fused: dict[str, int]
 
 
@@ -98,8 +101,8 @@ def _cse(r: _Run) -> None:
 
 
 def _reinplace(r: _Run) -> None:
-    r.kept = reinplace_graph(r.gm, r.fake_mode, intermediates=r.options.inplace_pass,
-                             inputs=r.options.input_inplace_pass)
+    done = reinplace_graph(r.gm, r.fake_mode, intermediates=r.options.inplace_pass, inputs=r.options.input_inplace_pass)
+    r.kept, r.in_place = done.kept, done.in_place
 
 
 def _resolve_and_clean(r: _Run) -> None:
@@ -152,7 +155,7 @@ def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object, na
             p.run(run)
     gm.graph.lint()
     gm.recompile()
-    return PassesDone(run.kept, run.fused)
+    return PassesDone(run.kept, run.in_place, run.fused)
 
 
 def _new_nodes_inherit_source(gm: torch.fx.GraphModule) -> contextlib.AbstractContextManager[None]:

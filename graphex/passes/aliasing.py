@@ -1,6 +1,7 @@
 """The one alias analysis graphex's passes share: which tensor a node names, and who reads it when.
 
-Used by reinplace.py (to explain every copy the replay still makes), copy_back.py
+Used by reinplace.py (which ops count as views and metadata-only reads; who reads an input's old value before a
+copy-back no pass decided on), copy_back.py
 (to decide whether a copy-back can be folded) and lowering's fold.py (which values
 an op of the graph writes, so none of them is folded), so a kept copy is explained
 by the same analysis that kept it.
@@ -23,7 +24,17 @@ import operator
 import torch
 import torch.fx
 from torch._inductor.fx_passes.reinplace import META_ONLY_OPS
-from torch.fx.passes.reinplace import _is_view_op
+from torch.fx.passes.reinplace import _is_view_op as is_view_op
+
+__all__ = ["META_ONLY_OPS", "is_view_op", "op_name", "returns_input", "resolve_inplace", "view_base", "root", "written_nodes",
+           "reads_memory", "first_toucher_between"]
+
+
+def op_name(target: object) -> str:
+    """How graphex's records name an op: `aten::index_put_` (an OpOverload's schema name), else the callable's name."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name
+    return getattr(target, "__name__", str(target))
 
 
 def returns_input(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -57,9 +68,9 @@ def view_base(node: torch.fx.Node) -> torch.fx.Node | None:
         return None
     first = node.args[0]
     if node.target is operator.getitem:
-        is_item_of_view = isinstance(first, torch.fx.Node) and first.op == "call_function" and _is_view_op(first.target)
+        is_item_of_view = isinstance(first, torch.fx.Node) and first.op == "call_function" and is_view_op(first.target)
         return first if is_item_of_view else None
-    if isinstance(first, torch.fx.Node) and _is_view_op(node.target):
+    if isinstance(first, torch.fx.Node) and is_view_op(node.target):
         return first
     return returns_input(node)
 
@@ -94,7 +105,7 @@ def written_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 
 def reads_memory(node: torch.fx.Node) -> bool:
     """False for ops that only look at metadata (sizes, views): they never read a tensor's values."""
-    return node.target not in META_ONLY_OPS and not _is_view_op(node.target)
+    return node.target not in META_ONLY_OPS and not is_view_op(node.target)
 
 
 def first_toucher_between(base_root: torch.fx.Node, start: torch.fx.Node, stop: torch.fx.Node | None,

@@ -17,13 +17,14 @@ that storage between `f` and the `copy_`, then `f(base, ...)` becomes
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import torch
 import torch.fx
 from torch.fx.passes.reinplace import _maybe_get_inplace_op
 
-from .aliasing import first_toucher_between, resolve_inplace, root
+from .aliasing import first_toucher_between, op_name, resolve_inplace, root
 
 aten = torch.ops.aten
 
@@ -38,8 +39,10 @@ class Declined:
     option: str = ""
 
 
-def fold_copy_backs(graph: torch.fx.Graph, *, inputs: bool = True, intermediates: bool = True) -> list[Declined]:
-    """Rewrite every foldable copy-back in `graph`; returns the ones left, with why.
+def fold_copy_backs(graph: torch.fx.Graph, *, inputs: bool = True, intermediates: bool = True,
+                    in_place: collections.Counter[str] | None = None) -> list[Declined]:
+    """Rewrite every foldable copy-back in `graph`; returns the ones left, with why. Each op made in place is
+    counted in `in_place` (by its in-place op's name).
 
     `inputs` / `intermediates` say whether copy-backs into graph inputs (and views of
     them) / into intermediate tensors may be folded (options input_inplace_pass / inplace_pass).
@@ -83,6 +86,8 @@ def fold_copy_backs(graph: torch.fx.Graph, *, inputs: bool = True, intermediates
             continue
         for node in chain:
             node.target = _maybe_get_inplace_op(node.target)
+            if in_place is not None:
+                in_place[op_name(node.target)] += 1
         copy_node.replace_all_uses_with(dst)
         graph.erase_node(copy_node)
     return declined

@@ -7,28 +7,43 @@ input becomes `new = index_copy(cache, ...)` plus a `copy_(cache, new)` epilogue
 and a mutable custom op becomes `auto_functionalized(_v2)(op, ...)`, which clones
 every mutated argument. Replayed like that, each step would copy the whole cache.
 
-We reuse inductor's reinplacing pass, which proves per op that nothing reads the
-old value afterwards and then rewrites it to the in-place form, drops the
-epilogue copy, and marks which auto_functionalized arguments still need a clone.
-Two changes for graphex:
-  * inductor declines to reinplace a scatter into a graph input when it thinks a
-    fused functional kernel would be faster; with no fusion here, in place always
-    wins, so the pass runs with a table of our own without that heuristic
-    (graphex/compat/inductor.py: inductor's table is never modified), keeping only the test
-    that the scatter's source is not its own memory (Note [A scatter is not
-    reinplaced onto its own source]);
-  * the npugraph_ex switches `inplace_pass` (intermediates) and
-    `input_inplace_pass` (graph inputs) are honoured by hiding from the pass what
-    it must not touch: the epilogue copies (inputs) or, by listing intermediates as
-    extra graph outputs for the duration of the pass, their last use (intermediates).
-Where a copy is kept we log which later node reads the old value (GRAPHEX_LOG=1).
+This pass proves per op that nothing reads the old value afterwards and then
+rewrites it to the in-place form, drops the epilogue copy, and marks which
+auto_functionalized arguments still need a clone (decompose_auto_functionalized,
+inductor's, then makes those clones). The ops and their in-place forms are
+inductor's table (graphex/compat/inductor.py); copy-backs of every other op with an
+in-place twin are folded by copy_back.py. Where a copy is kept, the decision says
+which later node reads the old value (GRAPHEX_LOG=1, `graphex triage`).
+
+Note [Reinplacing decides and records in one place]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+`_Reinplacer.decide` is the one decision: for a node and a tensor it writes, None
+(write it in place) or the `_Why` it may not, made and recorded at that point:
+  * the options: `input_inplace_pass=False` declines every write into (a view of)
+    a graph input, `inplace_pass=False` every write into an intermediate (npugraph_ex's
+    switches; nothing in the graph is hidden or rewritten to steer the decision);
+  * a graph input is written in place only where the graph copies the new value back
+    into it (the caller's tensor is declared mutated), and a view of one only where
+    that copy-back is this op's result in the same layout;
+  * no node after the op (before the copy-back, which overwrites the old value anyway)
+    may read memory the written tensor may share: the first such node is the reader
+    the record names; ops that read only metadata do not count;
+  * the written tensor must not overlap itself (Note [Never reinplace into overlapping
+    memory]) and a scatter's source must not be its own memory (Note [A scatter is not
+    reinplaced onto its own source]).
+The rules are inductor's reinplacing pass's (torch 2.13, `reinplace_inplaceable_ops_core`:
+same storage map, overlap filter, copy-back maps and replacement order), written here
+so that the decision carries its reason and is the same on every torch graphex supports.
+KeptCopy records are built from those decisions; copy_back.py's Declined from its own.
 """
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import dataclasses
-from typing import Iterator
+import operator
+from collections import defaultdict
+from typing import Any, Iterable
 
 import torch
 import torch.fx
@@ -37,12 +52,13 @@ from torch._inductor.fx_utils import get_node_storage
 from torch._inductor.virtualized import V
 
 from ..base.source import display_name, source_line
-from ..compat import fake_tensor_updater, inplaceable_ops_table, reinplace_inplaceable_ops
-from .aliasing import first_toucher_between, resolve_inplace, root
+from ..compat import around_reinplacing, fake_tensor_updater, inplaceable_ops_table, is_foreach_entry, may_overlap
+from .aliasing import META_ONLY_OPS, first_toucher_between, is_view_op, op_name, resolve_inplace, root
 from .copy_back import Declined, fold_copy_backs
 
 aten = torch.ops.aten
 _AUTO_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
+_HELD = ("placeholder", "get_attr")  # graph inputs (get_attr: a module's tensor, as AOTInductor unlifts them)
 
 
 @dataclasses.dataclass
@@ -50,11 +66,13 @@ class KeptCopy:
     """A copy the replay still makes, and why: the decision's own record, read by logs and `graphex triage`.
 
     `cause` is one of:
-      "option"        the user switched the pass off (`option` names which);
-      "read-later"    node `reader` reads the old value after the update;
-      "not-declared"  a graph input the caller's code does not mutate;
-      "replaced"      a graph input overwritten by another tensor (no in-place form exists);
-      "unproven"      the alias analysis could not prove the old value dead.
+      "option"           the user switched the pass off (`option` names which);
+      "read-later"       node `reader` reads the old value after the update;
+      "not-declared"     a graph input the caller's code does not mutate;
+      "replaced"         a graph input overwritten by another tensor (no in-place form exists);
+      "overlaps-itself"  the written tensor's elements share memory (an expanded view);
+      "own-source"       the update reads the very memory it overwrites (`x[1:] = x[:-1]`);
+      "unproven"         the alias analysis could not prove the old value dead.
     """
 
     what: str  # "argument 'cache' of mylib::update_" / "graph input arg2_1"
@@ -69,7 +87,7 @@ class KeptCopy:
         return f"kept a copy of {self.what} because {self.reason}"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Why:
     reason: str
     cause: str
@@ -78,28 +96,344 @@ class _Why:
     option: str = ""
 
 
-def _hidden_input_copy(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """Stands in for an epilogue `copy_` while the pass must not see it (input_inplace_pass=False)."""
-    return dst.copy_(src)
+@dataclasses.dataclass(frozen=True)
+class _Declined:
+    """One decision not to write in place (Note [Reinplacing decides and records in one place])."""
+
+    node: torch.fx.Node  # the functional op
+    base: torch.fx.Node  # the tensor it would have written
+    what: str  # how a record names the copy
+    why: _Why
 
 
-def reinplace_graph(gm: torch.fx.GraphModule, fake_mode: object, *, intermediates: bool, inputs: bool) -> list[KeptCopy]:
-    """Reinplace functional ops of `gm` in place; returns the copies that remain, with reasons."""
+@dataclasses.dataclass(frozen=True)
+class Reinplaced:
+    """What reinplacing decided: the copies the replay still makes (with reasons), and the writes it made in place
+    per in-place op (`{"aten::index_put_": 2, "mylib::update_": 1}`)."""
+
+    kept: list[KeptCopy]
+    in_place: dict[str, int]
+
+
+def reinplace_graph(gm: torch.fx.GraphModule, fake_mode: object, *, intermediates: bool, inputs: bool) -> Reinplaced:
+    """Reinplace functional ops of `gm` in place; returns what was decided (Note [Reinplacing decides and records in
+    one place])."""
     graph = gm.graph
     with V.set_fake_mode(fake_mode):
-        with _hide_input_copies(graph, hide=not inputs), _pin_intermediates(graph, pin=not intermediates):
-            updater = fake_tensor_updater(gm)
-            table = _never_into_overlapping_memory(inplaceable_ops_table(scatter_check=_scatter_source_is_elsewhere))
-            reinplace_inplaceable_ops(updater, graph, table)
-        explain = _Explainer(graph, intermediates=intermediates, inputs=inputs)
-        kept = explain.auto_functionalized_clones()
+        reinplacer = _Reinplacer(inplaceable_ops_table(), intermediates=intermediates, inputs=inputs)
+        around_reinplacing(fake_tensor_updater(gm), graph, reinplacer.run)
         decompose_auto_functionalized(graph)
     _remove_self_copies(graph)
-    declined = fold_copy_backs(graph, inputs=inputs, intermediates=intermediates)
+    folded = fold_copy_backs(graph, inputs=inputs, intermediates=intermediates, in_place=reinplacer.in_place)
     graph.eliminate_dead_code()
-    kept += _Explainer(graph, intermediates=intermediates, inputs=inputs).input_copies(declined)
+    kept = [_kept(d.what, d.node, d.why) for d in reinplacer.declined if d.node.target in _AUTO_FUNCTIONALIZED]
+    kept += _input_copies(graph, reinplacer.declined, folded, intermediates=intermediates, inputs=inputs)
     gm.recompile()
+    return Reinplaced(kept, dict(reinplacer.in_place))
+
+
+class _Reinplacer:
+    """One walk over the graph: each functional op of the table, and each auto_functionalized call, is decided
+    (`decide`) and, where it may, rewritten in place; every decline is recorded in `declined`."""
+
+    def __init__(self, table: dict[Any, Any], *, intermediates: bool, inputs: bool) -> None:
+        self.table = table
+        self.intermediates = intermediates
+        self.inputs = inputs
+        self.declined: list[_Declined] = []
+        self.in_place: collections.Counter[str] = collections.Counter()
+
+    # -- the maps the decisions read (inductor's, built once per graph) ---------------------------------------
+
+    def _index(self, graph: torch.fx.Graph) -> None:
+        self.order: dict[torch.fx.Node, int] = {}
+        self.by_storage: dict[Any, list[torch.fx.Node]] = defaultdict(list)
+        self.copy_into: dict[torch.fx.Node, torch.fx.Node] = {}  # graph input -> its first copy-back
+        self.copy_of: dict[tuple[Any, torch.fx.Node], torch.fx.Node] = {}  # (input, source) -> that copy-back
+        self.copy_via_view: dict[tuple[Any, torch.fx.Node], torch.fx.Node] = {}  # (view of input, op) -> copy-back
+        self.replace: dict[torch.fx.Node, Any] = {}
+        for i, node in enumerate(graph.nodes):
+            self.order[node] = i
+            self.by_storage[get_node_storage(node)].append(node)
+            if not (node.target is aten.copy_.default and isinstance(node.args[0], torch.fx.Node)
+                    and node.args[0].op in _HELD and isinstance(node.args[1], torch.fx.Node)):
+                continue
+            dst, src = node.args[0], node.args[1]
+            if (src.target is operator.getitem and isinstance(src.args[0], torch.fx.Node)
+                    and (src.args[0].target is torch.ops.higher_order.auto_functionalized
+                         or is_foreach_entry(src.args[0].target))):
+                src = src.args[0]
+            self.copy_of.setdefault((dst, src), node)
+            self.copy_into.setdefault(dst, node)
+            src_base = _view_chain_base(src)
+            entry = self.table.get(src_base.target) if src_base is not src and src_base.op == "call_function" else None
+            for i_arg in (entry.mutated_args if entry is not None else ()):
+                mutated = src_base.args[i_arg]
+                if (isinstance(mutated, torch.fx.Node) and _view_chain_base(mutated) is dst
+                        and _layout_preserving_copy_back(dst, src, mutated, src_base)):
+                    self.copy_via_view.setdefault((mutated, src_base), node)
+
+    # -- the decision --------------------------------------------------------------------------------------------
+
+    def decide(self, node: torch.fx.Node, arg: Any) -> _Why | None:
+        """None if `node` may write `arg` in place, else why not (Note [Reinplacing decides and records in one
+        place])."""
+        if isinstance(arg, (list, tuple)):
+            if len({get_node_storage(a) for a in arg}) != len(arg):
+                return _Why("two of the tensors it writes share memory", "unproven")
+            return next((w for a in arg if (w := self.decide(node, a)) is not None), None)
+        storage = get_node_storage(arg) if isinstance(arg, torch.fx.Node) else None
+        if storage is None:
+            return _Why("the aliasing analysis could not follow the tensor it writes", "unproven")
+        of_input = any(n.op in _HELD for n in self.by_storage[storage])
+        if of_input and not self.inputs:
+            return _Why("option input_inplace_pass=False", "option", option="input_inplace_pass")
+        if not of_input and not self.intermediates:
+            return _Why("option inplace_pass=False", "option", option="inplace_pass")
+        views = [v for v in self.by_storage[storage] if may_overlap(arg.meta["val"], v.meta["val"])]
+        if arg.op in _HELD:
+            copy_node = self.copy_into.get(arg)
+            if copy_node is None:
+                return _Why("the graph must leave that input unchanged (the caller's tensor is not declared "
+                            "mutated)", "not-declared")
+            written = arg
+        elif any(v.op in _HELD for v in views):
+            copy_node = self.copy_via_view.get((arg, node))
+            if copy_node is None or not _layout_preserving_copy_back(copy_node.args[0], copy_node.args[1], arg, node):
+                return _Why("it writes a view of a graph input whose new value is not this op's result written back "
+                            "in the same layout", "unproven")
+            written = copy_node.args[0]
+        else:
+            copy_node, written = None, arg
+        reader = self._reader_after(node, views, copy_node=copy_node, written=written)
+        return _read_later(reader) if reader is not None else None
+
+    def _reader_after(self, node: torch.fx.Node, views: list[torch.fx.Node], *, copy_node: torch.fx.Node | None,
+                      written: torch.fx.Node) -> torch.fx.Node | None:
+        """The first node after `node` (and before the copy-back `copy_node`) that reads one of `views`."""
+        start = self.order[node]
+        stop = self.order[copy_node] if copy_node is not None else None
+        first: torch.fx.Node | None = None
+        for view in views:
+            for user in view.users:
+                at = self.order[user]
+                if at <= start or (stop is not None and stop <= at) or _reads_only_metadata(user):
+                    continue
+                if user.target is aten.copy_.default and user.args[0] is written:
+                    continue  # it overwrites the value anyway
+                if first is None or at < self.order[first]:
+                    first = user
+        return first
+
+    def _own_checks(self, node: torch.fx.Node, entry: Any) -> _Why | None:
+        """The checks past the alias analysis, for an op of the table (each with its Note)."""
+        for i in entry.mutated_args:
+            arg = node.args[i] if i < len(node.args) else None
+            for a in (arg if isinstance(arg, (list, tuple)) else [arg]):
+                val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                if isinstance(val, torch.Tensor) and _may_overlap_itself(val):
+                    return _Why("the tensor it writes has elements that share memory (an expanded view), so writing "
+                                "one would change the others", "overlaps-itself")
+        if node.target is _generalized_scatter() and not _scatter_source_is_elsewhere(node):
+            return _Why("the update reads the memory it overwrites, so it is written into a fresh copy",
+                        "own-source")
+        if not entry.extra_check(node):
+            return _Why("inductor's check for this op declined it", "unproven")
+        return None
+
+    # -- the walk ------------------------------------------------------------------------------------------------
+
+    def run(self, graph: torch.fx.Graph) -> None:
+        self._index(graph)
+        for node in list(graph.nodes):
+            if node.op != "call_function":
+                continue
+            entry = self.table.get(node.target)
+            if entry is not None:
+                self._table_op(node, entry)
+            elif node.target is torch.ops.higher_order.auto_functionalized_v2:
+                op = node.args[0]
+                if isinstance(op, torch._ops.OpOverload) and _is_out(op):
+                    node.meta["only_clone_these_tensors"] = []  # out= arguments are written, never read
+                    continue
+                bases = node.kwargs["_all_bases"]
+                node.meta["only_clone_these_tensors"] = self._clones(
+                    node, range(len(bases)), dict(enumerate(bases)), v2=True,
+                    what=lambda i: f"the tensor {op} mutates ({display_name(bases[i])})")
+            elif node.target is torch.ops.higher_order.auto_functionalized:
+                from torch._higher_order_ops.auto_functionalize import get_mutable_args
+
+                op = node.args[0]
+                names = [name for name in get_mutable_args(op)[0] if node.kwargs.get(name) is not None]
+                node.meta["only_clone_these_tensors"] = self._clones(
+                    node, names, node.kwargs, v2=False,
+                    what=lambda name: f"argument '{name}' of {op} ({display_name(node.kwargs[name])})")
+        for node, replacement in self.replace.items():
+            while replacement in self.replace:
+                replacement = self.replace[replacement]
+            self.replace[node] = replacement
+            node.replace_all_uses_with(replacement)
+            graph.erase_node(node)
+
+    def _table_op(self, node: torch.fx.Node, entry: Any) -> None:
+        mutated = [node.args[i] for i in entry.mutated_args]
+        if is_foreach_entry(node.target):
+            # inductor's rule for foreach ops: each list item must be a graph input with a copy-back of this op
+            if not all((a, node) in self.copy_of for a in mutated[0]):
+                return
+            mutated = mutated[0]
+            why = self.decide(node, list(mutated))
+        else:
+            why = next((w for a in mutated if (w := self.decide(node, a)) is not None), None) or self._own_checks(
+                node, entry)
+        if why is not None:
+            for a in mutated:
+                if isinstance(a, torch.fx.Node):
+                    self.declined.append(_Declined(node, a, f"{display_name(a)} (written by {_target(node)})", why))
+            return
+        for a in mutated:
+            copy_node = self._copy_back_of(node, a)
+            if copy_node is not None:
+                self.replace[copy_node] = copy_node.args[0]
+        node.target = entry.inplace_op
+        self.in_place[op_name(entry.inplace_op)] += 1
+
+    def _clones(self, node: torch.fx.Node, keys: Iterable[Any], tensors: Any, *, v2: bool, what: Any) -> list[Any]:
+        """The mutated tensors of an auto_functionalized call that still need a clone (inductor's
+        reinplace_and_refine_tensors_to_clone, each clone's reason recorded)."""
+        clones: list[Any] = []
+        written_storages: set[Any] = set()
+        for key in keys:
+            arg = tensors[key]
+            items = arg if isinstance(arg, (list, tuple)) else [arg]
+            if any(get_node_storage(a) in written_storages for a in items):
+                why: _Why | None = _Why("another tensor the same call writes in place shares its memory", "unproven")
+            else:
+                why = self.decide(node, arg)
+            if why is not None:
+                clones.append(key)
+                if isinstance(arg, torch.fx.Node):
+                    self.declined.append(_Declined(node, arg, what(key), why))
+                continue
+            copy_node = self._copy_back_of(node, arg)
+            if copy_node is not None:
+                self.replace[copy_node] = copy_node.args[0]
+            self.in_place[op_name(node.args[0])] += 1
+            if not v2:
+                for user in node.users:
+                    if user.target is operator.getitem and user.args[1] == key:
+                        self.replace[user] = arg
+            written_storages.update(get_node_storage(a) for a in items)
+        return clones
+
+    def _copy_back_of(self, node: torch.fx.Node, arg: Any) -> torch.fx.Node | None:
+        copy_node = self.copy_of.get((arg, node))
+        if copy_node is None:
+            copy_node = self.copy_via_view.get((arg, node))
+            if copy_node is not None and not _layout_preserving_copy_back(copy_node.args[0], copy_node.args[1],
+                                                                          arg, node):
+                return None
+        return copy_node
+
+
+def _kept(what: str, node: torch.fx.Node, why: _Why) -> KeptCopy:
+    return KeptCopy(what, why.reason, cause=why.cause, node=node.name, where=why.where or source_line(node),
+                    reader=why.reader, option=why.option)
+
+
+def _input_copies(graph: torch.fx.Graph, declined: list[_Declined], folded: list[Declined], *,
+                  intermediates: bool, inputs: bool) -> list[KeptCopy]:
+    """Each copy-back into a graph input left in the graph, with the decision that left it: the reinplacer's for
+    the op that produced the new value, else copy_back.py's."""
+    mine = {(d.node, d.base): d.why for d in declined}
+    folds = {d.copy_node: d for d in folded}
+    kept: list[KeptCopy] = []
+    for copy_node in graph.find_nodes(op="call_function", target=aten.copy_.default):
+        base, src = copy_node.args[0], copy_node.args[1]
+        if not (isinstance(base, torch.fx.Node) and base.op == "placeholder" and isinstance(src, torch.fx.Node)):
+            continue
+        producer = resolve_inplace(src)
+        fold = folds.get(copy_node)
+        why = mine.get((producer, base))
+        if why is not None:
+            pass
+        elif producer.op != "call_function":
+            why = _Why("it is replaced by another tensor", "replaced")
+        elif fold is None:
+            why = _old_value_needed(producer, base, copy_node, intermediates=intermediates, inputs=inputs)
+        elif fold.cause == "option":
+            why = _Why(f"option {fold.option}=False", "option", option=fold.option)
+        elif fold.cause == "read-later" and fold.reader is not None:
+            why = _read_later(fold.reader)
+        elif fold.cause == "replaced":
+            why = _Why(f"'{producer.name}' ({_target(producer)}) has no in-place form to write the input directly",
+                       "replaced")
+        else:
+            why = _Why("the new value does not cover the input with the same sizes, strides and offset, so it cannot "
+                       "be computed in place", "unproven")
+        kept.append(_kept(f"graph input {display_name(base)} (the new value from '{producer.name}' is written back "
+                          "by a full copy)", producer, why))
     return kept
+
+
+def _old_value_needed(producer: torch.fx.Node, base: torch.fx.Node, copy_node: torch.fx.Node, *,
+                      intermediates: bool, inputs: bool) -> _Why:
+    """For a copy-back no pass decided on (a non-blocking copy): who reads the input's old value before it."""
+    if not inputs:
+        return _Why("option input_inplace_pass=False", "option", option="input_inplace_pass")
+    reader = first_toucher_between(root(base), producer, copy_node, ignore=frozenset([copy_node]))
+    if reader is not None:
+        return _read_later(reader)
+    return _Why("the aliasing analysis could not prove the old value dead", "unproven")
+
+
+def _view_chain_base(node: torch.fx.Node) -> torch.fx.Node:
+    """Through view ops to the node they view (inductor's `_get_view_base`)."""
+    while is_view_op(node.target) and node.args and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _layout_preserving_copy_back(dst: Any, src: Any, mutated: torch.fx.Node, src_base: torch.fx.Node) -> bool:
+    """The copy-back `copy_(dst, src)` writes `src_base`'s result into `dst` exactly where `mutated` lies: same
+    sizes, strides and offsets on both sides (inductor's `_is_layout_preserving_view_copy_back`)."""
+    return (isinstance(dst, torch.fx.Node) and isinstance(src, torch.fx.Node)
+            and _same_layout(src_base, mutated) and _same_layout(src, dst))
+
+
+def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
+
+    x, y = a.meta.get("val"), b.meta.get("val")
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+        return False
+
+    def same(p: Any, q: Any) -> bool:
+        return bool(statically_known_true(sym_eq(p, q)))
+
+    def same_all(ps: Any, qs: Any) -> bool:
+        return len(ps) == len(qs) and all(same(p, q) for p, q in zip(ps, qs))
+
+    return same_all(x.size(), y.size()) and same_all(x.stride(), y.stride()) and same(x.storage_offset(),
+                                                                                       y.storage_offset())
+
+
+def _reads_only_metadata(node: torch.fx.Node) -> bool:
+    if is_view_op(node.target):
+        return all(_reads_only_metadata(u) for u in node.users)
+    return node.target in META_ONLY_OPS
+
+
+def _is_out(op: torch._ops.OpOverload) -> bool:
+    from torch._library import utils
+
+    return bool(getattr(utils, "is_out", lambda _op: False)(op))
+
+
+def _generalized_scatter() -> Any:
+    from torch._inductor.fx_passes.reinplace import _generalized_scatter as scatter
+
+    return scatter
 
 
 def _scatter_source_is_elsewhere(node: torch.fx.Node) -> bool:
@@ -109,7 +443,8 @@ def _scatter_source_is_elsewhere(node: torch.fx.Node) -> bool:
     `x[1:].copy_(x[:-1])`: a copy that reads what it is overwriting (ATen refuses it when it can see the
     overlap, and is wrong where it cannot). So a scatter whose source is a view of its own base stays
     functional: it writes into a fresh copy of the base. torch 2.15 added the same test to inductor's own
-    `should_reinplace_scatter`, which graphex replaces (graphex/compat/inductor.py), so it is ours for every version.
+    `should_reinplace_scatter`, which graphex does not use (graphex/compat/inductor.py), so it is ours for every
+    version.
     """
     inp, src = node.args[0], node.args[1]
     if isinstance(inp, torch.fx.Node) and isinstance(src, torch.fx.Node):
@@ -119,35 +454,15 @@ def _scatter_source_is_elsewhere(node: torch.fx.Node) -> bool:
     return True
 
 
-def _never_into_overlapping_memory(table: dict[object, object]) -> dict[object, object]:
+def _may_overlap_itself(t: torch.Tensor) -> bool:
     """Note [Never reinplace into overlapping memory]
     A functional op on a tensor whose elements share memory (`y = x.expand(2, n)`; `y.index_put(...)`)
     first clones it into distinct elements, then writes some of them. Its in-place form would write the
     shared memory, changing every element that aliases the written one (found by the fuzzer: seed 1328,
-    `cat` + `expand` + `index_put`). inductor's pass checks that nothing reads the old value, not this;
-    each table entry gets an extra check that the mutated argument cannot overlap itself.
+    `cat` + `expand` + `index_put`). So a written tensor must have memory of its own per element: true unless
+    the sizes and strides prove it (sorted by stride, each dim must step past everything the smaller ones reach).
+    Symbolic sizes or strides: only a known stride 0 on a dim not known to be 1 counts as overlapping.
     """
-    def guarded(entry: object) -> object:
-        original = entry.extra_check  # type: ignore[attr-defined]
-
-        def check(node: torch.fx.Node) -> bool:
-            for i in entry.mutated_args:  # type: ignore[attr-defined]
-                arg = node.args[i] if i < len(node.args) else None
-                for a in (arg if isinstance(arg, (list, tuple)) else [arg]):
-                    val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-                    if isinstance(val, torch.Tensor) and _may_overlap_itself(val):
-                        return False
-            return original(node)
-
-        return dataclasses.replace(entry, extra_check=check)  # type: ignore[type-var]
-
-    return {op: guarded(entry) for op, entry in table.items()}
-
-
-def _may_overlap_itself(t: torch.Tensor) -> bool:
-    """True unless the sizes and strides prove every element has memory of its own (Note [Never reinplace
-    into overlapping memory]): sorted by stride, each dim must step past everything the smaller ones reach.
-    Symbolic sizes or strides: only a known stride 0 on a dim not known to be 1 counts as overlapping."""
     dims = []
     for size, stride in zip(t.shape, t.stride()):
         size_i = size if isinstance(size, int) else size.node.maybe_as_int()
@@ -167,130 +482,6 @@ def _may_overlap_itself(t: torch.Tensor) -> bool:
             return True
         reach += stride * (size - 1)
     return False
-
-
-@contextlib.contextmanager
-def _hide_input_copies(graph: torch.fx.Graph, *, hide: bool) -> Iterator[None]:
-    hidden = []
-    if hide:
-        for node in graph.find_nodes(op="call_function", target=aten.copy_.default):
-            if isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "placeholder":
-                node.target = _hidden_input_copy
-                hidden.append(node)
-    try:
-        yield
-    finally:
-        for node in hidden:
-            if node.graph is graph:
-                node.target = aten.copy_.default
-
-
-@contextlib.contextmanager
-def _pin_intermediates(graph: torch.fx.Graph, *, pin: bool) -> Iterator[None]:
-    if not pin:
-        yield
-        return
-    output = graph.output_node()
-    original = output.args[0]
-    n_original = len(original) if isinstance(original, (tuple, list)) else 1
-    input_storages = {get_node_storage(p) for p in graph.find_nodes(op="placeholder")}
-    pins = [
-        n for n in graph.nodes
-        if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)
-        and get_node_storage(n) not in input_storages
-    ]
-    flat = list(original) if isinstance(original, (tuple, list)) else [original]
-    output.args = (tuple(flat + pins),)
-    try:
-        yield
-    finally:
-        current = list(output.args[0])
-        kept = current[:n_original]
-        # the output node's args are (outputs,): a tuple or list of outputs (possibly empty) or one node
-        output.args = (((tuple(kept) if isinstance(original, tuple) else kept),) if isinstance(original, (tuple, list))
-                       else (kept[0],))
-
-
-class _Explainer:
-    """Finds, for each copy the replay still makes, the reason it could not be avoided."""
-
-    def __init__(self, graph: torch.fx.Graph, *, intermediates: bool, inputs: bool) -> None:
-        self.graph = graph
-        self.intermediates = intermediates
-        self.inputs = inputs
-        self.epilogue = {n.args[0]: n for n in graph.find_nodes(op="call_function", target=aten.copy_.default)
-                         if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"}
-
-    def why(self, op_node: torch.fx.Node, base: torch.fx.Node, stop: torch.fx.Node | None = None) -> _Why:
-        """Why the old value of `base` is still needed after `op_node` (until `stop`, the write of the new value:
-        readers after it read the new value)."""
-        is_input = root(base).op == "placeholder"
-        if is_input and not self.inputs:
-            return _Why("option input_inplace_pass=False", "option", option="input_inplace_pass")
-        if not is_input and not self.intermediates:
-            return _Why("option inplace_pass=False", "option", option="inplace_pass")
-        epilogue = self.epilogue.get(base)
-        reader = first_toucher_between(root(base), op_node, stop,
-                                       ignore=frozenset([epilogue]) if epilogue is not None else frozenset())
-        if reader is not None:
-            return _read_later(reader)
-        if is_input and base not in self.epilogue:
-            return _Why("the graph must leave that input unchanged (the caller's tensor is not declared mutated)",
-                        "not-declared")
-        return _Why("the aliasing analysis could not prove the old value dead", "unproven")
-
-    def kept(self, what: str, op_node: torch.fx.Node, base: torch.fx.Node, why: _Why | None = None) -> KeptCopy:
-        why = why or self.why(op_node, base)
-        return KeptCopy(what, why.reason, cause=why.cause, node=op_node.name,
-                        where=why.where or source_line(op_node), reader=why.reader, option=why.option)
-
-    def auto_functionalized_clones(self) -> list[KeptCopy]:
-        kept: list[KeptCopy] = []
-        for node in self.graph.nodes:
-            if node.target not in _AUTO_FUNCTIONALIZED:
-                continue
-            op = node.args[0]
-            clones = node.meta.get("only_clone_these_tensors")
-            if node.target is torch.ops.higher_order.auto_functionalized_v2:
-                bases = node.kwargs["_all_bases"]
-                for i in (range(len(bases)) if clones is None else clones):
-                    kept.append(self.kept(f"the tensor {op} mutates ({display_name(bases[i])})", node, bases[i]))
-            else:
-                from torch._higher_order_ops.auto_functionalize import get_mutable_args
-
-                for name in (get_mutable_args(op)[0] if clones is None else clones):
-                    base = node.kwargs.get(name)
-                    if isinstance(base, torch.fx.Node):
-                        kept.append(self.kept(f"argument '{name}' of {op} ({display_name(base)})", node, base))
-        return kept
-
-    def input_copies(self, declined: list[Declined]) -> list[KeptCopy]:
-        """Copy-backs into graph inputs left by copy_back.py, explained by the decision that left them."""
-        decisions = {d.copy_node: d for d in declined}
-        kept: list[KeptCopy] = []
-        for base, copy_node in self.epilogue.items():
-            src = copy_node.args[1]
-            if not isinstance(src, torch.fx.Node):
-                continue
-            producer = resolve_inplace(src)
-            decision = decisions.get(copy_node)
-            if decision is None or producer.op != "call_function":
-                why = (self.why(producer, base, stop=copy_node) if producer.op == "call_function"
-                       else _Why("it is replaced by another tensor", "replaced"))
-            elif decision.cause == "option":
-                why = _Why(f"option {decision.option}=False", "option", option=decision.option)
-            elif decision.cause == "read-later" and decision.reader is not None:
-                why = _read_later(decision.reader)
-            elif decision.cause == "replaced":
-                why = _Why(f"'{producer.name}' ({_target(producer)}) has no in-place form to write the input "
-                           "directly", "replaced")
-            else:
-                why = _Why("the new value does not cover the input with the same sizes, strides and offset, so it "
-                           "cannot be computed in place", "unproven")
-            kept.append(self.kept(
-                f"graph input {display_name(base)} (the new value from '{producer.name}' is written back by a full "
-                "copy)", producer, base, why))
-        return kept
 
 
 def _read_later(reader: torch.fx.Node) -> _Why:

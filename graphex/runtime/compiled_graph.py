@@ -89,12 +89,14 @@ class CompiledGraph:
     _boxed_call = True  # AOTAutograd passes the inputs as one list
 
     def __init__(self, name: str, gm: torch.fx.GraphModule, options: Options, *, static_inputs: Sequence[int],
-                 kept_copies: list[KeptCopy], fused: dict[str, int] | None = None) -> None:
+                 kept_copies: list[KeptCopy], in_place: dict[str, int] | None = None,
+                 fused: dict[str, int] | None = None) -> None:
         self.name = name
         self.gm = gm
         self.options = options
         self.static_inputs = list(static_inputs)
         self.kept_copies = kept_copies  # the copies the replay still makes, with why (graphex.passes)
+        self.in_place = dict(in_place or {})  # in-place op -> writes reinplacing made with it (graphex.passes)
         self.fused = dict(fused or {})  # fusion pattern name -> times it fired in this graph (pattern_fusion_pass)
         self.num_outputs = len(_output_nodes(gm))
         self._signatures: set[tuple[Any, ...]] = set()

@@ -129,18 +129,24 @@ def test_noop_registry_selector_convention_is_known():
     assert len(clone_entry) == 2, VERSION
 
 
-def test_inductor_reinplace_table_and_core():
+def test_inductor_reinplace_pieces_graphex_uses():
+    """Note [Reinplacing decides and records in one place]: graphex reads inductor's table and calls its scatter
+    canonicalization and decomposition around its own decisions, with torch's overlap test."""
     from torch._inductor.fx_passes import reinplace
 
     op = next(iter(reinplace.inplaceable_ops.values()))
     params = inspect.signature(type(op)).parameters  # compat.inplaceable_ops_table rebuilds one positionally
     assert list(params)[:2] == ["inplace_op", "mutated_arg"], f"{VERSION}: InplaceableOp{inspect.signature(type(op))}"
-    assert hasattr(op, "inplace_op") and hasattr(op, "mutated_arg"), VERSION
+    assert hasattr(op, "inplace_op") and isinstance(op.mutated_args, tuple) and callable(op.extra_check), VERSION
     assert reinplace._generalized_scatter in reinplace.inplaceable_ops, VERSION
-    core = inspect.signature(reinplace.reinplace_inplaceable_ops_core)
-    assert list(core.parameters)[:1] == ["graph"], f"{VERSION}: reinplace_inplaceable_ops_core{core}"
+    assert isinstance(getattr(reinplace, "inplaceable_foreach_ops", {}), dict), VERSION
     for name in ("canonicalize_view_scatter_ops", "decompose_generalized_scatter"):
         assert callable(getattr(reinplace, name)), f"{VERSION}: reinplace.{name}"
+    assert torch.ops.aten.sym_size.int in reinplace.META_ONLY_OPS, VERSION
+    from torch._C._dynamo.guards import compute_overlapping_tensors  # compat.may_overlap
+
+    a = torch.empty(4)
+    assert len(compute_overlapping_tensors([a[:2], a[1:]])) == 2 and not compute_overlapping_tensors([a[:2], a[2:]])
 
 
 def test_fake_tensor_updater_convention_is_known_and_updates():

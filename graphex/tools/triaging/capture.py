@@ -148,7 +148,7 @@ def kept_copy_findings(graphs: list[Any], user_copies: dict[str, tuple[int, str]
             else:
                 finding = Finding("kept-copy", f"{graph.name}: kept a copy of {copy.what}", where=copy.where,
                                   fix=_fix_for_copy(copy), detail=f"because {copy.reason}", node=copy.node,
-                                  problem=copy.cause != "replaced")
+                                  problem=copy.cause not in _COPIES_THE_CODE_ASKS_FOR)
             found[key] = finding
     return list(found.values())
 
@@ -170,6 +170,10 @@ def user_copies(gm: torch.fx.GraphModule) -> tuple[int, str]:
     return len(copies), (source_line(copies[0]) if copies else "")
 
 
+# the causes of a kept copy that are what the user's code asks for (graphex.passes.KeptCopy): no finding to fix
+_COPIES_THE_CODE_ASKS_FOR = ("replaced", "own-source", "overlaps-itself")
+
+
 def _fix_for_copy(copy: Any) -> str:
     if copy.cause == "option":
         return (f"remove options={{'{copy.option}': False}} (the default is True): graphex then writes the "
@@ -182,6 +186,12 @@ def _fix_for_copy(copy: Any) -> str:
         return ("if the caller's tensor is meant to change, update it in the model (tensor.copy_(...), "
                 "index_copy_, or a custom op that declares it in mutates_args); otherwise pass a tensor the op "
                 "may own.")
+    if copy.cause == "own-source":
+        return ("none needed: the update reads the memory it overwrites (like x[1:] = x[:-1]), so it is computed into a "
+                "fresh copy, as eager's kernel would need too.")
+    if copy.cause == "overlaps-itself":
+        return ("none needed unless the tensor should not be an expanded view: its elements share memory, so it "
+                "cannot be written in place; write into a tensor with memory of its own (.contiguous()) instead.")
     if copy.cause == "replaced":
         return ("none needed: the code overwrites the whole input with another tensor, so a full copy is what it "
                 "asks for.")
