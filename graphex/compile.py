@@ -13,9 +13,11 @@ graph still runs on the engine and the backward on AOTAutograd's eager path
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.fx
@@ -36,6 +38,32 @@ from .runtime import CompiledGraph
 
 _graph_ids = itertools.count()
 
+# Note [Tools see captures through one registry]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A tool that needs to know what graphex captured (`graphex triage` counts the copies the user's own
+# Dynamo graph makes) registers a hook for the length of a `with on_capture(hook):` block; each graph
+# graphex captures meanwhile, on any thread, calls hook(dynamo_graph, compiled_graph). Nothing of
+# graphex (or torch) is replaced to see it. The registry is a tuple swapped under a lock: a capture
+# reads it once, without the lock.
+_capture_hooks: tuple[Callable[[torch.fx.GraphModule, CompiledGraph], None], ...] = ()
+_capture_hooks_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def on_capture(hook: Callable[[torch.fx.GraphModule, CompiledGraph], None]) -> Iterator[None]:
+    """Call hook(dynamo_graph, compiled_graph) for each graph graphex captures inside the block (Note [Tools see
+    captures through one registry])."""
+    global _capture_hooks
+    with _capture_hooks_lock:
+        _capture_hooks = (*_capture_hooks, hook)
+    try:
+        yield
+    finally:
+        with _capture_hooks_lock:
+            hooks = list(_capture_hooks)
+            hooks.remove(hook)
+            _capture_hooks = tuple(hooks)
+
 
 def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options,
                          on_capture: Callable[[CompiledGraph], None] | None = None) -> Callable[..., Any]:
@@ -52,6 +80,8 @@ def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
         compiled = capture(fx_gm, flat_inputs, options, user_names)
         if on_capture is not None:
             on_capture(compiled)
+        for hook in _capture_hooks:
+            hook(gm, compiled)
         return compiled
 
     # Note [Inference first]

@@ -188,3 +188,17 @@ def test_readme_documents_every_option():
     readme = open(os.path.join(ROOT, "README.md")).read()
     for name, default, _ in option_docs():
         assert f"| `{name}` | `{default!r}` |" in readme, f"README's option table lacks {name} (run `graphex options`)"
+
+
+def test_on_capture_hooks_see_each_capture_made_inside_the_block_and_no_other():
+    """Note [Tools see captures through one registry]: what graphex triage counts the user's copies with."""
+    from graphex.compile import on_capture
+
+    seen = []
+    torch._dynamo.reset()
+    with on_capture(lambda dynamo_graph, compiled: seen.append((dynamo_graph, compiled))):
+        compile_graphex(lambda x: x.clone() * 2)(torch.ones(2))
+    compile_graphex(lambda x: x * 3)(torch.ones(2))
+    ((dynamo_graph, compiled),) = seen
+    assert isinstance(dynamo_graph, torch.fx.GraphModule) and compiled.name.startswith("graph_")
+    assert any(n.target == "clone" or n.target is torch.clone for n in dynamo_graph.graph.nodes)

@@ -13,9 +13,9 @@ That catches writes of unchanged values, from Python kernels and from C++
 kernels that call ATen through the dispatcher (not raw pointer writes). Calls
 are deduplicated by input signature and capped per op.
 
-torch.compile returns the model itself while the script runs (and Dynamo is
-disabled, for other entry points), so a script that compiles its model still
-runs, and is recorded, in eager.
+Every torch.compile'd call runs eagerly while the script runs (torch's public
+stance, torch.compiler.set_stance("force_eager"): nothing of torch is replaced),
+so a script that compiles its model still runs, and is recorded, in eager.
 """
 
 from __future__ import annotations
@@ -189,13 +189,11 @@ def run_script(path: str, argv: list[str], entry: str | None = None, max_per_op:
         raise ScriptFailed(f"no such script: {path}")
     recorder = Recorder(max_per_op)
     saved_argv, saved_path = sys.argv, list(sys.path)
-    saved_disable = torch._dynamo.config.disable
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.dirname(path))
-    torch._dynamo.config.disable = True
-    saved_compile, torch.compile = torch.compile, _eager_compile
     try:
-        with recorder:
+        # every torch.compile'd call runs eagerly (torch's public stance; nothing of torch is replaced)
+        with recorder, torch.compiler.set_stance("force_eager"):
             if entry is None:
                 runpy.run_path(path, run_name="__main__")
             else:
@@ -214,14 +212,7 @@ def run_script(path: str, argv: list[str], entry: str | None = None, max_per_op:
                            Recording(recorder.calls, recorder.total)) from None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-        torch._dynamo.config.disable = saved_disable
-        torch.compile = saved_compile
     return Recording(recorder.calls, recorder.total)
-
-
-def _eager_compile(model: Any = None, **_: Any) -> Any:
-    """torch.compile while the script runs: the model itself (fullgraph=True fails when Dynamo is off)."""
-    return model if model is not None else (lambda fn: fn)
 
 
 def _load_module(path: str) -> None:

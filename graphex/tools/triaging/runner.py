@@ -11,9 +11,16 @@ Every later analysis (re-tracing for all graph breaks, the accuracy bisection) r
 first call on fresh clones with that state put back. Errors are recorded with the compiled function they came out of, and each
 call sets the "current call" that Dynamo's log records are tagged with.
 
+The copies the user's own Dynamo graph makes are counted through graphex's on-capture registry
+(Note [Tools see captures through one registry]); nothing of graphex is replaced. The
+replacement of `torch.compile` is the one thing of torch a graphex tool still replaces, in the
+triage command's own process and only while the script runs: torch has no hook that tells
+which callables a script compiles and sees their calls.
+
 A script that fails outside any compiled call is run once more in a fresh interpreter with
-torch.compile returning the model unchanged (a second run here would register its custom
-ops twice): if it fails there too, the script itself is broken (exit code 2).
+every torch.compile run eagerly (torch.compiler.set_stance("force_eager"); a second run here
+would register its custom ops twice): if it fails there too, the script itself is broken
+(exit code 2).
 """
 
 from __future__ import annotations
@@ -178,30 +185,16 @@ def _intercepting(run: ScriptRun, real_compile: Callable[..., Any]) -> Callable[
     return compile
 
 
-def _counting_user_copies(run: ScriptRun) -> Callable[[], None]:
-    """Have graphex's backend record, per graph it captures, the copies the user's Dynamo graph makes."""
-    from ... import backend
+def _counting_user_copies(run: ScriptRun) -> contextlib.AbstractContextManager[None]:
+    """While the script runs, record per graph graphex captures the copies the user's Dynamo graph makes
+    (Note [Tools see captures through one registry])."""
+    from ...compile import on_capture
     from .capture import user_copies
 
-    real = backend.compile_dynamo_graph
+    def note(dynamo_graph: torch.fx.GraphModule, compiled: Any) -> None:
+        run.user_copies[compiled.name] = user_copies(dynamo_graph)
 
-    def recording(gm: torch.fx.GraphModule, example_inputs: Any, options: Any,
-                  on_capture: Callable[[Any], None] | None = None) -> Any:
-        counted = user_copies(gm)
-
-        def note(compiled: Any) -> None:
-            run.user_copies[compiled.name] = counted
-            if on_capture is not None:
-                on_capture(compiled)
-
-        return real(gm, example_inputs, options, on_capture=note)
-
-    backend.compile_dynamo_graph = recording  # type: ignore[assignment]
-
-    def undo() -> None:
-        backend.compile_dynamo_graph = real  # type: ignore[assignment]
-
-    return undo
+    return on_capture(note)
 
 
 def _execute(script: str, argv: list[str], entry: str | None) -> Any:
@@ -240,10 +233,9 @@ def run_script(script: str, argv: list[str], entry: str | None = None) -> Script
     output = io.StringIO()  # the script's own printing stays out of the report
     real_compile = torch.compile
     torch.compile = _intercepting(run, real_compile)
-    undo_counting = _counting_user_copies(run)
     try:
         with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output), \
-                DynamoLogs(tag=current_call) as logs:
+                DynamoLogs(tag=current_call) as logs, _counting_user_copies(run):
             try:
                 _compile_returned(run, _execute(script, argv, entry))
             except SystemExit as e:
@@ -255,7 +247,6 @@ def run_script(script: str, argv: list[str], entry: str | None = None) -> Script
                 run.error = e
     finally:
         torch.compile = real_compile
-        undo_counting()
         _calls.clear()
     run.events = logs.events
     if run.error is not None:
@@ -298,15 +289,12 @@ def eager_failure(run: ScriptRun) -> str | None:
 
 
 def eager_main() -> int:
-    """`python -c ...eager_main()` SCRIPT ENTRY ARGS...: the script with torch.compile as a no-op."""
+    """`python -c ...eager_main()` SCRIPT ENTRY ARGS...: the script with every torch.compile run eagerly (torch's
+    public stance "force_eager": nothing of torch is replaced)."""
     script, entry, argv = sys.argv[1], sys.argv[2] or None, sys.argv[3:]
-
-    def no_compile(model: Any = None, **kwargs: Any) -> Any:
-        return (lambda m: m) if model is None else model
-
-    torch.compile = no_compile
     try:
-        _execute(script, argv, entry)
+        with torch.compiler.set_stance("force_eager"):
+            _execute(script, argv, entry)
     except SystemExit as e:
         if e.code not in (None, 0):
             raise
