@@ -114,6 +114,13 @@ class Options:
         "Drop ops that do nothing (clone of a dead value, view to the same shape, "
         "same-dtype conversion, ...).")
 
+    grouped_kv_heads: bool = _option(
+        True, (bool,),
+        "Attention over grouped key/value heads (GQA: a repeat_kv of the cache, as transformers writes it when "
+        "compiled) reads the grouped heads directly instead of a repeated copy: the same value, bit for bit "
+        "(CPU flash attention takes fewer key/value heads natively), without copying the KV cache per layer "
+        "and step.")
+
     cse: bool = _option(
         True, (bool,),
         "Compute a pure ATen call repeated with the same arguments once (a mask or a table "

@@ -9,6 +9,8 @@
                                      traced patterns), before CSE (which would merge the per-layer copies of
                                      a node that each pattern expects to own, e.g. ~mask) and before
                                      reinplacing (which then sees fused ops as ordinary functional ops)
+     grouped key/value heads         (option grouped_kv_heads; attention reads GQA heads, not a repeat_kv copy,
+                                     grouped_heads.py)
      common subexpressions           (option cse; pure ATen calls repeated with the same arguments, cse.py)
   4. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
   5. operator packets resolved, torch.sym_sum as adds, dead code elimination
@@ -34,6 +36,7 @@ from ..lowering.streams import annotated_stream, set_stream
 from ..options import Options
 from .noop import remove_noop_ops_keeping_snapshots
 from .cse import eliminate_common_subexpressions
+from .grouped_heads import read_grouped_heads_directly
 from .keep_whole import restore_kept_kernels
 from .overloads import resolve_packets
 from .reinplace import KeptCopy, reinplace_graph
@@ -111,6 +114,15 @@ def _resolve_and_clean(r: _Run) -> None:
     r.gm.graph.eliminate_dead_code()
 
 
+def _grouped_heads(r: _Run) -> None:
+    done = read_grouped_heads_directly(r.gm.graph)
+    if done:
+        from ..base import log
+
+        log.info("%s: %d attention call(s) read grouped key/value heads directly (no repeat_kv copy)", r.name, done)
+    r.gm.recompile()
+
+
 def _user_post_pass(r: _Run) -> None:
     r.options.post_grad_custom_post_pass(r.gm.graph)
 
@@ -120,6 +132,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("the user's pre pass", ("post_grad_custom_pre_pass",), _user_pre_pass, inherits_source=False),
     Pass("no-op removal", ("remove_noop_ops",), _remove_noop_ops),
     Pass("pattern fusion", ("pattern_fusion_pass",), _pattern_fusion),
+    Pass("attention over grouped key/value heads", ("grouped_kv_heads",), _grouped_heads),
     Pass("common subexpression elimination", ("cse",), _cse),
     Pass("reinplacing", ("inplace_pass", "input_inplace_pass"), _reinplace, gated=False),
     Pass("packets, sym_sum, dead code", (), _resolve_and_clean, gated=False, inherits_source=False),
