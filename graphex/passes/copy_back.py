@@ -71,7 +71,9 @@ def fold_copy_backs(graph: torch.fx.Graph, *, inputs: bool = True, intermediates
         if not (isinstance(base, torch.fx.Node) and _same_memory(base, dst)
                 and all(_same_meta(n, dst) for n in chain) and _no_internal_overlap(base)
                 and not any(_reads_root(n, root(base)) for n in chain[:-1])):
-            declined.append(Declined(copy_node, "unproven"))
+            reader = _reader_cutting_the_chain(chain[-1], dst)
+            declined.append(Declined(copy_node, "read-later", reader=reader) if reader is not None
+                            else Declined(copy_node, "unproven"))
             continue
         if len(src.users) > 1 and not _same_strides(src, dst):
             # Note [Folding keeps the layout readers saw]: the functional result's readers were traced
@@ -108,6 +110,20 @@ def _functional_chain(src: torch.fx.Node, dst: torch.fx.Node) -> list[torch.fx.N
         chain.append(prev)
         node = prev
     return chain
+
+
+def _reader_cutting_the_chain(last: torch.fx.Node, dst: torch.fx.Node) -> torch.fx.Node | None:
+    """Where the chain stops at a functional op that would join it but for another reader of its value (the op
+    writes into dst's own memory, has an in-place twin and dst's meta): the first such reader after the chain's
+    last op, which in place would read what the chain writes over that value; None if there is none."""
+    prev = last.args[0] if last.args else None
+    if not (isinstance(prev, torch.fx.Node) and prev.op == "call_function" and len(prev.users) > 1
+            and _maybe_get_inplace_op(prev.target) is not None and prev.args and isinstance(prev.args[0], torch.fx.Node)
+            and _same_meta(prev, dst) and _same_memory(prev.args[0], dst)):
+        return None
+    order = {n: i for i, n in enumerate(last.graph.nodes)}
+    later = [u for u in prev.users if u is not last and order[u] > order[last]]
+    return min(later, key=order.__getitem__) if later else None
 
 
 def _reads_root(node: torch.fx.Node, base_root: torch.fx.Node) -> bool:

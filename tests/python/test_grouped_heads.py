@@ -135,7 +135,8 @@ def test_a_cache_written_after_the_attention_read_stays_correct():
     """In the functional graph the later write makes a new value; reinplacing then sees the attention read the old
     one and keeps a copy of it (bit for bit against eager, checked in _run)."""
     graph = _run({"write_between": True})
-    assert [k.node for k in graph.kept_copies if "v_cache" in k.what] == ["mul"]
+    (kept,) = [k for k in graph.kept_copies if "v_cache" in k.what]
+    assert (kept.node, kept.cause, kept.reader) == ("mul", "read-later", "_scaled_dot_product_flash_attention_for_cpu")
 
 
 @pytest.mark.parametrize("write_between", [False, True])
