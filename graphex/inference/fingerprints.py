@@ -4,13 +4,16 @@ qualified name (functions also by their code), the global torch state; each comp
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import enum
 import os
 import hashlib
 import sys
+import threading
 import types
-from typing import Any
+import weakref
+from typing import Any, Iterator
 
 import torch
 
@@ -57,7 +60,35 @@ def from_constant(rendered: Any) -> Any:
     raise ValueError(f"unknown constant kind {kind!r}")
 
 
+# Note [A code object's digest is computed once]
+# A code object is immutable, so its digest never changes: it is kept, per code object (by identity, checked
+# through a weak reference, since equal code objects may differ in co_qualname, which the digest reads), for the
+# life of the process. The first call of a warm process digests every method of every class its guards name
+# (Note [A user's class is fingerprinted by its contents]); nn.Module's ~100 methods are in every module
+# class's MRO, and were digested again for each.
+_code_digests: dict[int, tuple[weakref.ref[types.CodeType], str]] = {}
+_code_digests_lock = threading.Lock()
+
+
 def _code_digest(code: types.CodeType) -> str:
+    known = _code_digests.get(id(code))
+    if known is not None and known[0]() is code:
+        return known[1]
+    digest = _compute_code_digest(code)
+    key = id(code)
+
+    def forget(_: object, key: int = key) -> None:
+        with _code_digests_lock:
+            entry = _code_digests.get(key)
+            if entry is not None and entry[0]() is None:
+                del _code_digests[key]
+
+    with _code_digests_lock:
+        _code_digests[key] = (weakref.ref(code, forget), digest)
+    return digest
+
+
+def _compute_code_digest(code: types.CodeType) -> str:
     h = hashlib.sha256()
 
     def add(c: types.CodeType) -> None:
@@ -163,28 +194,59 @@ def _is_mutable_class(t: type) -> bool:
     return not t.__flags__ & _IMMUTABLE_TYPE and t.__module__ != "builtins"
 
 
+# Note [One check reads each class body once]
+# One check of an entry's guards (guards.bind) names ~100 classes whose MROs share most of their classes
+# (nn.Module in every one). Inside `one_check()` each class body's part of a digest is computed once and reused;
+# nothing runs between the reads that could assign to a class, so the parts stay what they were.
+_class_parts: contextvars.ContextVar[dict[type, bytes] | None] = contextvars.ContextVar("graphex_class_parts",
+                                                                                        default=None)
+
+
+@contextlib.contextmanager
+def one_check() -> Iterator[None]:
+    """Within: each class body is digested once (Note [One check reads each class body once])."""
+    token = _class_parts.set({})
+    try:
+        yield
+    finally:
+        _class_parts.reset(token)
+
+
 def _class_digest(t: type) -> str:
     h = hashlib.sha256()
+    parts = _class_parts.get()
     for cls in t.__mro__:
         if not _is_mutable_class(cls):
             continue
-        h.update(f"{cls.__module__}.{cls.__qualname__}".encode())
-        for name, value in sorted(vars(cls).items()):
-            if name in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__") or name.startswith("___"):
-                continue  # `___x`: Dynamo's own markers (torch/_dynamo/mutation_guard.py)
-            h.update(name.encode())
-            target = _unpatched(getattr(value, "__func__", value))  # classmethod / staticmethod
-            if isinstance(target, types.FunctionType):
-                h.update(f"{target.__module__}.{target.__qualname__}:{_code_digest(target.__code__)}".encode())
-            elif isinstance(target, property):
-                for f in (target.fget, target.fset):
-                    if isinstance(f, types.FunctionType):
-                        h.update(_code_digest(f.__code__).encode())
-            elif type(value) in _CONSTANT_TYPES:
-                h.update(repr(value).encode())
-            else:
-                h.update(f"{type(value).__module__}.{type(value).__qualname__}".encode())
+        part = parts.get(cls) if parts is not None else None
+        if part is None:
+            part = _class_part(cls)
+            if parts is not None:
+                parts[cls] = part
+        h.update(part)
     return h.hexdigest()[:24]
+
+
+def _class_part(cls: type) -> bytes:
+    """What one class body adds to a digest: its name, and each attribute it defines."""
+    h = hashlib.sha256()
+    h.update(f"{cls.__module__}.{cls.__qualname__}".encode())
+    for name, value in sorted(vars(cls).items()):
+        if name in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__") or name.startswith("___"):
+            continue  # `___x`: Dynamo's own markers (torch/_dynamo/mutation_guard.py)
+        h.update(name.encode())
+        target = _unpatched(getattr(value, "__func__", value))  # classmethod / staticmethod
+        if isinstance(target, types.FunctionType):
+            h.update(f"{target.__module__}.{target.__qualname__}:{_code_digest(target.__code__)}".encode())
+        elif isinstance(target, property):
+            for f in (target.fget, target.fset):
+                if isinstance(f, types.FunctionType):
+                    h.update(_code_digest(f.__code__).encode())
+        elif type(value) in _CONSTANT_TYPES:
+            h.update(repr(value).encode())
+        else:
+            h.update(f"{type(value).__module__}.{type(value).__qualname__}".encode())
+    return h.digest()
 
 
 def global_state() -> dict[str, Any]:

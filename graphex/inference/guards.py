@@ -53,7 +53,7 @@ import torch
 
 from ..program import HELD_KINDS, Binding
 from .guard_sources import NotCheckable, Path, _KEYED_BY_PATH, _MISSING, _STEPS, contextvar_get, parse_source, resolve, resolve_global
-from .fingerprints import _global_state, _saved_tensors_hooks, from_constant, identity, type_name
+from .fingerprints import _global_state, _saved_tensors_hooks, from_constant, identity, one_check, type_name
 from .guard_records import _attr_name, _find_by_identity, _tensor_meta
 from .pins import _ClassUnchanged, _Pins
 
@@ -96,6 +96,10 @@ class GuardSet:
     def bind(self, locals_: dict[str, Any], globals_: dict[str, Any],
              inputs: list[Binding] | None = None) -> str | None:
         """None when every record holds now (and `run` is built), else which guard fails and how."""
+        with one_check():  # Note [One check reads each class body once]
+            return self._bind(locals_, globals_, inputs)
+
+    def _bind(self, locals_: dict[str, Any], globals_: dict[str, Any], inputs: list[Binding] | None) -> str | None:
         held: list[Any] = []  # objects the generated code compares with
         pins = _Pins()
         full = _Emitter(held, pins, globals_)

@@ -470,3 +470,38 @@ def test_the_uncached_path_sees_a_hook_added_after_the_first_call(tmp_path):
     for _ in range(2):
         assert torch.equal(m.cached(x), m._forward(x)), "stale result after a forward hook was added"
     assert m.cached.stats["writes"] == 0, m.cached.stats
+
+
+def test_a_class_fingerprint_follows_each_change_across_checks_and_ignores_none_within_one():
+    """Note [A code object's digest is computed once], Note [One check reads each class body once]: the memos never
+    hide a change made between two checks, and two functions with equal code but other names stay apart."""
+    from graphex.inference.fingerprints import one_check, type_name
+
+    class Base:
+        def f(self):
+            return 1
+
+    class Child(Base):
+        pass
+
+    first = type_name(Child)
+    with one_check():
+        assert type_name(Child) == first and type_name(Base)[:2] == ["test_cache_guards", Base.__qualname__]
+
+    def f(self):
+        return 2
+
+    Base.f = f  # patched between two checks: the subclass's fingerprint must change
+    assert type_name(Child) != first
+    with one_check():
+        assert type_name(Child) == type_name(Child) != first
+
+    def g(self):
+        return 2
+
+    Base.f = g  # same code, another name: still another fingerprint
+    assert len({tuple(type_name(Child)), tuple(first)}) == 2
+    with one_check():
+        patched = type_name(Child)
+    Base.f = f
+    assert type_name(Child) != patched
