@@ -26,15 +26,42 @@ import torch.fx
 from torch._inductor.fx_passes.reinplace import META_ONLY_OPS
 from torch.fx.passes.reinplace import _is_view_op as is_view_op
 
-__all__ = ["META_ONLY_OPS", "is_view_op", "op_name", "returns_input", "resolve_inplace", "view_base", "root", "written_nodes",
+__all__ = ["META_ONLY_OPS", "is_view_op", "op_name", "same_layout", "written_args", "returns_input", "resolve_inplace", "view_base", "root", "written_nodes",
            "reads_memory", "first_toucher_between"]
 
 
-def op_name(target: object) -> str:
-    """How graphex's records name an op: `aten::index_put_` (an OpOverload's schema name), else the callable's name."""
+def op_name(target: object, *, overload: bool = False) -> str:
+    """How graphex's records name an op: `aten::index_put_` (an OpOverload's schema name; with `overload`,
+    `aten::index_put_.default`), else the callable's name."""
     if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name
+        return f"{target._schema.name}.{target._overloadname}" if overload else target._schema.name
     return getattr(target, "__name__", str(target))
+
+
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, sizes, strides and storage offset, where the shape environment can prove it."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
+
+    return (a.dtype == b.dtype and statically_known_true(sym_eq(a.shape, b.shape))
+            and statically_known_true(sym_eq(a.stride(), b.stride()))
+            and statically_known_true(sym_eq(a.storage_offset(), b.storage_offset())))
+
+
+def written_args(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The tensors `node` may write: the arguments its schema marks written; for a call with no schema (a
+    higher-order op) every tensor it is given (Note [One alias analysis])."""
+    target = node.target
+    if node.op != "call_function" or target is operator.getitem:
+        return []
+    if not isinstance(target, torch._ops.OpOverload):
+        return list(node.all_input_nodes)
+    written: list[torch.fx.Node] = []
+    for position, arg in enumerate(target._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = node.args[position] if position < len(node.args) else node.kwargs.get(arg.name)
+        written += [n for n in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(n, torch.fx.Node)]
+    return written
 
 
 def returns_input(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -85,21 +112,7 @@ def root(node: torch.fx.Node) -> torch.fx.Node:
 def written_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """Every node whose memory some op of the graph writes: a written argument, what it is a view of and every
     view of that; a call the analysis cannot see into writes every tensor it is given (Note [One alias analysis])."""
-    written_roots: set[torch.fx.Node] = set()
-    for node in graph.nodes:
-        target = node.target
-        if node.op != "call_function" or target is operator.getitem:
-            continue
-        if not isinstance(target, torch._ops.OpOverload):
-            written_roots.update(root(i) for i in node.all_input_nodes)
-            continue
-        for position, arg in enumerate(target._schema.arguments):
-            if arg.alias_info is None or not arg.alias_info.is_write:
-                continue
-            value = node.args[position] if position < len(node.args) else node.kwargs.get(arg.name)
-            for n in (value if isinstance(value, (list, tuple)) else [value]):
-                if isinstance(n, torch.fx.Node):
-                    written_roots.add(root(n))
+    written_roots = {root(n) for node in graph.nodes for n in written_args(node)}
     return {n for n in graph.nodes if root(n) in written_roots}
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.fx
 from torch.fx.passes.reinplace import _maybe_get_inplace_op
 
-from .aliasing import first_toucher_between, op_name, resolve_inplace, root
+from .aliasing import first_toucher_between, op_name, resolve_inplace, root, same_layout
 
 aten = torch.ops.aten
 
@@ -146,7 +146,7 @@ def _same_memory(a: torch.fx.Node, b: torch.fx.Node) -> bool:
     va, vb = _val(a), _val(b)
     if va is None or vb is None or root(a) is not root(b):
         return False
-    return _same_layout(va, vb)
+    return same_layout(va, vb)
 
 
 def _same_meta(src: torch.fx.Node, dst: torch.fx.Node) -> bool:
@@ -165,14 +165,6 @@ def _same_strides(src: torch.fx.Node, dst: torch.fx.Node) -> bool:
 
     vs, vd = _val(src), _val(dst)
     return vs is not None and vd is not None and statically_known_true(sym_eq(vs.stride(), vd.stride()))
-
-
-def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
-
-    return (a.dtype == b.dtype and statically_known_true(sym_eq(a.shape, b.shape))
-            and statically_known_true(sym_eq(a.stride(), b.stride()))
-            and statically_known_true(sym_eq(a.storage_offset(), b.storage_offset())))
 
 
 def _no_internal_overlap(node: torch.fx.Node) -> bool:

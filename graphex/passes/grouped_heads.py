@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from .aliasing import root
+from .aliasing import root, written_args
 
 aten = torch.ops.aten
 _FLASH_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -99,27 +99,10 @@ def _repeated_source(node: object, attention: torch.fx.Node) -> tuple[torch.fx.N
 
 
 def _written_between(base_root: torch.fx.Node, start: torch.fx.Node, stop: torch.fx.Node) -> bool:
-    """Whether a node strictly between `start` and `stop` may write `base_root`'s memory: an argument its schema
-    marks written, or any tensor handed to a call that has no schema (a higher-order op)."""
+    """Whether a node strictly between `start` and `stop` may write `base_root`'s memory (aliasing.written_args)."""
     node = start.next
     while node is not stop and node.op != "root":
-        if node.op == "call_function":
-            target = node.target
-            if isinstance(target, torch._ops.OpOverload):
-                for position, arg in enumerate(target._schema.arguments):
-                    if arg.alias_info is None or not arg.alias_info.is_write:
-                        continue
-                    value = node.args[position] if position < len(node.args) else node.kwargs.get(arg.name)
-                    for item in (value if isinstance(value, (list, tuple)) else [value]):
-                        if isinstance(item, torch.fx.Node) and root(item) is base_root:
-                            return True
-            elif not _pure_python(target) and any(root(i) is base_root for i in node.all_input_nodes):
-                return True
+        if any(root(n) is base_root for n in written_args(node)):
+            return True
         node = node.next
     return False
-
-
-def _pure_python(target: object) -> bool:
-    import operator
-
-    return target is operator.getitem

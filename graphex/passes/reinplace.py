@@ -18,7 +18,7 @@ which later node reads the old value (GRAPHEX_LOG=1, `graphex triage`).
 Note [Reinplacing decides and records in one place]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 `_Reinplacer.decide` is the one decision: for a node and a tensor it writes, None
-(write it in place) or the `_Why` it may not, made and recorded at that point:
+(write it in place) or the `Why` it may not, made and recorded at that point:
   * the options: `input_inplace_pass=False` declines every write into (a view of)
     a graph input, `inplace_pass=False` every write into an intermediate (npugraph_ex's
     switches; nothing in the graph is hidden or rewritten to steer the decision);
@@ -34,7 +34,7 @@ Note [Reinplacing decides and records in one place]
 The rules are inductor's reinplacing pass's (torch 2.13, `reinplace_inplaceable_ops_core`:
 same storage map, overlap filter, copy-back maps and replacement order), written here
 so that the decision carries its reason and is the same on every torch graphex supports.
-KeptCopy records are built from those decisions; copy_back.py's Declined from its own.
+KeptCopy records (kept_copies.py) are built from those decisions; copy_back.py's Declined from its own.
 """
 
 from __future__ import annotations
@@ -51,59 +51,15 @@ from torch._inductor.fx_passes.post_grad import decompose_auto_functionalized
 from torch._inductor.fx_utils import get_node_storage
 from torch._inductor.virtualized import V
 
-from ..base.source import display_name, source_line
+from ..base.source import display_name
 from ..compat import around_reinplacing, fake_tensor_updater, inplaceable_ops_table, is_foreach_entry, may_overlap
-from .aliasing import META_ONLY_OPS, first_toucher_between, is_view_op, op_name, resolve_inplace, root
-from .copy_back import Declined, fold_copy_backs
+from .aliasing import META_ONLY_OPS, is_view_op, op_name, resolve_inplace, same_layout
+from .copy_back import fold_copy_backs
+from .kept_copies import Declined, KeptCopy, Why, input_copies, kept_copy, read_later
 
 aten = torch.ops.aten
 _AUTO_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
 _HELD = ("placeholder", "get_attr")  # graph inputs (get_attr: a module's tensor, as AOTInductor unlifts them)
-
-
-@dataclasses.dataclass
-class KeptCopy:
-    """A copy the replay still makes, and why: the decision's own record, read by logs and `graphex triage`.
-
-    `cause` is one of:
-      "option"           the user switched the pass off (`option` names which);
-      "read-later"       node `reader` reads the old value after the update;
-      "not-declared"     a graph input the caller's code does not mutate;
-      "replaced"         a graph input overwritten by another tensor (no in-place form exists);
-      "overlaps-itself"  the written tensor's elements share memory (an expanded view);
-      "own-source"       the update reads the very memory it overwrites (`x[1:] = x[:-1]`);
-      "unproven"         the alias analysis could not prove the old value dead.
-    """
-
-    what: str  # "argument 'cache' of mylib::update_" / "graph input arg2_1"
-    reason: str  # the sentence logged after "because"
-    cause: str = "unproven"
-    node: str = ""  # the FX node whose value is copied (the op's node, or the input's)
-    where: str = ""  # the user's source line of the copying op (or of the reader for "read-later")
-    reader: str = ""  # for "read-later": the FX node that reads the old value
-    option: str = ""  # for "option": input_inplace_pass or inplace_pass
-
-    def __str__(self) -> str:
-        return f"kept a copy of {self.what} because {self.reason}"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Why:
-    reason: str
-    cause: str
-    reader: str = ""
-    where: str = ""
-    option: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Declined:
-    """One decision not to write in place (Note [Reinplacing decides and records in one place])."""
-
-    node: torch.fx.Node  # the functional op
-    base: torch.fx.Node  # the tensor it would have written
-    what: str  # how a record names the copy
-    why: _Why
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +82,8 @@ def reinplace_graph(gm: torch.fx.GraphModule, fake_mode: object, *, intermediate
     _remove_self_copies(graph)
     folded = fold_copy_backs(graph, inputs=inputs, intermediates=intermediates, in_place=reinplacer.in_place)
     graph.eliminate_dead_code()
-    kept = [_kept(d.what, d.node, d.why) for d in reinplacer.declined if d.node.target in _AUTO_FUNCTIONALIZED]
-    kept += _input_copies(graph, reinplacer.declined, folded, intermediates=intermediates, inputs=inputs)
+    kept = [kept_copy(d.what, d.node, d.why) for d in reinplacer.declined if d.node.target in _AUTO_FUNCTIONALIZED]
+    kept += input_copies(graph, reinplacer.declined, folded, intermediates=intermediates, inputs=inputs)
     gm.recompile()
     return Reinplaced(kept, dict(reinplacer.in_place))
 
@@ -140,7 +96,7 @@ class _Reinplacer:
         self.table = table
         self.intermediates = intermediates
         self.inputs = inputs
-        self.declined: list[_Declined] = []
+        self.declined: list[Declined] = []
         self.in_place: collections.Counter[str] = collections.Counter()
 
     # -- the maps the decisions read (inductor's, built once per graph) ---------------------------------------
@@ -175,38 +131,38 @@ class _Reinplacer:
 
     # -- the decision --------------------------------------------------------------------------------------------
 
-    def decide(self, node: torch.fx.Node, arg: Any) -> _Why | None:
+    def decide(self, node: torch.fx.Node, arg: Any) -> Why | None:
         """None if `node` may write `arg` in place, else why not (Note [Reinplacing decides and records in one
         place])."""
         if isinstance(arg, (list, tuple)):
             if len({get_node_storage(a) for a in arg}) != len(arg):
-                return _Why("two of the tensors it writes share memory", "unproven")
+                return Why("two of the tensors it writes share memory", "unproven")
             return next((w for a in arg if (w := self.decide(node, a)) is not None), None)
         storage = get_node_storage(arg) if isinstance(arg, torch.fx.Node) else None
         if storage is None:
-            return _Why("the aliasing analysis could not follow the tensor it writes", "unproven")
+            return Why("the aliasing analysis could not follow the tensor it writes", "unproven")
         of_input = any(n.op in _HELD for n in self.by_storage[storage])
         if of_input and not self.inputs:
-            return _Why("option input_inplace_pass=False", "option", option="input_inplace_pass")
+            return Why("option input_inplace_pass=False", "option", option="input_inplace_pass")
         if not of_input and not self.intermediates:
-            return _Why("option inplace_pass=False", "option", option="inplace_pass")
+            return Why("option inplace_pass=False", "option", option="inplace_pass")
         views = [v for v in self.by_storage[storage] if may_overlap(arg.meta["val"], v.meta["val"])]
         if arg.op in _HELD:
             copy_node = self.copy_into.get(arg)
             if copy_node is None:
-                return _Why("the graph must leave that input unchanged (the caller's tensor is not declared "
+                return Why("the graph must leave that input unchanged (the caller's tensor is not declared "
                             "mutated)", "not-declared")
             written = arg
         elif any(v.op in _HELD for v in views):
             copy_node = self.copy_via_view.get((arg, node))
             if copy_node is None or not _layout_preserving_copy_back(copy_node.args[0], copy_node.args[1], arg, node):
-                return _Why("it writes a view of a graph input whose new value is not this op's result written back "
+                return Why("it writes a view of a graph input whose new value is not this op's result written back "
                             "in the same layout", "unproven")
             written = copy_node.args[0]
         else:
             copy_node, written = None, arg
         reader = self._reader_after(node, views, copy_node=copy_node, written=written)
-        return _read_later(reader) if reader is not None else None
+        return read_later(reader) if reader is not None else None
 
     def _reader_after(self, node: torch.fx.Node, views: list[torch.fx.Node], *, copy_node: torch.fx.Node | None,
                       written: torch.fx.Node) -> torch.fx.Node | None:
@@ -225,20 +181,20 @@ class _Reinplacer:
                     first = user
         return first
 
-    def _own_checks(self, node: torch.fx.Node, entry: Any) -> _Why | None:
+    def _own_checks(self, node: torch.fx.Node, entry: Any) -> Why | None:
         """The checks past the alias analysis, for an op of the table (each with its Note)."""
         for i in entry.mutated_args:
             arg = node.args[i] if i < len(node.args) else None
             for a in (arg if isinstance(arg, (list, tuple)) else [arg]):
                 val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
                 if isinstance(val, torch.Tensor) and _may_overlap_itself(val):
-                    return _Why("the tensor it writes has elements that share memory (an expanded view), so writing "
+                    return Why("the tensor it writes has elements that share memory (an expanded view), so writing "
                                 "one would change the others", "overlaps-itself")
         if node.target is _generalized_scatter() and not _scatter_source_is_elsewhere(node):
-            return _Why("the update reads the memory it overwrites, so it is written into a fresh copy",
+            return Why("the update reads the memory it overwrites, so it is written into a fresh copy",
                         "own-source")
         if not entry.extra_check(node):
-            return _Why("inductor's check for this op declined it", "unproven")
+            return Why("inductor's check for this op declined it", "unproven")
         return None
 
     # -- the walk ------------------------------------------------------------------------------------------------
@@ -289,7 +245,7 @@ class _Reinplacer:
         if why is not None:
             for a in mutated:
                 if isinstance(a, torch.fx.Node):
-                    self.declined.append(_Declined(node, a, f"{display_name(a)} (written by {_target(node)})", why))
+                    self.declined.append(Declined(node, a, f"{display_name(a)} (written by {op_name(node.target, overload=True)})", why))
             return
         for a in mutated:
             copy_node = self._copy_back_of(node, a)
@@ -307,13 +263,13 @@ class _Reinplacer:
             arg = tensors[key]
             items = arg if isinstance(arg, (list, tuple)) else [arg]
             if any(get_node_storage(a) in written_storages for a in items):
-                why: _Why | None = _Why("another tensor the same call writes in place shares its memory", "unproven")
+                why: Why | None = Why("another tensor the same call writes in place shares its memory", "unproven")
             else:
                 why = self.decide(node, arg)
             if why is not None:
                 clones.append(key)
                 if isinstance(arg, torch.fx.Node):
-                    self.declined.append(_Declined(node, arg, what(key), why))
+                    self.declined.append(Declined(node, arg, what(key), why))
                 continue
             copy_node = self._copy_back_of(node, arg)
             if copy_node is not None:
@@ -336,57 +292,6 @@ class _Reinplacer:
         return copy_node
 
 
-def _kept(what: str, node: torch.fx.Node, why: _Why) -> KeptCopy:
-    return KeptCopy(what, why.reason, cause=why.cause, node=node.name, where=why.where or source_line(node),
-                    reader=why.reader, option=why.option)
-
-
-def _input_copies(graph: torch.fx.Graph, declined: list[_Declined], folded: list[Declined], *,
-                  intermediates: bool, inputs: bool) -> list[KeptCopy]:
-    """Each copy-back into a graph input left in the graph, with the decision that left it: the reinplacer's for
-    the op that produced the new value, else copy_back.py's."""
-    mine = {(d.node, d.base): d.why for d in declined}
-    folds = {d.copy_node: d for d in folded}
-    kept: list[KeptCopy] = []
-    for copy_node in graph.find_nodes(op="call_function", target=aten.copy_.default):
-        base, src = copy_node.args[0], copy_node.args[1]
-        if not (isinstance(base, torch.fx.Node) and base.op == "placeholder" and isinstance(src, torch.fx.Node)):
-            continue
-        producer = resolve_inplace(src)
-        fold = folds.get(copy_node)
-        why = mine.get((producer, base))
-        if why is not None:
-            pass
-        elif producer.op != "call_function":
-            why = _Why("it is replaced by another tensor", "replaced")
-        elif fold is None:
-            why = _old_value_needed(producer, base, copy_node, intermediates=intermediates, inputs=inputs)
-        elif fold.cause == "option":
-            why = _Why(f"option {fold.option}=False", "option", option=fold.option)
-        elif fold.cause == "read-later" and fold.reader is not None:
-            why = _read_later(fold.reader)
-        elif fold.cause == "replaced":
-            why = _Why(f"'{producer.name}' ({_target(producer)}) has no in-place form to write the input directly",
-                       "replaced")
-        else:
-            why = _Why("the new value does not cover the input with the same sizes, strides and offset, so it cannot "
-                       "be computed in place", "unproven")
-        kept.append(_kept(f"graph input {display_name(base)} (the new value from '{producer.name}' is written back "
-                          "by a full copy)", producer, why))
-    return kept
-
-
-def _old_value_needed(producer: torch.fx.Node, base: torch.fx.Node, copy_node: torch.fx.Node, *,
-                      intermediates: bool, inputs: bool) -> _Why:
-    """For a copy-back no pass decided on (a non-blocking copy): who reads the input's old value before it."""
-    if not inputs:
-        return _Why("option input_inplace_pass=False", "option", option="input_inplace_pass")
-    reader = first_toucher_between(root(base), producer, copy_node, ignore=frozenset([copy_node]))
-    if reader is not None:
-        return _read_later(reader)
-    return _Why("the aliasing analysis could not prove the old value dead", "unproven")
-
-
 def _view_chain_base(node: torch.fx.Node) -> torch.fx.Node:
     """Through view ops to the node they view (inductor's `_get_view_base`)."""
     while is_view_op(node.target) and node.args and isinstance(node.args[0], torch.fx.Node):
@@ -402,20 +307,8 @@ def _layout_preserving_copy_back(dst: Any, src: Any, mutated: torch.fx.Node, src
 
 
 def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
-    from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
-
     x, y = a.meta.get("val"), b.meta.get("val")
-    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
-        return False
-
-    def same(p: Any, q: Any) -> bool:
-        return bool(statically_known_true(sym_eq(p, q)))
-
-    def same_all(ps: Any, qs: Any) -> bool:
-        return len(ps) == len(qs) and all(same(p, q) for p, q in zip(ps, qs))
-
-    return same_all(x.size(), y.size()) and same_all(x.stride(), y.stride()) and same(x.storage_offset(),
-                                                                                       y.storage_offset())
+    return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and same_layout(x, y)
 
 
 def _reads_only_metadata(node: torch.fx.Node) -> bool:
@@ -484,12 +377,6 @@ def _may_overlap_itself(t: torch.Tensor) -> bool:
     return False
 
 
-def _read_later(reader: torch.fx.Node) -> _Why:
-    where = source_line(reader)
-    return _Why(f"node '{reader.name}' ({_target(reader)}) reads its old value later" + (f" ({where})" if where else ""),
-                "read-later", reader=reader.name, where=where)
-
-
 def _remove_self_copies(graph: torch.fx.Graph) -> None:
     """Drop `copy_(x, y)` where y is x itself after reinplacing (a no-op left by the pass)."""
     for node in list(graph.find_nodes(op="call_function", target=aten.copy_.default)):
@@ -499,8 +386,3 @@ def _remove_self_copies(graph: torch.fx.Graph) -> None:
             graph.erase_node(node)
 
 
-def _target(node: torch.fx.Node) -> str:
-    t = node.target
-    if isinstance(t, torch._ops.OpOverload):
-        return f"{t._schema.name}.{t._overloadname}"
-    return getattr(t, "__name__", str(t))
