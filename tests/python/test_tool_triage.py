@@ -482,3 +482,21 @@ def test_kept_copy_findings_read_the_decision_fields():
     found = kept_copy_findings([SimpleNamespace(name="graph_0", gm=gm, kept_copies=copies)])
     assert "remove options={'inplace_pass': False}" in found[0].fix and found[0].where == "m.py:3 in f: y"
     assert "mul_3" in found[1].fix and found[1].node == "add"
+
+
+def test_kept_copies_the_code_asks_for_are_notes_with_no_fix_to_make():
+    """own-source and overlaps-itself (Note [Reinplacing decides and records in one place]) are copies the user's
+    code implies: reported as notes (exit code 0), each with why nothing needs fixing."""
+    from types import SimpleNamespace
+
+    from graphex.passes import KeptCopy
+    from graphex.tools.triaging.capture import kept_copy_findings
+
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    copies = [KeptCopy("graph input x", "it reads what it overwrites", cause="own-source", node="add"),
+              KeptCopy("graph input y", "its elements share memory", cause="overlaps-itself", node="add"),
+              KeptCopy("graph input z", "not proven", cause="unproven", node="add")]
+    found = kept_copy_findings([SimpleNamespace(name="graph_0", gm=gm, kept_copies=copies)])
+    assert [f.problem for f in found] == [False, False, True]
+    assert found[0].fix.startswith("none needed") and "x[1:] = x[:-1]" in found[0].fix
+    assert found[1].fix.startswith("none needed") and ".contiguous()" in found[1].fix
