@@ -38,7 +38,7 @@ _PUBLIC = {
     "register_replacement": "fusion",  # fused mode's user patterns, npugraph_ex's API
     "GraphexWarning": "base.warn",  # every warning graphex gives: filter it by this category
 }
-_SUBPACKAGES = ("inference", "testing", "tools", "custom_ops", "fusion", "passes")
+_SUBPACKAGES = ("inference", "testing", "tools", "custom_ops", "fusion", "passes", "integrations")
 
 __all__ = [*_PUBLIC, "__version__"]
 
