@@ -1,9 +1,9 @@
 """Fused mode end to end: option pattern_fusion_pass, the built-in patterns on real models,
 graphex.register_replacement with a user's custom op, GRAPHEX_LOG=1, and graphex-run.
 
-Tolerance of a whole model (README "Fused mode"): greedy tokens identical to eager and logits within
-abs(fused - eager) <= 1e-4 + 1e-4 * abs(eager); each fused op is within 1e-5 + 1e-5 * abs(eager)
-(tests/python/test_fused_kernels.py).
+Tolerance of a whole model (docs/fused-mode.md, "How close to eager"): greedy tokens identical to eager
+and logits within abs(fused - eager) <= 1e-4 + 1e-4 * abs(eager); each fused op is within
+1e-5 + 1e-5 * abs(eager) (tests/python/test_fused_kernels.py).
 """
 
 from __future__ import annotations
@@ -248,12 +248,14 @@ def test_transformers_llama_gqa_decode_with_a_static_cache():
     assert not any(n.target is torch.ops.aten.clone.default for n in captures()[-1].gm.graph.nodes)
 
 
-def test_readme_example_runs():
-    """README "Fused mode": its register_replacement example runs as written (own process: its pattern
-    would be a duplicate of this file's)."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme[readme.index("## Fused mode"):]
+def test_docs_register_replacement_example_runs():
+    """docs/fused-mode.md "Your own patterns": its register_replacement example runs as written and its pattern
+    fires (own process: its pattern would be a duplicate of this file's). test_docs.py runs the page's fences
+    too, but does not look at what GRAPHEX_LOG prints."""
+    page = open(os.path.join(ROOT, "docs", "fused-mode.md"), encoding="utf-8").read()
+    section = page[page.index("## Your own patterns"):]
     code = section[section.index("```python\n") + len("```python\n"):section.index("\n```\n")]
+    assert "graphex.register_replacement(" in code
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, "GRAPHEX_LOG": "1"})
     assert proc.returncode == 0, proc.stderr
