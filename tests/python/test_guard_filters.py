@@ -1,5 +1,5 @@
-"""torch's guard filters with graphex (README, "Guard filters: what is safe to drop"): what each filter keeps,
-and what graphex's engine still checks on every call when Dynamo's guards are dropped."""
+"""torch's guard filters with graphex (docs/exact-mode.md, "Guard filters: what is safe to drop"): what each filter
+keeps, and what graphex's engine still checks on every call when Dynamo's guards are dropped."""
 
 from __future__ import annotations
 
