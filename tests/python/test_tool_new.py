@@ -118,16 +118,16 @@ def test_template_signature_runs(tmp_path, style):
         assert (tmp_path / "ext" / "gx_template_cpp_my_op").is_dir() and not (out / "build").exists()
 
 
-def test_readme_documents_new_op_as_it_parses():
-    """README's `graphex new` section: the usage names every option of `graphex new op` (--style required), and
-    its example command is the one test_template_signature_runs generates and runs (library style)."""
+def test_docs_document_new_op_as_it_parses():
+    """docs/tools.md's `graphex new` section: the usage names every option of `graphex new op` (--style required),
+    and its example command is the one test_template_signature_runs generates and runs (library style)."""
     import argparse
     import shlex
 
     from graphex.cli import build_parser
 
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
-    section = readme.split("### `graphex new`", 1)[1].split("\n### ", 1)[0]
+    page = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "tools.md"), encoding="utf-8").read()
+    section = page.split("## `graphex new`", 1)[1].split("\n## ", 1)[0]
     assert "`--style` is required" in section
     usage = next(line for line in section.splitlines() if line.startswith("graphex new op NS::NAME"))
     def subcommand(parser, name):
@@ -140,7 +140,7 @@ def test_readme_documents_new_op_as_it_parses():
     example = section.split("```sh\n", 1)[1].split("```", 1)[0]
     command = shlex.split(example.split("\ncd ", 1)[0].replace("\\\n", " "))
     assert command == ["graphex", "new", "op", "mylib::my_op", "--style", "library", "--signature", TEMPLATE]
-    assert all("--style" in line for line in readme.splitlines() if "graphex new op " in line)
+    assert all("--style" in line for line in page.splitlines() if "graphex new op " in line)
     build_parser().parse_args(command[1:])  # parses as pasted
 
 
