@@ -22,7 +22,7 @@ library's. The call's outputs are compared with eager's (bitwise), so a layer th
 
 With each of torch's guard filters (GUARD_FILTERS: `torch.compile(..., options={"guard_filter_fn": f})`) the
 workload is compiled again and its call timed the same way: what dropping those guards would buy, and what
-it would give up (the README's "Guard filters" says which are safe when).
+it would give up (docs/exact-mode.md, "Guard filters", says which are safe when).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from . import cases as cases_mod
 from . import measure
 
 LAYERS = ("engine", "stub", "runner", "aot", "call", "guards")
-# torch.compiler's guard filters (2.11-2.15), weakest first; each trades re-checks for speed (README, Guard filters).
+# torch.compiler's guard filters (2.11-2.15), weakest first; each trades re-checks for speed (docs/exact-mode.md, Guard filters).
 GUARD_FILTERS = ("skip_guard_on_all_nn_modules_unsafe", "keep_tensor_guards_unsafe", "skip_all_guards_unsafe")
 
 
@@ -189,7 +189,7 @@ def markdown_lines(section: dict[str, Any] | None) -> list[str]:
     if filtered:
         base = {r["case"]: r for r in section["rows"] if not r.get("guard_filter")}
         lines += ["", "With torch's guard filters (`options={\"guard_filter_fn\": torch.compiler.<filter>}`; what each "
-                  "gives up: README, Guard filters):", "",
+                  "gives up: docs/exact-mode.md, Guard filters):", "",
                   "| workload | guard filter | guards | Dynamo guard check | outside engine | vs no filter | == eager |",
                   "|---|---|---:|---:|---:|---:|---|"]
         for r in filtered:

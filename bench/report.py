@@ -1,5 +1,5 @@
 """The results: derived figures checked against the project's targets, then
-results.json, results.md (tables ready for the README) and latency.png.
+results.json, results.md (tables ready for docs/benchmarks.md) and latency.png.
 
 The results dict (what bench/run.py builds) looks like:
     {"meta": {...machine, torch, date, settings...},

@@ -3,7 +3,7 @@
     import torch, graphex
     compiled = torch.compile(model, backend="graphex", fullgraph=True, dynamic=False)
 
-See README.md for the options, custom operators, the compile cache and the tools.
+See docs/ (README.md links each page) for the options, custom operators, the compile cache and the tools.
 """
 
 # Note [import graphex is quiet]

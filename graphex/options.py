@@ -1,7 +1,7 @@
 """The options of the graphex backend: `torch.compile(..., options={...})`.
 
 Every option is declared once here, with its type, default and meaning; the
-README's option table is generated from the same text (`python -m graphex options`).
+docs/backend.md's option table is generated from the same text (`python -m graphex options`, scripts/update_docs.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _option(default: Any, types: tuple[Any, ...], doc: str, *, choices: tuple[An
 class Options:
     """Note [An option is declared once]
     Each field below is one option: its name, type, default and meaning in one place. The validation
-    (`from_user`), the README's table and `graphex options` (`option_docs`), the cache key
+    (`from_user`), docs/backend.md's table and `graphex options` (`option_docs`), the cache key
     (`cache_key`) and triage (graphex.passes' pass options) all read these fields; nothing repeats
     a default or a name."""
 
@@ -46,7 +46,8 @@ class Options:
     capture_limit: int = _option(
         64, (int,),
         "Most device graphs (one per concrete input signature) one compiled graph captures, "
-        "as in npugraph_ex; past the limit that graph runs eagerly, with one warning. The CPU "
+        "as in npugraph_ex; past the limit, new input signatures run on graphex's engine without a "
+        "device graph, with one warning. The CPU "
         "engine captures no device graphs: a dynamic=True program is one program that serves "
         "every shape and int value, so on the CPU the limit is never reached.", minimum=1)
 

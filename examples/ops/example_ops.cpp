@@ -8,7 +8,7 @@
 //   graphex_examples::scale_rows(Tensor x, Tensor scale) -> Tensor                   Meta from Python
 //   graphex_examples::scale_rows_(Tensor(a!) x, Tensor scale) -> ()                  Meta from Python
 //   graphex_examples::needs_meta(Tensor x) -> Tensor                                 no Meta at all, on
-//                                  purpose: the tests and the README use it to show graphex's error
+//                                  purpose: the tests and the docs use it to show graphex's error
 //
 // The first three have their Meta (fake) kernels here in C++; scale_rows and
 // scale_rows_ get theirs from Python (examples/ops/meta.py), the "op-plugin" style.

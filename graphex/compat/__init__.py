@@ -20,7 +20,7 @@ torch's is replaced; what graphex changes is scoped to its own compile on the
 compiling thread).
 
 Checked on every release of the range by the whole suite (`make test-torch TORCH=X`; the
-README's support table), and each private name by tests/python/test_torch_internals.py.
+docs/backend.md's support table), and each private name by tests/python/test_torch_internals.py.
 """
 
 from __future__ import annotations

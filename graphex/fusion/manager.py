@@ -248,6 +248,6 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
         warn_once("fusion:nothing-fired",
                   f"graphex: pattern_fusion_pass=True, but no fused kernel matched in {graph_name or 'the graph'}: "
                   "it runs exact (eager's kernels). The built-in patterns fuse float32 tensors on the CPU "
-                  "(README, \"Fused mode\"); GRAPHEX_LOG=2 logs each match that was declined and why.")
+                  "(docs/fused-mode.md); GRAPHEX_LOG=2 logs each match that was declined and why.")
     return fired
 

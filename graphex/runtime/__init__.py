@@ -2,7 +2,7 @@
 
   compiled_graph  CompiledGraph, the one runner AOTAutograd calls, in explicit phases (Note [A compiled graph
                   runs in explicit phases]); live_graphs; the replay errors graphex._C raises through it
-  device_graphs   the program captured into an accelerator's graph and replayed (README, Device graphs)
+  device_graphs   the program captured into an accelerator's graph and replayed (docs/device-graphs.md)
   dump            GRAPHEX_DUMP: a graph and its program written out for a bug report
   debug_dump      dump_tensor_data: every op's output of a run, for triage
 

@@ -166,7 +166,7 @@ def _name_first_op(result: Bisection, entry: Compiled, options: dict[str, Any]) 
         f"it skips the Autograd key, as inference tensors do); eager goes through every key: a custom op whose "
         f"Autograd (or CompositeImplicit) kernel and backend kernel disagree shows up here. Fix that op's "
         f"kernels so they agree. To look yourself: options={{'dump_tensor_data': True, 'data_dump_stage': "
-        f"'optimized'}} and then 'original' dump every op's output (README, Debugging).")
+        f"'optimized'}} and then 'original' dump every op's output (docs/debugging.md).")
 
 
 def _compiled(entry: Compiled, stage: str, options: dict[str, Any]) -> Any:
