@@ -7,7 +7,7 @@ generates greedily from an 8-token prompt over a static cache (`cache_implementa
 graphex's `compile_config()` (graphex/integrations/transformers.py) or, for inductor, `CompileConfig(backend="inductor",
 fullgraph=True, dynamic=False)` with the `_compile_all_devices` flag it sets too (transformers compiles generate()'s
 forward on the CPU only with it: docs/transformers.md). transformers' prefill runs eagerly; the decode steps compiled. Per backend: the first generate()
-(compiles), then the median of `--runs` more, in interleaved rounds; the tokens are compared with eager's.
+(compiles: inductor cold, its caches off), then the median of `--runs` more, in interleaved rounds; the tokens are compared with eager's.
 """
 
 from __future__ import annotations
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    from torch._inductor import config as inductor_config
+
+    inductor_config.force_disable_caches = True  # inductor's first call compiles cold, as graphex's does
     import transformers
 
     transformers.logging.set_verbosity_error()
