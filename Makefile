@@ -9,6 +9,7 @@
 #                blocks); installs bench/requirements.txt (transformers, onnxruntime, onnx, onnxscript) first
 #   make opinfo  build, then every OpInfo through graphex vs eager, classified (sweeps/results/opinfo.md)
 #   make fuzz    build, then 10,000 random programs through graphex vs eager, failures shrunk to reproducers
+#   make fusion-coverage  build, then fused mode on 40 decoder spellings and 9 transformers decoders: what fired, tokens
 #   make soak    build, then 100,000 replays with memory flat and 4 threads on one model
 #   make fuzz-loader  build, then libFuzzer on the artifact loader (FUZZ_LOADER_S seconds), corpus merged
 #   make deploy-demo  build, export the shipped decoder, build examples/deploy (C++) against the
@@ -156,7 +157,15 @@ FUZZ_COUNT ?= 10000
 fuzz: build
 	$(PY) -m sweeps.fuzz --seed $(FUZZ_SEED) --count $(FUZZ_COUNT) --batch 4 $(FUZZ_ARGS)
 
-.PHONY: opinfo fuzz
+# Fused mode on decoders spelled the ways model code spells them (sweeps/coverage_decoder.py: 40 spellings) and on
+# transformers decoders from configs (fp32 and bf16): which kernels fired, tokens equal to eager over 16 steps, the
+# largest logit difference; writes sweeps/results/fusion_coverage.{md,json}. About 2 minutes. COVERAGE_ARGS:
+# python -m sweeps.fusion_coverage -h. make test runs a subset (tests/python/test_fusion_coverage.py).
+fusion-coverage: build $(STAMP_BENCH)
+	@mkdir -p sweeps/results
+	$(PY) -m sweeps.fusion_coverage --markdown sweeps/results/fusion_coverage.md --json sweeps/results/fusion_coverage.json $(COVERAGE_ARGS)
+
+.PHONY: opinfo fuzz fusion-coverage
 
 demo: build
 	$(PY) examples/demo.py
