@@ -12,11 +12,13 @@ order: a pattern that contains another comes first (Note in manager.py).
     silu_mul       silu(gate) * up
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms
     decode_attention  softmax(q k^T / s, masked) v for one query token: this repo's decoder form, and
-                   transformers' SDPA call with a bool mask, after repeat_kv (GQA) or not
+                   SDPA with a bool mask (transformers' call), after repeat_kv or repeat_interleave (GQA) or
+                   neither, with a given scale or SDPA's default
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -167,8 +169,34 @@ def sdpa(q, k, v, mask, scale):  # the same with as many key/value heads as quer
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
+def sdpa_repeat_interleave(q, k, v, mask, scale):  # GQA by repeat_interleave of the heads: the same heads as repeat_kv
+    n_rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1),
+                                          attn_mask=mask, scale=scale)
+
+
 def sdpa_fused(q, k, v, mask, scale):
     return fused.decode_attention(q, k, v, mask, scale, zero_masked_rows=True)  # as SDPA: a row masked everywhere is 0
+
+
+# The same three forms with SDPA's default scale (no scale= given: 1 / sqrt(head_dim), as ATen's sdpa computes it).
+def sdpa_repeat_kv_default_scale(q, k, v, mask):
+    n_rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), attn_mask=mask)
+
+
+def sdpa_repeat_interleave_default_scale(q, k, v, mask):
+    n_rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1),
+                                          attn_mask=mask)
+
+
+def sdpa_default_scale(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def sdpa_default_scale_fused(q, k, v, mask):
+    return fused.decode_attention(q, k, v, mask, 1.0 / math.sqrt(q.shape[-1]), zero_masked_rows=True)
 
 
 def _one_token(match: Match) -> bool:
@@ -223,8 +251,14 @@ def register_builtins() -> None:
                    builtin=True)
     # transformers' SDPA path: a bool mask becomes where(mask, 0, -inf) inside SDPA; GQA before MHA (a
     # GQA match contains an MHA one). The default SDPA path (no repeat) needs as many k/v heads as q heads.
+    # GQA by repeat_kv or repeat_interleave (torch's matcher retraces each match with its real shapes, so the head
+    # count and the repeat's dim are the ones the graph has), each with a given scale and with SDPA's default.
     q, kv, mask = t(1, 4, 1, 8), t(1, 2, 6, 8), torch.ones(1, 1, 1, 6, dtype=torch.bool)
-    for search, k in ((sdpa_repeat_kv, kv), (sdpa, t(1, 4, 6, 8))):
+    for search, k in ((sdpa_repeat_kv, kv), (sdpa_repeat_interleave, kv), (sdpa, t(1, 4, 6, 8))):
         register_named("decode_attention", search, sdpa_fused, [q, k, k.clone(), mask],
                        extra_check=_all(_float32_cpu("q", "k", "v"), _number("scale"), _one_token, _bool_mask),
                        scalar_workaround={"scale": 0.3125}, builtin=True)
+    for search, k in ((sdpa_repeat_kv_default_scale, kv), (sdpa_repeat_interleave_default_scale, kv),
+                      (sdpa_default_scale, t(1, 4, 6, 8))):
+        register_named("decode_attention", search, sdpa_default_scale_fused, [q, k, k.clone(), mask],
+                       extra_check=_all(_float32_cpu("q", "k", "v"), _one_token, _bool_mask), builtin=True)

@@ -63,6 +63,29 @@ def _one_row_masked_everywhere():
     return torch.randn(2, 4, 1, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8), mask
 
 
+def sdpa_gqa_tiled(q, k, v, mask):  # heads tiled (h0 h1 h0 h1), not interleaved (h0 h0 h1 h1): not GQA's mapping
+    return F.scaled_dot_product_attention(q, k.repeat(1, 2, 1, 1), v.repeat(1, 2, 1, 1), attn_mask=mask)
+
+
+def sdpa_gqa_interleaved_on_another_dim(q, k, v, mask):  # repeat_interleave over the positions, not the heads
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=2), v.repeat_interleave(2, dim=2),
+                                          attn_mask=mask)
+
+
+def sdpa_gqa_default_scale(q, k, v, mask):  # GQA by repeat_interleave with SDPA's own scale: may fire
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1),
+                                          attn_mask=mask)
+
+
+def _gqa():
+    return torch.randn(1, 4, 1, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), torch.ones(1, 1, 1, 6, dtype=torch.bool)
+
+
+def _gqa_long_mask():  # as many query heads as key/value heads; the positions repeated
+    _, k, v, _ = _gqa()
+    return torch.randn(1, 2, 1, 8), k, v, torch.ones(1, 1, 1, 12, dtype=torch.bool)
+
+
 def causal_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25)
 
@@ -80,6 +103,11 @@ CASES = {
                                         lambda: (torch.randn(2, 3, 64), torch.randn(2, 3, 64)), {"add_rms_norm"}, set()),
     "sdpa_with_a_row_masked_everywhere": (sdpa_with_a_row_masked_everywhere, _one_row_masked_everywhere, set(),
                                           {"decode_attention"}),
+    # tiled heads are not GQA's mapping: fusing them as GQA (kv head i // 2) would read the wrong heads; fusing the
+    # MHA form over the tiled copy is exact (the result is compared either way)
+    "sdpa_gqa_tiled": (sdpa_gqa_tiled, _gqa, set(), set()),
+    "sdpa_gqa_interleaved_on_another_dim": (sdpa_gqa_interleaved_on_another_dim, _gqa_long_mask, set(), set()),
+    "sdpa_gqa_default_scale": (sdpa_gqa_default_scale, _gqa, set(), {"decode_attention"}),
     "causal_sdpa": (causal_sdpa, lambda: (torch.randn(1, 4, 1, 8), torch.randn(1, 4, 3, 8), torch.randn(1, 4, 3, 8)),
                     {"decode_attention"}, set()),
 }
