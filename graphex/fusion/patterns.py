@@ -11,9 +11,9 @@ order: a pattern that contains another comes first (Note in manager.py).
     gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x
     silu_mul       silu(gate) * up
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms
-    decode_attention  softmax(q k^T / s, masked) v for one query token: this repo's decoder form, and
-                   SDPA with a bool mask (transformers' call), after repeat_kv or repeat_interleave (GQA) or
-                   neither, with a given scale or SDPA's default
+    decode_attention  softmax(q k^T * s, masked) v for one query token, SDPA or written out, GQA by repeat_kv
+                   or repeat_interleave or none, scale given (or divided by) or SDPA's default, a bool mask
+                   or (SDPA) none: Note [Attention forms are generated from one table]
 """
 
 from __future__ import annotations
@@ -144,79 +144,127 @@ def _rotary_shapes(match: Match) -> bool:
 
 
 # ---- One-token attention over a KV cache ---------------------------------------------------------
-
-def decode_attention(q, k, v, mask, inv_scale):  # examples/models/decoder.py's Attention
-    scores = torch.matmul(q, k.transpose(2, 3)) / inv_scale
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-
-def decode_attention_fused(q, k, v, mask, inv_scale):
-    return fused.decode_attention(q, k, v, mask, 1.0 / inv_scale)
-
+#
+# Note [Attention forms are generated from one table]
+# Attention reaches the graph in many spellings that mean the same thing: SDPA or written out
+# (matmul, scale, masked_fill, softmax, matmul), the scale given, divided by or SDPA's default,
+# grouped-query heads repeated by repeat_kv (expand + reshape) or repeat_interleave or not at all, a
+# bool mask or none. Each combination is one search function below, made from the table (_GQA and
+# the flags) so that the rules are written once; all are replaced by the one kernel,
+# graphex_fused::decode_attention, which reads grouped heads natively (query head h reads key/value
+# head h // n, the head both repeats give it). torch's matcher retraces every match with its real
+# shapes (the repeat count and dims, the scale), so a form fires only where the graph is exactly
+# what the search function computes on those shapes. Per form, what eager gives a row masked
+# everywhere: SDPA 0 (zero_masked_rows), a written-out softmax over all -inf NaN.
 
 def _repeat_kv(x, n_rep):  # transformers' repeat_kv (grouped-query attention)
     b, h, s, d = x.shape
     return x[:, :, None, :, :].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
 
 
-def sdpa_repeat_kv(q, k, v, mask, scale):  # transformers' sdpa_attention_forward under torch.compile, GQA
-    n_rep = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), attn_mask=mask, scale=scale)
+def _repeat_interleave(x, n_rep):
+    return x.repeat_interleave(n_rep, dim=1)
 
 
-def sdpa(q, k, v, mask, scale):  # the same with as many key/value heads as query heads
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+def _no_repeat(x, n_rep):
+    return x
 
 
-def sdpa_repeat_interleave(q, k, v, mask, scale):  # GQA by repeat_interleave of the heads: the same heads as repeat_kv
-    n_rep = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1),
-                                          attn_mask=mask, scale=scale)
+_GQA = {"repeat_kv": _repeat_kv, "repeat_interleave": _repeat_interleave, "none": _no_repeat}
 
 
-def sdpa_fused(q, k, v, mask, scale):
-    return fused.decode_attention(q, k, v, mask, scale, zero_masked_rows=True)  # as SDPA: a row masked everywhere is 0
+def _sdpa_form(gqa: str, scaled: bool, masked: bool) -> Callable[..., Any]:
+    """F.scaled_dot_product_attention after one GQA form, with or without scale= and a bool mask."""
+    rep = _GQA[gqa]
+
+    def n(q, k):
+        return q.shape[1] // k.shape[1]
+
+    if scaled and masked:
+        def search(q, k, v, mask, scale):
+            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), attn_mask=mask, scale=scale)
+    elif masked:
+        def search(q, k, v, mask):
+            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), attn_mask=mask)
+    elif scaled:
+        def search(q, k, v, scale):
+            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), scale=scale)
+    else:
+        def search(q, k, v):
+            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)))
+    search.__qualname__ = search.__name__ = (f"sdpa_{gqa}_{'scale' if scaled else 'default_scale'}_"
+                                             f"{'bool_mask' if masked else 'no_mask'}")
+    return search
 
 
-# The same three forms with SDPA's default scale (no scale= given: 1 / sqrt(head_dim), as ATen's sdpa computes it).
-def sdpa_repeat_kv_default_scale(q, k, v, mask):
-    n_rep = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), attn_mask=mask)
+def _sdpa_fused_form(scaled: bool, masked: bool) -> Callable[..., Any]:
+    def all_attended(q, k):  # no mask: every cached position is attended, as SDPA without attn_mask does
+        return torch.ones((1, 1, 1, k.shape[2]), dtype=torch.bool, device=q.device)
+
+    def default_scale(q):
+        return 1.0 / math.sqrt(q.shape[-1])  # ATen's sdpa: 1 / sqrt(E)
+
+    if scaled and masked:
+        def replace(q, k, v, mask, scale):
+            return fused.decode_attention(q, k, v, mask, scale, zero_masked_rows=True)
+    elif masked:
+        def replace(q, k, v, mask):
+            return fused.decode_attention(q, k, v, mask, default_scale(q), zero_masked_rows=True)
+    elif scaled:
+        def replace(q, k, v, scale):
+            return fused.decode_attention(q, k, v, all_attended(q, k), scale, zero_masked_rows=True)
+    else:
+        def replace(q, k, v):
+            return fused.decode_attention(q, k, v, all_attended(q, k), default_scale(q), zero_masked_rows=True)
+    replace.__qualname__ = replace.__name__ = f"sdpa_fused_{'scale' if scaled else 'default_scale'}_{'mask' if masked else 'no_mask'}"
+    return replace
 
 
-def sdpa_repeat_interleave_default_scale(q, k, v, mask):
-    n_rep = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1),
-                                          attn_mask=mask)
+def _written_form(gqa: str, divide: bool) -> Callable[..., Any]:
+    """softmax(q k^T * scale (or / inv_scale), masked_fill(~mask, -inf)) v, after one GQA form."""
+    rep = _GQA[gqa]
+
+    if divide:
+        def search(q, k, v, mask, inv_scale):  # examples/models/decoder.py's Attention
+            n = q.shape[1] // k.shape[1]
+            scores = torch.matmul(q, rep(k, n).transpose(2, 3)) / inv_scale
+            scores = scores.masked_fill(~mask, float("-inf"))
+            return torch.matmul(torch.softmax(scores, dim=-1), rep(v, n))
+    else:
+        def search(q, k, v, mask, scale):
+            n = q.shape[1] // k.shape[1]
+            scores = torch.matmul(q, rep(k, n).transpose(2, 3)) * scale
+            scores = scores.masked_fill(~mask, float("-inf"))
+            return torch.matmul(torch.softmax(scores, dim=-1), rep(v, n))
+    search.__qualname__ = search.__name__ = f"written_attention_{gqa}_{'div' if divide else 'mul'}"
+    return search
 
 
-def sdpa_default_scale(q, k, v, mask):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+def decode_attention_fused(q, k, v, mask, inv_scale):
+    return fused.decode_attention(q, k, v, mask, 1.0 / inv_scale)  # a row masked everywhere: NaN, as softmax gives
 
 
-def sdpa_default_scale_fused(q, k, v, mask):
-    return fused.decode_attention(q, k, v, mask, 1.0 / math.sqrt(q.shape[-1]), zero_masked_rows=True)
+def written_attention_fused(q, k, v, mask, scale):
+    return fused.decode_attention(q, k, v, mask, scale)
 
 
 def _one_token(match: Match) -> bool:
-    q, k, v, mask = (_val(match, n) for n in ("q", "k", "v", "mask"))
-    if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape) or mask.dtype != torch.bool:
+    q, k, v = (_val(match, n) for n in ("q", "k", "v"))
+    mask = _val(match, "mask") if "mask" in match.kwargs else None
+    if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
+        return False
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() > 4):
         return False
     if q.shape[2] != 1 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         return False
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         return False
-    try:
-        torch.broadcast_shapes(mask.shape, (q.shape[0], q.shape[1], 1, k.shape[2]))
-    except RuntimeError:
-        return False
-    return mask.dim() <= 4
-
-
-def _bool_mask(match: Match) -> bool:
-    mask = _val(match, "mask")
-    return isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+    if mask is not None:
+        try:
+            torch.broadcast_shapes(mask.shape, (q.shape[0], q.shape[1], 1, k.shape[2]))
+        except RuntimeError:
+            return False
+    return True
 
 
 def register_builtins() -> None:
@@ -244,21 +292,24 @@ def register_builtins() -> None:
         register_named("rotary", search, rotary_fused, [t(1, 2, 3, 8), t(1, 1, 3, 8), t(1, 1, 3, 8)],
                        extra_check=rot_ok, builtin=True)
 
-    register_named("decode_attention", decode_attention, decode_attention_fused,
-                   [t(1, 2, 1, 8), t(1, 2, 6, 8), t(1, 2, 6, 8), torch.ones(1, 1, 1, 6, dtype=torch.bool)],
-                   extra_check=_all(_float32_cpu("q", "k", "v"), _number("inv_scale"), _one_token),
-                   scalar_workaround={"inv_scale": 7.25},
-                   builtin=True)
-    # transformers' SDPA path: a bool mask becomes where(mask, 0, -inf) inside SDPA; GQA before MHA (a
-    # GQA match contains an MHA one). The default SDPA path (no repeat) needs as many k/v heads as q heads.
-    # GQA by repeat_kv or repeat_interleave (torch's matcher retraces each match with its real shapes, so the head
-    # count and the repeat's dim are the ones the graph has), each with a given scale and with SDPA's default.
-    q, kv, mask = t(1, 4, 1, 8), t(1, 2, 6, 8), torch.ones(1, 1, 1, 6, dtype=torch.bool)
-    for search, k in ((sdpa_repeat_kv, kv), (sdpa_repeat_interleave, kv), (sdpa, t(1, 4, 6, 8))):
-        register_named("decode_attention", search, sdpa_fused, [q, k, k.clone(), mask],
-                       extra_check=_all(_float32_cpu("q", "k", "v"), _number("scale"), _one_token, _bool_mask),
+    # Note [Attention forms are generated from one table]: the GQA forms before the plain one (a GQA match
+    # contains the plain form's), written-out forms anchored at their last matmul, SDPA at its call.
+    q, kv, k_full, mask = t(1, 4, 1, 8), t(1, 2, 6, 8), t(1, 4, 6, 8), torch.ones(1, 1, 1, 6, dtype=torch.bool)
+    written_ok = _all(_float32_cpu("q", "k", "v"), _one_token)
+    for gqa in ("repeat_kv", "repeat_interleave", "none"):
+        k = k_full if gqa == "none" else kv
+        register_named("decode_attention", _written_form(gqa, divide=True), decode_attention_fused,
+                       [q, k, k.clone(), mask], extra_check=_all(written_ok, _number("inv_scale")),
+                       scalar_workaround={"inv_scale": 7.25}, builtin=True)
+        register_named("decode_attention", _written_form(gqa, divide=False), written_attention_fused,
+                       [q, k, k.clone(), mask], extra_check=_all(written_ok, _number("scale")),
                        scalar_workaround={"scale": 0.3125}, builtin=True)
-    for search, k in ((sdpa_repeat_kv_default_scale, kv), (sdpa_repeat_interleave_default_scale, kv),
-                      (sdpa_default_scale, t(1, 4, 6, 8))):
-        register_named("decode_attention", search, sdpa_default_scale_fused, [q, k, k.clone(), mask],
-                       extra_check=_all(_float32_cpu("q", "k", "v"), _one_token, _bool_mask), builtin=True)
+    for gqa in ("repeat_kv", "repeat_interleave", "none"):
+        k = k_full if gqa == "none" else kv
+        for scaled in (True, False):
+            for masked in (True, False):
+                inputs = [q, k, k.clone()] + ([mask] if masked else [])
+                checks = [_float32_cpu("q", "k", "v"), _one_token] + ([_number("scale")] if scaled else [])
+                register_named("decode_attention", _sdpa_form(gqa, scaled, masked), _sdpa_fused_form(scaled, masked),
+                               inputs, extra_check=_all(*checks),
+                               scalar_workaround={"scale": 0.3125} if scaled else None, builtin=True)

@@ -86,6 +86,28 @@ def _gqa_long_mask():  # as many query heads as key/value heads; the positions r
     return torch.randn(1, 2, 1, 8), k, v, torch.ones(1, 1, 1, 12, dtype=torch.bool)
 
 
+def written_softmax_over_queries(q, k, v, mask):  # softmax over dim -2: another meaning
+    scores = torch.matmul(q, k.transpose(2, 3)) * 0.25
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-2), v)
+
+
+def written_additive_bias(q, k, v, bias):  # an additive float bias (ALiBi-like): the bool-mask kernel does not add it
+    scores = torch.matmul(q, k.transpose(2, 3)) * 0.25 + bias
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def written_gqa_mul(q, k, v, mask):  # written out, GQA by repeat_interleave, a given scale: may fire
+    k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * 0.25
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def sdpa_no_mask(q, k, v):  # no mask: every position attended; may fire
+    return F.scaled_dot_product_attention(q, k, v)
+
+
 def causal_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25)
 
@@ -108,6 +130,13 @@ CASES = {
     "sdpa_gqa_tiled": (sdpa_gqa_tiled, _gqa, set(), set()),
     "sdpa_gqa_interleaved_on_another_dim": (sdpa_gqa_interleaved_on_another_dim, _gqa_long_mask, set(), set()),
     "sdpa_gqa_default_scale": (sdpa_gqa_default_scale, _gqa, set(), {"decode_attention"}),
+    "written_softmax_over_queries": (written_softmax_over_queries, lambda: (torch.randn(1, 2, 1, 8), *_gqa()[1:3],
+                                                                            torch.ones(1, 1, 1, 6, dtype=torch.bool)),
+                                     {"decode_attention"}, set()),
+    "written_additive_bias": (written_additive_bias, lambda: (torch.randn(1, 2, 1, 8), *_gqa()[1:3],
+                                                              torch.randn(1, 2, 1, 6)), {"decode_attention"}, set()),
+    "written_gqa_mul": (written_gqa_mul, _gqa, set(), {"decode_attention"}),
+    "sdpa_no_mask": (sdpa_no_mask, lambda: _gqa_long_mask()[:3], set(), {"decode_attention"}),
     "causal_sdpa": (causal_sdpa, lambda: (torch.randn(1, 4, 1, 8), torch.randn(1, 4, 3, 8), torch.randn(1, 4, 3, 8)),
                     {"decode_attention"}, set()),
 }
