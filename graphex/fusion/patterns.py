@@ -9,7 +9,7 @@ order: a pattern that contains another comes first (Note in manager.py).
     add_rms_norm   (x + residual, rms_norm(x + residual) * w)           2 forms (x*r*w, w*(x*r))
     rms_norm       x * rsqrt(mean(x^2, -1) + eps) * w                   2 forms
     gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x
-    silu_mul       silu(gate) * up
+    silu_mul       silu(gate) * up, or up * silu(gate) (Phi3's fused gate_up projection, chunked)
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms
     decode_attention  softmax(q k^T * s, masked) v for one query token, SDPA or written out, GQA by repeat_kv
                    or repeat_interleave or none, scale given (or divided by) or SDPA's default, a bool mask
@@ -113,6 +113,10 @@ def gated_mlp_fused(x, w_gate, w_up, w_down):
 
 def silu_mul(gate, up):
     return F.silu(gate) * up
+
+
+def up_mul_silu(gate, up):  # Phi3 and others: up * silu(gate) (a float product is the same either way round)
+    return up * F.silu(gate)
 
 
 def silu_mul_fused(gate, up):
@@ -284,8 +288,9 @@ def register_builtins() -> None:
     mlp_ok = _float32_cpu("x", "w_gate", "w_up", "w_down")
     for x in (x3, t(3, 16)):
         register_named("gated_mlp", gated_mlp, gated_mlp_fused, [x, wg, wu, wd], extra_check=mlp_ok, builtin=True)
-    register_named("silu_mul", silu_mul, silu_mul_fused, [t(2, 3, 32), t(2, 3, 32)],
-                   extra_check=_all(_float32_cpu("gate", "up"), _same_shape("gate", "up")), builtin=True)
+    for search in (silu_mul, up_mul_silu):
+        register_named("silu_mul", search, silu_mul_fused, [t(2, 3, 32), t(2, 3, 32)],
+                       extra_check=_all(_float32_cpu("gate", "up"), _same_shape("gate", "up")), builtin=True)
 
     rot_ok = _all(_float32_cpu("x", "cos", "sin"), _rotary_shapes)
     for search in (rotary, rotary_slices):
