@@ -5,7 +5,10 @@
 //   [B, H, T, S], true where a position may be attended; scale multiplies the scores.
 // Meant for decode steps (T = 1, one pass over the cache per head); any T works.
 // A row whose mask is all false gives NaN, as eager's softmax over all -inf does, or zeros with
-// `zero_masked_rows` (what F.scaled_dot_product_attention's CPU kernel returns for such a row).
+// `zero_masked_rows` (what F.scaled_dot_product_attention's CPU kernel returns for such a row); a NaN or
+// +inf score makes the row NaN either way (Note [A row's edge cases are eager's]). Not eager's: masked
+// positions are skipped, so a NaN or inf in v at a masked position does not reach the output (eager's
+// matmul gives 0 * NaN = NaN there).
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp): the dot products, the
 // softmax sum and the weighted sum add in another order than eager's bmm and softmax.
 #include "fused/rows.h"
@@ -83,20 +86,46 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
       const float* kb = kp + b * ks0 + hk * ks1;
       const float* vb = vp + b * vs0 + hk * vs1;
       const bool* mr = mp + b * ms0 + h * ms1 + t * ms2;
+      // Note [A row's edge cases are eager's]: whether a row is masked everywhere is read from the mask, never
+      // from the softmax's sum, which is also NaN when a score is NaN or +inf (exp(inf - inf)): such a row is
+      // NaN, as eager's softmax makes it, whatever zero_masked_rows says. A row with no position at all (S = 0)
+      // is 0, as eager's matmul with an empty value gives. A row whose attended scores are all -inf is what a row
+      // masked everywhere is (eager's SDPA adds its mask as -inf: 0 there, NaN for a written-out softmax).
       float mx = kNegInf;
+      int64_t attended = 0;
+      bool nan_score = false;
       for (int64_t s = 0; s < S; ++s) {
-        p[s] = mr[s * ms3] ? K.dot(qr, kb + s * ks2, D) * fscale : kNegInf;
-        mx = std::max(mx, p[s]);
+        if (mr[s * ms3]) {
+          ++attended;
+          p[s] = K.dot(qr, kb + s * ks2, D) * fscale;
+          nan_score |= std::isnan(p[s]);
+          mx = std::max(mx, p[s]);
+        } else {
+          p[s] = kNegInf;
+        }
+      }
+      float* orow = op + row * D;
+      std::fill(orow, orow + D, 0.f);
+      constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+      if (attended == 0) {  // every position masked: NaN, as eager's softmax over all -inf (or zeros, as SDPA)
+        if (!zero_masked_rows && S > 0) std::fill(orow, orow + D, kNaN);
+        continue;
+      }
+      if (nan_score) {
+        std::fill(orow, orow + D, kNaN);
+        continue;
       }
       float sum = 0.f;
       for (int64_t s = 0; s < S; ++s) {
         p[s] = p[s] == kNegInf ? 0.f : std::exp(p[s] - mx);
         sum += p[s];
       }
-      float* orow = op + row * D;
-      std::fill(orow, orow + D, 0.f);
-      if (!(sum > 0.f)) {  // every position masked: NaN, as eager's softmax over all -inf (or zeros, as SDPA)
-        if (!zero_masked_rows) std::fill(orow, orow + D, std::numeric_limits<float>::quiet_NaN());
+      if (std::isnan(sum)) {  // a +inf score (exp(inf - inf)): NaN, as eager's softmax and SDPA give
+        std::fill(orow, orow + D, kNaN);
+        continue;
+      }
+      if (!(sum > 0.f)) {  // every attended score -inf: as a row masked everywhere (SDPA cannot tell them apart)
+        if (!zero_masked_rows) std::fill(orow, orow + D, kNaN);
         continue;
       }
       const float inv_sum = 1.f / sum;

@@ -196,9 +196,22 @@ def register_replacement(search_fn: Callable[..., Any], replace_fn: Callable[...
     argnames = list(inspect.signature(search_fn).parameters)
     trace_takes_decomp = "get_decomp_fn" in inspect.signature(trace_fn).parameters
 
+    registered = False
+
     def trace(fn: Callable[..., Any], args: Any, **_ignored: Any) -> Any:
         _trace_inputs.last = (fn, list(args))
-        return trace_fn(fn, args, get_decomp_fn=get_decomp_fn) if trace_takes_decomp else trace_fn(fn, args)
+        try:
+            return trace_fn(fn, args, get_decomp_fn=get_decomp_fn) if trace_takes_decomp else trace_fn(fn, args)
+        except RuntimeError:
+            raise
+        except Exception as e:
+            if not registered:
+                raise  # tracing the pattern itself failed: the pattern is wrong, say so at registration
+            # Note [A pattern that cannot retrace a match declines it]: torch's matcher retraces each match with its
+            # real shapes and declines only on a RuntimeError; any other error (a search function dividing by a
+            # head count of 0) would fail the user's compile. It declines the match instead.
+            raise RuntimeError(f"graphex: pattern {pattern_name} declined a match it cannot retrace: "
+                               f"{type(e).__name__}: {e}") from e
 
     def check(match: Any) -> bool:
         missing = [n for n in argnames if n not in match.kwargs]
@@ -213,7 +226,9 @@ def register_replacement(search_fn: Callable[..., Any], replace_fn: Callable[...
 
     params = inspect.signature(pattern_matcher.register_replacement).parameters
     optional = {"pattern_name": pattern_name, "get_decomp_fn": get_decomp_fn}
-    return bool(pattern_matcher.register_replacement(
+    result = bool(pattern_matcher.register_replacement(
         search_fn, replace_fn, example_inputs, trace, pass_dict, extra_check=check,
         scalar_workaround=scalar_workaround, search_fn_pattern=search_fn_pattern, skip_duplicates=skip_duplicates,
         **{k: v for k, v in optional.items() if k in params}))
+    registered = True
+    return result

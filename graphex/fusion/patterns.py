@@ -261,7 +261,7 @@ def _one_token(match: Match) -> bool:
         return False
     if q.shape[2] != 1 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         return False
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] or k.shape[2] == 0:  # no heads, or an empty cache: left to eager
         return False
     if mask is not None:
         try:

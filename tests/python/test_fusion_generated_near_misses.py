@@ -652,30 +652,12 @@ ATT_MUTATIONS.update({
     "sdpa_no_mask_inf_score": (sdpa_no_mask, _inf_score(ATT_IN)),
 })
 
-_ZERO_ROW_IS_NAN = (
-    "decode_attention (zero_masked_rows=True, the SDPA forms) gives 0 where eager's SDPA gives NaN: the kernel "
-    "takes a row as 'masked everywhere' when !(sum > 0) (csrc/fused/attention.cpp), which a NaN softmax sum (a NaN "
-    "input, a +inf score: exp(inf - inf), an infinite scale) also is, instead of deciding it from the mask")
-_EMPTY_CACHE_IS_NAN = (
-    "decode_attention fires on a KV cache of length 0 and gives NaN where eager gives 0 (the written-out form: "
-    "softmax over no positions is empty and the matmul with an empty v sums to 0): the kernel takes a row with "
-    "no position as masked everywhere (!(sum > 0)) and fills NaN")
-_ZERO_HEADS_FAIL = (
-    "the fused compile fails where exact mode compiles, on written-out attention with 0 heads: torch's matcher "
-    "re-traces the written forms of graphex/fusion/patterns.py (_written_form), whose `n = q.shape[1] // "
-    "k.shape[1]` raises ZeroDivisionError, not a RuntimeError, so the matcher does not decline the match but "
-    "fails the compile (_one_token's k.shape[1] == 0 check runs only after the re-trace)")
-XFAIL = {  # variant id: what is wrong (found by this file; kept failing until graphex is fixed)
-    "attention/empty_kv_cache": _EMPTY_CACHE_IS_NAN,
-    "attention/written_mul_empty_kv_cache": _EMPTY_CACHE_IS_NAN,
-    "attention/sdpa_nan_in_q": _ZERO_ROW_IS_NAN,
-    "attention/sdpa_no_mask_nan_in_k": _ZERO_ROW_IS_NAN,
-    "attention/sdpa_inf_score": _ZERO_ROW_IS_NAN,
-    "attention/sdpa_no_mask_inf_score": _ZERO_ROW_IS_NAN,
-    "attention/sdpa_scale_inf": _ZERO_ROW_IS_NAN,
-    "attention/decode_attention/zero_heads": _ZERO_HEADS_FAIL,
-    "attention/written_mul/zero_heads": _ZERO_HEADS_FAIL,
-}
+# What this file found, now fixed, each still a variant above: decode_attention took a row as masked everywhere from
+# a NaN softmax sum (a NaN input, a +inf score: the SDPA forms gave 0 where eager gives NaN), fired on an empty KV
+# cache (NaN where eager gives 0), and the written forms' retrace divided by a head count of 0 (a ZeroDivisionError
+# failed the fused compile): Note [A row's edge cases are eager's] (csrc/fused/attention.cpp), _one_token
+# (graphex/fusion/patterns.py), Note [A pattern that cannot retrace a match declines it] (graphex/compat/inductor.py).
+XFAIL: dict[str, str] = {}  # variant id: what is wrong (a bug found and not fixed yet stays here, failing strictly)
 
 
 # ---- the generator ----------------------------------------------------------------------------------------
