@@ -349,3 +349,54 @@ def write(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         f.write(markdown(results))
     plot(results, paths["png"])
     return paths
+
+
+SUMMARY_BACKENDS = ("eager", "torchscript", "onnxruntime", "inductor", "graphex", "graphex_fused", "graphex_cached")
+
+
+def summary_table(results: dict[str, Any], threads: int | None, cases: list[str] | None = None) -> list[str]:
+    """One row per workload, one column per backend: the median step and its ratio to eager (docs' headline tables)."""
+    names = {"eager": "eager", "torchscript": "TorchScript freeze", "onnxruntime": "ONNX Runtime",
+             "inductor": "inductor", "graphex": "graphex exact", "graphex_fused": "graphex fused",
+             "graphex_cached": "exact, cache_compile"}
+    lines = ["| workload | " + " | ".join(names[b] for b in SUMMARY_BACKENDS) + " |",
+             "|---|" + "---:|" * len(SUMMARY_BACKENDS)]
+    for case in results["cases"]:
+        if case.get("threads") != threads or case.get("skipped") or (cases and case["name"] not in cases):
+            continue
+        eager = _get(case, "eager", "median_us")
+        cells = []
+        for b in SUMMARY_BACKENDS:
+            median = _get(case, b, "median_us")
+            if median is None:
+                cells.append("n/a")
+            elif b == "eager" or not eager:
+                cells.append(_us(median))
+            else:
+                cells.append(f"{_us(median)} ({median / eager:.2f}x)")
+        lines.append(f"| {case['name']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Print a results.json's headline tables (median step, / eager).")
+    p.add_argument("results", help="a results.json written by python -m bench.run")
+    p.add_argument("--only", help="comma-separated workloads")
+    args = p.parse_args(argv)
+    with open(args.results) as f:
+        results = json.load(f)
+    meta = results["meta"]
+    print(f"{meta['date']}, graphex {meta['commit']}, {meta['cpu']} ({meta['cores']} cores), torch {meta['torch']}"
+          + (f"; load average {meta['load_before']:.1f} before the run" if meta.get("load_before") else ""))
+    for n in thread_counts(results):
+        print(f"\n{_thread_word(n)}: median step, and / eager\n")
+        print("\n".join(summary_table(results, n, args.only.split(",") if args.only else None)))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -80,10 +80,11 @@ def main() -> None:
               "bit for bit")
         # Interleave the runs so that drift in machine speed affects all alike.
         runs: dict[str, list[float]] = {"eager": [], "graphex": [], "graphex + custom ops": []}
+        per_round = max(1, args.repeat // 5)  # --repeat below 5 still times one step per round
         for _ in range(5):
-            runs["eager"].append(median_step_us(model, model, args.repeat // 5))
-            runs["graphex"].append(median_step_us(compiled, model, args.repeat // 5))
-            runs["graphex + custom ops"].append(median_step_us(compiled_ops, model, args.repeat // 5))
+            runs["eager"].append(median_step_us(model, model, per_round))
+            runs["graphex"].append(median_step_us(compiled, model, per_round))
+            runs["graphex + custom ops"].append(median_step_us(compiled_ops, model, per_round))
     medians = {name: statistics.median(times) for name, times in runs.items()}
     e = medians["eager"]
     print()
