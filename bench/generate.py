@@ -27,7 +27,7 @@ BACKENDS = ("eager", "graphex", "graphex_fused", "inductor")
 def _compile_config(backend: str) -> Any:
     from transformers import CompileConfig
 
-    from graphex.integrations.transformers import compile_config
+    from graphex.integrations.transformers import compile_config, compile_on_every_device
 
     if backend == "eager":
         return None
@@ -35,9 +35,7 @@ def _compile_config(backend: str) -> Any:
         return compile_config()
     if backend == "graphex_fused":
         return compile_config({"pattern_fusion_pass": True})
-    cc = CompileConfig(backend=backend, fullgraph=True, dynamic=False, mode="default")
-    cc._compile_all_devices = True  # transformers' flag: compile on the CPU too (graphex's compile_config sets it)
-    return cc
+    return compile_on_every_device(CompileConfig(backend=backend, fullgraph=True, dynamic=False, mode="default"))
 
 
 def measure(arch: str, backends: list[str], new_tokens: int, runs: int) -> list[dict[str, Any]]:

@@ -39,7 +39,14 @@ def compile_config(options: dict[str, Any] | None = None, *, fullgraph: bool = T
     from transformers import CompileConfig
 
     Options.from_user(options)  # a bad key fails here, naming it
-    config = CompileConfig(fullgraph=fullgraph, dynamic=dynamic, backend="graphex",
-                           mode=None if options else "reduce-overhead", options=dict(options) if options else None)
-    config._compile_all_devices = True  # Note [generate() compiles on the CPU only when asked]
+    return compile_on_every_device(CompileConfig(fullgraph=fullgraph, dynamic=dynamic, backend="graphex",
+                                                 mode=None if options else "reduce-overhead",
+                                                 options=dict(options) if options else None))
+
+
+def compile_on_every_device(config: Any) -> Any:
+    """`config` (a transformers.CompileConfig, any backend) with generate() compiling on the CPU too: the one place
+    that sets transformers' private flag (Note [generate() compiles on the CPU only when asked]); the benchmark and
+    the coverage sweep use it for their inductor and Dynamo-only configs."""
+    config._compile_all_devices = True
     return config
