@@ -1,7 +1,9 @@
 """The parts of `graphex triage` (graphex/tools/triage.py), one job per file:
 
-runner.py     run the user's script with torch.compile intercepted: what was compiled, its
+runner.py     run the user's script, observed: what was compiled, its
               options, the inputs of its first call, what it raised; Dynamo's logs collected
+observe.py    how torch.compile calls and the calls of what they return are seen (Python's
+              profiling hook; nothing replaced)
 state.py      every tensor a call can change (objects passed in, module state, globals),
               saved before the first call and put back before each rerun
 dynamo_logs.py  the graph-break and recompile log records, tagged with the user's call site

@@ -1,21 +1,19 @@
-"""Run the user's script with torch.compile intercepted.
+"""Run the user's script and see what it compiles, without replacing anything.
 
 Note [How triage sees the script's model]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 The script runs in this process (runpy), as `__main__` or, with --entry, imported and its
-function called. While it runs, `torch.compile` is replaced by a wrapper that calls the real
-one and records what was compiled, with which backend and options, and wraps the result so
-its first call saves clones of the inputs, and of every other tensor the call can change
-(Note [Triage restores all state a step can mutate], state.py), before the real call runs.
-Every later analysis (re-tracing for all graph breaks, the accuracy bisection) replays that
-first call on fresh clones with that state put back. Errors are recorded with the compiled function they came out of, and each
-call sets the "current call" that Dynamo's log records are tagged with.
+function called. While it runs, a CompileObserver (Note [Triage observes torch.compile through
+Python's profiling hook], observe.py) records each torch.compile the script makes: what was
+compiled, with which backend and options. At the first call of each compiled object, before the
+call runs, it saves clones of the inputs, and of every other tensor the call can change
+(Note [Triage restores all state a step can mutate], state.py). Every later analysis
+(re-tracing for all graph breaks, the accuracy bisection) replays that first call on fresh
+clones with that state put back. The script's error is laid to the compiled call it came out
+of, and each call in progress is "the current call" that Dynamo's log records are tagged with.
 
 The copies the user's own Dynamo graph makes are counted through graphex's on-capture registry
-(Note [Tools see captures through one registry]); nothing of graphex is replaced. The
-replacement of `torch.compile` is the one thing of torch a graphex tool still replaces, in the
-triage command's own process and only while the script runs: torch has no hook that tells
-which callables a script compiles and sees their calls.
+(Note [Tools see captures through one registry]). Nothing of torch or graphex is replaced.
 
 A script that fails outside any compiled call is run once more in a fresh interpreter with
 every torch.compile run eagerly (torch.compiler.set_stance("force_eager"); a second run here
@@ -27,20 +25,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import io
 import os
 import runpy
 import subprocess
 import sys
 import traceback
-from typing import Any, Callable
+import types
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from .dynamo_logs import DynamoLogs, LogEvent
 from .findings import is_internal, location, short_path
+from .observe import CompileCall, CompileObserver
 from .state import Snapshot, snapshot
 
 _GRAPHEX_BACKENDS = ("graphex", "npugraph_ex", "graphex_backend", "npugraph_ex_backend")
@@ -103,6 +102,7 @@ class ScriptRun:
     events: list[LogEvent] = dataclasses.field(default_factory=list)
     error: BaseException | None = None  # what the script raised (SystemExit with a non-zero code included)
     failed_in: Compiled | None = None  # the compiled function the script's error came out of
+    observer_errors: list[str] = dataclasses.field(default_factory=list)  # the observer's own failures
     # graph name -> the user's own copies in its Dynamo graph (Note [A copy the user wrote is not a problem])
     user_copies: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
@@ -118,9 +118,8 @@ def clone_tree(tree: Any) -> Any:
     return pytree.tree_map(clone, tree)
 
 
-def user_call_site(with_code: bool = True) -> str:
-    """The innermost frame outside torch and graphex: the script's line that made this call."""
-    frame = sys._getframe(1)
+def user_call_site(frame: types.FrameType | None, with_code: bool = True) -> str:
+    """The innermost frame from `frame` outwards outside torch and graphex: the script's line that made this call."""
     while frame is not None and is_internal(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
@@ -128,34 +127,22 @@ def user_call_site(with_code: bool = True) -> str:
     return location(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, None if with_code else "")
 
 
-_calls: list[tuple[Compiled, str]] = []  # the compiled calls in progress, innermost last
+_observer: CompileObserver | None = None  # while a script runs
 
 
 def current_call() -> tuple[Compiled, str] | None:
-    return _calls[-1] if _calls else None
+    """The compiled call in progress (innermost) and its call site, while the script runs."""
+    return _observer.current() if _observer is not None else None
 
 
-def _recording(entry: Compiled, fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        site = user_call_site()
-        entry.calls += 1
-        if entry.first_args is None:
-            entry.first_args, entry.first_kwargs = clone_tree(args), clone_tree(kwargs)
-            entry.first_state = snapshot(entry.target, entry.module(), args, kwargs)
-            entry.first_call_at = site
-            entry.first_needs_grad = torch.is_grad_enabled() and _requires_grad(entry.module(), args, kwargs)
-        _calls.append((entry, site))
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as e:
-            if entry.error is None:
-                entry.error, entry.error_call, entry.error_call_at = e, entry.calls, site
-            raise
-        finally:
-            _calls.pop()
-
-    return call
+def _first_call(entry: Compiled, number: int, args: tuple[Any, ...], kwargs: dict[str, Any],
+                frame: types.FrameType) -> None:
+    entry.calls = number
+    if number == 1:
+        entry.first_args, entry.first_kwargs = clone_tree(args), clone_tree(kwargs)
+        entry.first_state = snapshot(entry.target, entry.module(), args, kwargs)
+        entry.first_call_at = user_call_site(frame.f_back)
+        entry.first_needs_grad = torch.is_grad_enabled() and _requires_grad(entry.module(), args, kwargs)
 
 
 def _requires_grad(module: torch.nn.Module | None, args: Any, kwargs: Any) -> bool:
@@ -165,24 +152,18 @@ def _requires_grad(module: torch.nn.Module | None, args: Any, kwargs: Any) -> bo
     return any(t.requires_grad for t in tensors)
 
 
-def _intercepting(run: ScriptRun, real_compile: Callable[..., Any]) -> Callable[..., Any]:
-    def compile(model: Any = None, **kwargs: Any) -> Any:
-        if model is None:  # @torch.compile(...) used as a decorator factory
-            return lambda m: compile(m, **kwargs)
-        compiled = real_compile(model, **kwargs)
+def _recording(run: ScriptRun) -> CompileObserver:
+    def compiled(given: CompileCall, result: Any) -> Compiled:
+        model = given.target
         owner = model if isinstance(model, torch.nn.Module) else getattr(model, "__self__", None)
         entry = Compiled(
-            index=len(run.compiled), target=model, compiled_at=user_call_site(with_code=False),
+            index=len(run.compiled), target=model, compiled_at=given.site,
             name=type(owner).__name__ if isinstance(owner, torch.nn.Module) else getattr(model, "__qualname__", "fn"),
-            backend=kwargs.get("backend", "inductor"), options=kwargs.get("options"),
-            fullgraph=bool(kwargs.get("fullgraph", False)), dynamic=kwargs.get("dynamic"))
+            backend=given.backend, options=given.options, fullgraph=given.fullgraph, dynamic=given.dynamic)
         run.compiled.append(entry)
-        if isinstance(compiled, torch.nn.Module):  # OptimizedModule: calls go through .forward
-            compiled.forward = _recording(entry, compiled.forward)
-            return compiled
-        return _recording(entry, compiled)
+        return entry
 
-    return compile
+    return CompileObserver(compiled, _first_call, user_call_site)
 
 
 def _counting_user_copies(run: ScriptRun) -> contextlib.AbstractContextManager[None]:
@@ -228,16 +209,18 @@ def _compile_returned(run: ScriptRun, returned: Any) -> None:
 
 
 def run_script(script: str, argv: list[str], entry: str | None = None) -> ScriptRun:
-    """Run the script under graphex with the hooks of Note [How triage sees the script's model]."""
+    """Run the script under graphex, observed as Note [How triage sees the script's model] says."""
+    global _observer
     run = ScriptRun(script, list(argv), entry)
     output = io.StringIO()  # the script's own printing stays out of the report
-    real_compile = torch.compile
-    torch.compile = _intercepting(run, real_compile)
+    _observer = observer = _recording(run)
     try:
         with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output), \
                 DynamoLogs(tag=current_call) as logs, _counting_user_copies(run):
             try:
-                _compile_returned(run, _execute(script, argv, entry))
+                with observer:
+                    returned = _execute(script, argv, entry)
+                    _compile_returned(run, returned)
             except SystemExit as e:
                 if e.code not in (None, 0):
                     run.error = e
@@ -246,23 +229,15 @@ def run_script(script: str, argv: list[str], entry: str | None = None) -> Script
             except Exception as e:  # the script's own failure is what we report on
                 run.error = e
     finally:
-        torch.compile = real_compile
-        _calls.clear()
+        _observer = None
     run.events = logs.events
+    run.observer_errors = list(observer.hook_errors)
     if run.error is not None:
-        run.failed_in = _raised_by(run)
+        raised = observer.raised_by(run.error)
+        if raised is not None:
+            run.failed_in, number, site = raised
+            run.failed_in.error, run.failed_in.error_call, run.failed_in.error_call_at = run.error, number, site
     return run
-
-
-def _raised_by(run: ScriptRun) -> Compiled | None:
-    chain, e = [], run.error
-    while e is not None and e not in chain:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    for entry in run.compiled:
-        if entry.error is not None and any(entry.error is c for c in chain):
-            return entry
-    return None
 
 
 def eager_failure(run: ScriptRun) -> str | None:
