@@ -1,10 +1,11 @@
 // One-token attention over a KV cache: softmax(q k^T * scale, masked) v in one op, per query row
 // (eager: expand, view, transpose, bmm, div, bitwise_not, masked_fill, softmax, bmm, views).
 //   q [B, H, T, D]; k, v [B, Hkv, S, D] with H a multiple of Hkv (grouped-query attention: query head
-//   h reads key/value head h / (H / Hkv), what repeat_kv does); mask: bool, broadcastable to
-//   [B, H, T, S], true where a position may be attended; scale multiplies the scores.
+//   h reads key/value head h / (H / Hkv), what repeat_kv does); mask, broadcastable to [B, H, T, S]: bool,
+//   true where a position may be attended, or additive, of q's dtype, added to the scaled scores (a -inf
+//   position is masked: what SDPA's float attn_mask and `scores + mask` mean); scale multiplies the scores.
 // Meant for decode steps (T = 1, one pass over the cache per head); any T works.
-// A row whose mask is all false gives NaN, as eager's softmax over all -inf does, or zeros with
+// A row whose mask is all false (all -inf) gives NaN, as eager's softmax over all -inf does, or zeros with
 // `zero_masked_rows` (what F.scaled_dot_product_attention's CPU kernel returns for such a row); a NaN or
 // +inf score makes the row NaN either way (Note [A row's edge cases are eager's]). Not eager's: masked
 // positions are skipped, so a NaN or inf in v at a masked position does not reach the output (eager's
@@ -14,7 +15,10 @@
 #include "fused/rows.h"
 #include "fused/vec.h"
 
+#include <ATen/ops/add.h>
+#include <ATen/ops/all.h>
 #include <ATen/ops/any.h>
+#include <ATen/ops/eq.h>
 #include <ATen/ops/bitwise_not.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/masked_fill.h>
@@ -38,7 +42,8 @@ void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                   q.size(1) % k.size(1) == 0,
               "graphex_fused::decode_attention: shapes do not fit: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(),
               " (want k = v = [B, Hkv, S, D] with H a multiple of Hkv)");
-  TORCH_CHECK(mask.scalar_type() == at::kBool, "graphex_fused::decode_attention: mask must be bool, got ",
+  TORCH_CHECK(mask.scalar_type() == at::kBool || mask.scalar_type() == q.scalar_type(),
+              "graphex_fused::decode_attention: mask must be bool or of q's dtype (", q.scalar_type(), "), got ",
               mask.scalar_type());
 }
 
@@ -48,16 +53,21 @@ at::Tensor attention_eager(const at::Tensor& q, const at::Tensor& k, const at::T
   at::Tensor kk = group == 1 ? k : k.repeat_interleave(group, 1);
   at::Tensor vv = group == 1 ? v : v.repeat_interleave(group, 1);
   at::Tensor scores = at::mul(at::matmul(q, kk.transpose(2, 3)), scale);
-  at::Tensor out = at::matmul(at::softmax(at::masked_fill(scores, at::bitwise_not(mask), -INFINITY), -1), vv);
+  const bool additive = mask.scalar_type() != at::kBool;
+  scores = additive ? at::add(scores, mask) : at::masked_fill(scores, at::bitwise_not(mask), -INFINITY);
+  at::Tensor out = at::matmul(at::softmax(scores, -1), vv);
   if (!zero_masked_rows) return out;
-  const at::Tensor none_attended = at::bitwise_not(at::any(mask, -1, /*keepdim=*/true));  // [.., T, 1]
+  const at::Tensor none_attended = additive ? at::all(at::eq(mask, -INFINITY), -1, /*keepdim=*/true)
+                                            : at::bitwise_not(at::any(mask, -1, /*keepdim=*/true));  // [.., T, 1]
   return at::masked_fill(out, none_attended, 0);
 }
 
 at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                 const at::Tensor& mask_in, double scale, bool zero_masked_rows) {
   check_attention(q_in, k_in, v_in, mask_in);
-  if (!all_cpu_float(q_in, k_in, v_in)) return attention_eager(q_in, k_in, v_in, mask_in, scale, zero_masked_rows);
+  const bool additive = mask_in.scalar_type() != at::kBool;
+  if (!all_cpu_float(q_in, k_in, v_in) || (additive && !all_cpu_float(mask_in)))
+    return attention_eager(q_in, k_in, v_in, mask_in, scale, zero_masked_rows);
   const int64_t B = q_in.size(0), H = q_in.size(1), T = q_in.size(2), D = q_in.size(3);
   const int64_t Hkv = k_in.size(1), S = k_in.size(2), group = H / Hkv;
   at::Tensor out = at::empty({B, H, T, D}, q_in.options());
@@ -68,7 +78,8 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
   const float* qp = q.const_data_ptr<float>();
   const float* kp = k.const_data_ptr<float>();
   const float* vp = v.const_data_ptr<float>();
-  const bool* mp = mask.const_data_ptr<bool>();
+  const bool* mb = additive ? nullptr : mask.const_data_ptr<bool>();
+  const float* mf = additive ? mask.const_data_ptr<float>() : nullptr;
   float* op = out.mutable_data_ptr<float>();
   const float fscale = static_cast<float>(scale);
   const RowKernels& K = row_kernels();
@@ -85,7 +96,7 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
       const float* qr = qp + b * qs0 + h * qs1 + t * qs2;
       const float* kb = kp + b * ks0 + hk * ks1;
       const float* vb = vp + b * vs0 + hk * vs1;
-      const bool* mr = mp + b * ms0 + h * ms1 + t * ms2;
+      const int64_t mrow = b * ms0 + h * ms1 + t * ms2;
       // Note [A row's edge cases are eager's]: whether a row is masked everywhere is read from the mask, never
       // from the softmax's sum, which is also NaN when a score is NaN or +inf (exp(inf - inf)): such a row is
       // NaN, as eager's softmax makes it, whatever zero_masked_rows says. A row with no position at all (S = 0)
@@ -95,9 +106,12 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
       int64_t attended = 0;
       bool nan_score = false;
       for (int64_t s = 0; s < S; ++s) {
-        if (mr[s * ms3]) {
+        // bool: attended where true; additive: masked where -inf, else added to the scaled score (a NaN or +inf
+        // there makes the score NaN or +inf, and the row NaN below, as in eager)
+        const float add = additive ? mf[mrow + s * ms3] : 0.f;
+        if (additive ? add != kNegInf : mb[mrow + s * ms3]) {
           ++attended;
-          p[s] = K.dot(qr, kb + s * ks2, D) * fscale;
+          p[s] = K.dot(qr, kb + s * ks2, D) * fscale + add;
           nan_score |= std::isnan(p[s]);
           mx = std::max(mx, p[s]);
         } else {

@@ -12,8 +12,8 @@ order: a pattern that contains another comes first (Note in manager.py).
     silu_mul       silu(gate) * up, or up * silu(gate) (Phi3's fused gate_up projection, chunked)
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms
     decode_attention  softmax(q k^T * s, masked) v for one query token, SDPA or written out, GQA by repeat_kv
-                   or repeat_interleave or none, scale given (or divided by) or SDPA's default, a bool mask
-                   or (SDPA) none: Note [Attention forms are generated from one table]
+                   or repeat_interleave or none, scale given (or divided by) or SDPA's default, a bool or
+                   additive float mask or (SDPA) none: Note [Attention forms are generated from one table]
 """
 
 from __future__ import annotations
@@ -153,12 +153,14 @@ def _rotary_shapes(match: Match) -> bool:
 # Attention reaches the graph in many spellings that mean the same thing: SDPA or written out
 # (matmul, scale, masked_fill, softmax, matmul), the scale given, divided by or SDPA's default,
 # grouped-query heads repeated by repeat_kv (expand + reshape) or repeat_interleave or not at all, a
-# bool mask or none. Each combination is one search function below, made from the table (_GQA and
+# bool mask (masked_fill(~mask, -inf) written out), an additive float mask (`scores + mask`, -inf where
+# masked, what SDPA's float attn_mask means) or none. Each combination is one search function below, made from the table (_GQA and
 # the flags) so that the rules are written once; all are replaced by the one kernel,
 # graphex_fused::decode_attention, which reads grouped heads natively (query head h reads key/value
 # head h // n, the head both repeats give it). torch's matcher retraces every match with its real
 # shapes (the repeat count and dims, the scale), so a form fires only where the graph is exactly
-# what the search function computes on those shapes. Per form, what eager gives a row masked
+# what the search function computes on those shapes, and _one_token takes only a mask of the form's
+# kind that broadcasts to the scores without growing them. Per form, what eager gives a row masked
 # everywhere: SDPA 0 (zero_masked_rows), a written-out softmax over all -inf NaN.
 
 def _repeat_kv(x, n_rep):  # transformers' repeat_kv (grouped-query attention)
@@ -177,9 +179,13 @@ def _no_repeat(x, n_rep):
 _GQA = {"repeat_kv": _repeat_kv, "repeat_interleave": _repeat_interleave, "none": _no_repeat}
 
 
-def _sdpa_form(gqa: str, scaled: bool, masked: bool) -> Callable[..., Any]:
-    """F.scaled_dot_product_attention after one GQA form, with or without scale= and a bool mask."""
+_MASKS = ("bool", "additive", "none")  # the mask kinds; a bool mask attends where true, an additive one is added
+
+
+def _sdpa_form(gqa: str, scaled: bool, mask_kind: str) -> Callable[..., Any]:
+    """F.scaled_dot_product_attention after one GQA form, with or without scale= and a mask of one kind."""
     rep = _GQA[gqa]
+    masked = mask_kind != "none"
 
     def n(q, k):
         return q.shape[1] // k.shape[1]
@@ -197,7 +203,7 @@ def _sdpa_form(gqa: str, scaled: bool, masked: bool) -> Callable[..., Any]:
         def search(q, k, v):
             return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)))
     search.__qualname__ = search.__name__ = (f"sdpa_{gqa}_{'scale' if scaled else 'default_scale'}_"
-                                             f"{'bool_mask' if masked else 'no_mask'}")
+                                             f"{mask_kind}_mask")
     return search
 
 
@@ -224,23 +230,24 @@ def _sdpa_fused_form(scaled: bool, masked: bool) -> Callable[..., Any]:
     return replace
 
 
-def _written_form(gqa: str, divide: bool) -> Callable[..., Any]:
-    """softmax(q k^T * scale (or / inv_scale), masked_fill(~mask, -inf)) v, after one GQA form."""
+def _written_form(gqa: str, divide: bool, mask_kind: str) -> Callable[..., Any]:
+    """softmax(q k^T * scale (or / inv_scale), then masked_fill(~mask, -inf) or + mask) v, after one GQA form."""
     rep = _GQA[gqa]
+
+    def masked(scores, mask):
+        return scores.masked_fill(~mask, float("-inf")) if mask_kind == "bool" else scores + mask
 
     if divide:
         def search(q, k, v, mask, inv_scale):  # examples/models/decoder.py's Attention
             n = q.shape[1] // k.shape[1]
-            scores = torch.matmul(q, rep(k, n).transpose(2, 3)) / inv_scale
-            scores = scores.masked_fill(~mask, float("-inf"))
+            scores = masked(torch.matmul(q, rep(k, n).transpose(2, 3)) / inv_scale, mask)
             return torch.matmul(torch.softmax(scores, dim=-1), rep(v, n))
     else:
         def search(q, k, v, mask, scale):
             n = q.shape[1] // k.shape[1]
-            scores = torch.matmul(q, rep(k, n).transpose(2, 3)) * scale
-            scores = scores.masked_fill(~mask, float("-inf"))
+            scores = masked(torch.matmul(q, rep(k, n).transpose(2, 3)) * scale, mask)
             return torch.matmul(torch.softmax(scores, dim=-1), rep(v, n))
-    search.__qualname__ = search.__name__ = f"written_attention_{gqa}_{'div' if divide else 'mul'}"
+    search.__qualname__ = search.__name__ = f"written_attention_{gqa}_{'div' if divide else 'mul'}_{mask_kind}_mask"
     return search
 
 
@@ -252,20 +259,33 @@ def written_attention_fused(q, k, v, mask, scale):
     return fused.decode_attention(q, k, v, mask, scale)
 
 
-def _one_token(match: Match) -> bool:
+def _one_token(mask_kind: str) -> Callable[[Match], bool]:
+    def check(match: Match) -> bool:
+        return _one_token_with(match, mask_kind)
+
+    return check
+
+
+def _one_token_with(match: Match, mask_kind: str) -> bool:
     q, k, v = (_val(match, n) for n in ("q", "k", "v"))
     mask = _val(match, "mask") if "mask" in match.kwargs else None
     if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
         return False
-    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() > 4):
+    if (mask is None) != (mask_kind == "none"):
         return False
+    if mask is not None:
+        want = torch.bool if mask_kind == "bool" else q.dtype
+        if not isinstance(mask, torch.Tensor) or mask.dtype != want or mask.dim() > 4:
+            return False
     if q.shape[2] != 1 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         return False
     if k.shape[1] == 0 or q.shape[1] % k.shape[1] or k.shape[2] == 0:  # no heads, or an empty cache: left to eager
         return False
-    if mask is not None:
+    if mask is not None:  # a mask that grows the scores (more rows, batches or heads) is not the kernel's
+        scores = (q.shape[0], q.shape[1], 1, k.shape[2])
         try:
-            torch.broadcast_shapes(mask.shape, (q.shape[0], q.shape[1], 1, k.shape[2]))
+            if tuple(torch.broadcast_shapes(mask.shape, scores)) != scores:
+                return False
         except RuntimeError:
             return False
     return True
@@ -299,22 +319,25 @@ def register_builtins() -> None:
 
     # Note [Attention forms are generated from one table]: the GQA forms before the plain one (a GQA match
     # contains the plain form's), written-out forms anchored at their last matmul, SDPA at its call.
-    q, kv, k_full, mask = t(1, 4, 1, 8), t(1, 2, 6, 8), t(1, 4, 6, 8), torch.ones(1, 1, 1, 6, dtype=torch.bool)
-    written_ok = _all(_float32_cpu("q", "k", "v"), _one_token)
+    q, kv, k_full = t(1, 4, 1, 8), t(1, 2, 6, 8), t(1, 4, 6, 8)
+    masks = {"bool": [torch.ones(1, 1, 1, 6, dtype=torch.bool)], "additive": [torch.zeros(1, 1, 1, 6)], "none": []}
     for gqa in ("repeat_kv", "repeat_interleave", "none"):
         k = k_full if gqa == "none" else kv
-        register_named("decode_attention", _written_form(gqa, divide=True), decode_attention_fused,
-                       [q, k, k.clone(), mask], extra_check=_all(written_ok, _number("inv_scale")),
-                       scalar_workaround={"inv_scale": 7.25}, builtin=True)
-        register_named("decode_attention", _written_form(gqa, divide=False), written_attention_fused,
-                       [q, k, k.clone(), mask], extra_check=_all(written_ok, _number("scale")),
-                       scalar_workaround={"scale": 0.3125}, builtin=True)
+        for kind in ("bool", "additive"):
+            written_ok = _all(_float32_cpu("q", "k", "v"), _one_token(kind))
+            register_named("decode_attention", _written_form(gqa, True, kind), decode_attention_fused,
+                           [q, k, k.clone(), *masks[kind]], extra_check=_all(written_ok, _number("inv_scale")),
+                           scalar_workaround={"inv_scale": 7.25}, builtin=True)
+            register_named("decode_attention", _written_form(gqa, False, kind), written_attention_fused,
+                           [q, k, k.clone(), *masks[kind]], extra_check=_all(written_ok, _number("scale")),
+                           scalar_workaround={"scale": 0.3125}, builtin=True)
     for gqa in ("repeat_kv", "repeat_interleave", "none"):
         k = k_full if gqa == "none" else kv
         for scaled in (True, False):
-            for masked in (True, False):
-                inputs = [q, k, k.clone()] + ([mask] if masked else [])
-                checks = [_float32_cpu("q", "k", "v"), _one_token] + ([_number("scale")] if scaled else [])
-                register_named("decode_attention", _sdpa_form(gqa, scaled, masked), _sdpa_fused_form(scaled, masked),
+            for kind in _MASKS:
+                masked = kind != "none"
+                inputs = [q, k, k.clone(), *masks[kind]]
+                checks = [_float32_cpu("q", "k", "v"), _one_token(kind)] + ([_number("scale")] if scaled else [])
+                register_named("decode_attention", _sdpa_form(gqa, scaled, kind), _sdpa_fused_form(scaled, masked),
                                inputs, extra_check=_all(*checks),
                                scalar_workaround={"scale": 0.3125} if scaled else None, builtin=True)

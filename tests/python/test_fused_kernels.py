@@ -175,6 +175,53 @@ def test_decode_attention_zero_masked_rows_is_what_sdpa_gives(dtype):
     assert nan_row.isnan().all()  # the default stays eager's softmax-over-all--inf
 
 
+@pytest.mark.parametrize("case", ["zeros_and_neg_inf", "finfo_min", "bias", "per_head", "gqa", "strided_mask",
+                                  "all_neg_inf_row", "nan_in_mask", "pos_inf_in_mask"])
+@pytest.mark.parametrize("sdpa", [True, False])
+def test_decode_attention_with_an_additive_mask_is_eager(case, sdpa):
+    """An additive float mask (SDPA's float attn_mask, `scores * s + mask` written out) is added to the scaled
+    scores; a -inf position is masked. Against eager's SDPA (zero_masked_rows) and eager's written-out softmax,
+    edges included: a row all -inf (0 by SDPA, NaN written out), a NaN or +inf in the mask (NaN both ways)."""
+    g = torch.Generator().manual_seed(11)
+    B, H, Hkv, S, D = 2, 4, 4 if case != "gqa" else 2, 23, 32
+    q = torch.randn(B, H, 1, D, generator=g)
+    k, v = torch.randn(B, Hkv, S, D, generator=g), torch.randn(B, Hkv, S, D, generator=g)
+    visible = torch.arange(S) <= 15
+    mask = torch.zeros(1, 1, 1, S).masked_fill(~visible, float("-inf"))
+    if case == "finfo_min":  # transformers' mask: the dtype's lowest finite value, not -inf
+        mask = torch.zeros(1, 1, 1, S).masked_fill(~visible, torch.finfo(torch.float32).min)
+    elif case == "bias":  # ALiBi-like: a bias on every position
+        mask = torch.randn(B, 1, 1, S, generator=g)
+    elif case == "per_head":
+        mask = torch.randn(B, H, 1, S, generator=g).masked_fill(torch.rand(B, H, 1, S, generator=g) < 0.3, float("-inf"))
+    elif case == "strided_mask":  # a slice of a longer mask: the last dimension not of stride 1
+        mask = torch.randn(1, 1, 1, 2 * S, generator=g)[..., ::2]
+    elif case == "all_neg_inf_row":
+        mask = torch.zeros(B, H, 1, S)
+        mask[1, 2] = float("-inf")
+    elif case == "nan_in_mask":
+        mask = mask.clone()
+        mask[..., 3] = float("nan")
+    elif case == "pos_inf_in_mask":
+        mask = mask.clone()
+        mask[..., 4] = float("inf")
+    scale = D ** -0.5
+    got = fused.decode_attention(q, k, v, mask, scale, zero_masked_rows=sdpa)
+    kk, vv = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    if sdpa:
+        want = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=scale)
+    else:
+        want = torch.matmul(torch.softmax(torch.matmul(q, kk.transpose(2, 3)) * scale + mask, dim=-1), vv)
+    assert torch.equal(got.isnan(), want.isnan()), "NaN where eager has none, or none where eager has NaN"
+    close(got, want)
+
+
+def test_decode_attention_mask_of_another_dtype_is_refused():
+    q = torch.randn(1, 2, 1, 8)
+    with pytest.raises(RuntimeError, match="bool or of q's dtype"):
+        fused.decode_attention(q, torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.zeros(1, 1, 1, 5).double(), 0.3)
+
+
 def test_meta_kernels_give_the_cpu_shapes():
     cases = [
         (fused.rms_norm, (torch.randn(2, 3, 8), torch.randn(8), 1e-6)),

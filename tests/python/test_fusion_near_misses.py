@@ -92,8 +92,23 @@ def written_softmax_over_queries(q, k, v, mask):  # softmax over dim -2: another
     return torch.matmul(torch.softmax(scores, dim=-2), v)
 
 
-def written_additive_bias(q, k, v, bias):  # an additive float bias (ALiBi-like): the bool-mask kernel does not add it
+def written_additive_bias(q, k, v, bias):  # an additive float bias (ALiBi-like): an additive mask, may fire
     scores = torch.matmul(q, k.transpose(2, 3)) * 0.25 + bias
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def written_bias_before_scale(q, k, v, bias):  # the bias is scaled too: another meaning than scores * s + mask
+    scores = (torch.matmul(q, k.transpose(2, 3)) + bias) * 0.25
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def written_mask_of_another_dtype(q, k, v, bias):  # a float64 mask promotes the scores: not the kernel's
+    scores = torch.matmul(q, k.transpose(2, 3)) * 0.25 + bias.double()
+    return torch.matmul(torch.softmax(scores, dim=-1), v.double())
+
+
+def written_mask_growing_the_rows(q, k, v, mask):  # a [.., 3, S] mask broadcasts one query row to three
+    scores = torch.matmul(q, k.transpose(2, 3)) * 0.25 + mask
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
@@ -134,7 +149,15 @@ CASES = {
                                                                             torch.ones(1, 1, 1, 6, dtype=torch.bool)),
                                      {"decode_attention"}, set()),
     "written_additive_bias": (written_additive_bias, lambda: (torch.randn(1, 2, 1, 8), *_gqa()[1:3],
-                                                              torch.randn(1, 2, 1, 6)), {"decode_attention"}, set()),
+                                                              torch.randn(1, 2, 1, 6)), set(), {"decode_attention"}),
+    "written_bias_before_scale": (written_bias_before_scale, lambda: (torch.randn(1, 2, 1, 8), *_gqa()[1:3],
+                                                                      torch.randn(1, 2, 1, 6)), {"decode_attention"}, set()),
+    "written_mask_of_another_dtype": (written_mask_of_another_dtype, lambda: (torch.randn(1, 2, 1, 8), *_gqa()[1:3],
+                                                                              torch.randn(1, 1, 1, 6)),
+                                      {"decode_attention"}, set()),
+    "written_mask_growing_the_rows": (written_mask_growing_the_rows, lambda: (torch.randn(1, 2, 1, 8), *_gqa()[1:3],
+                                                                              torch.randn(1, 1, 3, 6)),
+                                      {"decode_attention"}, set()),
     "written_gqa_mul": (written_gqa_mul, _gqa, set(), {"decode_attention"}),
     "sdpa_no_mask": (sdpa_no_mask, lambda: _gqa_long_mask()[:3], set(), {"decode_attention"}),
     "causal_sdpa": (causal_sdpa, lambda: (torch.randn(1, 4, 1, 8), torch.randn(1, 4, 3, 8), torch.randn(1, 4, 3, 8)),
