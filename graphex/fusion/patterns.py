@@ -13,7 +13,7 @@ order: a pattern that contains another comes first (Note in manager.py).
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms
     decode_attention  softmax(q k^T * s, masked) v for one query token, SDPA or written out, GQA by repeat_kv
                    or repeat_interleave or none, scale given (or divided by) or SDPA's default, a bool or
-                   additive float mask or (SDPA) none: Note [Attention forms are generated from one table]
+                   additive float mask or none: Note [Attention forms are generated from one table]
 """
 
 from __future__ import annotations
@@ -237,7 +237,17 @@ def _written_form(gqa: str, divide: bool, mask_kind: str) -> Callable[..., Any]:
     def masked(scores, mask):
         return scores.masked_fill(~mask, float("-inf")) if mask_kind == "bool" else scores + mask
 
-    if divide:
+    if mask_kind == "none" and divide:
+        def search(q, k, v, inv_scale):
+            n = q.shape[1] // k.shape[1]
+            scores = torch.matmul(q, rep(k, n).transpose(2, 3)) / inv_scale
+            return torch.matmul(torch.softmax(scores, dim=-1), rep(v, n))
+    elif mask_kind == "none":
+        def search(q, k, v, scale):
+            n = q.shape[1] // k.shape[1]
+            scores = torch.matmul(q, rep(k, n).transpose(2, 3)) * scale
+            return torch.matmul(torch.softmax(scores, dim=-1), rep(v, n))
+    elif divide:
         def search(q, k, v, mask, inv_scale):  # examples/models/decoder.py's Attention
             n = q.shape[1] // k.shape[1]
             scores = masked(torch.matmul(q, rep(k, n).transpose(2, 3)) / inv_scale, mask)
@@ -257,6 +267,18 @@ def decode_attention_fused(q, k, v, mask, inv_scale):
 
 def written_attention_fused(q, k, v, mask, scale):
     return fused.decode_attention(q, k, v, mask, scale)
+
+
+def _all_attended(q, k):  # no mask: every cached position is attended
+    return torch.ones((1, 1, 1, k.shape[2]), dtype=torch.bool, device=q.device)
+
+
+def unmasked_attention_fused_div(q, k, v, inv_scale):
+    return fused.decode_attention(q, k, v, _all_attended(q, k), 1.0 / inv_scale)
+
+
+def unmasked_attention_fused(q, k, v, scale):
+    return fused.decode_attention(q, k, v, _all_attended(q, k), scale)
 
 
 def _one_token(mask_kind: str) -> Callable[[Match], bool]:
@@ -323,12 +345,15 @@ def register_builtins() -> None:
     masks = {"bool": [torch.ones(1, 1, 1, 6, dtype=torch.bool)], "additive": [torch.zeros(1, 1, 1, 6)], "none": []}
     for gqa in ("repeat_kv", "repeat_interleave", "none"):
         k = k_full if gqa == "none" else kv
-        for kind in ("bool", "additive"):
+        for kind in _MASKS:
             written_ok = _all(_float32_cpu("q", "k", "v"), _one_token(kind))
-            register_named("decode_attention", _written_form(gqa, True, kind), decode_attention_fused,
+            unmasked = kind == "none"
+            register_named("decode_attention", _written_form(gqa, True, kind),
+                           unmasked_attention_fused_div if unmasked else decode_attention_fused,
                            [q, k, k.clone(), *masks[kind]], extra_check=_all(written_ok, _number("inv_scale")),
                            scalar_workaround={"inv_scale": 7.25}, builtin=True)
-            register_named("decode_attention", _written_form(gqa, False, kind), written_attention_fused,
+            register_named("decode_attention", _written_form(gqa, False, kind),
+                           unmasked_attention_fused if unmasked else written_attention_fused,
                            [q, k, k.clone(), *masks[kind]], extra_check=_all(written_ok, _number("scale")),
                            scalar_workaround={"scale": 0.3125}, builtin=True)
     for gqa in ("repeat_kv", "repeat_interleave", "none"):

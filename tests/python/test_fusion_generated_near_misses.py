@@ -490,11 +490,15 @@ def sdpa_additive_gqa(q, k, v, mask):  # SDPA with a float attn_mask, GQA by rep
     return F.scaled_dot_product_attention(q, repeat_kv(k, n), repeat_kv(v, n), attn_mask=mask)
 
 
+def attn_no_mask(q, k, v, mask):  # written out, no mask (patterns._written_form(mask_kind="none")); mask unused
+    return torch.matmul(torch.softmax(torch.matmul(q, k.mT) * 0.35, dim=-1), v)
+
+
 ATT_CANON = {"decode_attention": (attn, ATT_IN), "written_mul": (attn_mul, ATT_IN),
              "written_repeat_interleave": (attn_gqa_interleave, GQA_IN), "sdpa": (sdpa, ATT_IN),
              "sdpa_repeat_kv": (sdpa_gqa, GQA_IN), "sdpa_no_mask": (sdpa_no_mask, ATT_IN),
              "sdpa_repeat_interleave": (sdpa_gqa_interleave, GQA_IN),
-             "written_additive": (attn_additive, ADD_IN), "sdpa_additive_repeat_kv": (sdpa_additive_gqa, GQA_ADD_IN)}
+             "written_additive": (attn_additive, ADD_IN), "written_no_mask": (attn_no_mask, ATT_IN), "sdpa_additive_repeat_kv": (sdpa_additive_gqa, GQA_ADD_IN)}
 
 
 def _attn_with(scores_fn: Callable[..., Any] = lambda q, k: torch.matmul(q, k.transpose(2, 3)) / 2.8284271247461903,
