@@ -62,12 +62,12 @@ at::Tensor attention_eager(const at::Tensor& q, const at::Tensor& k, const at::T
   return at::masked_fill(out, none_attended, 0);
 }
 
-at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                                const at::Tensor& mask_in, double scale, bool zero_masked_rows) {
-  check_attention(q_in, k_in, v_in, mask_in);
+// q, k, v (and an additive mask) of one dtype E: float32 rows, or bfloat16/float16 rows read as float32
+// (Note [Reduced precision runs the float32 rows], rows.h).
+template <typename E>
+at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                          const at::Tensor& mask_in, double scale, bool zero_masked_rows) {
   const bool additive = mask_in.scalar_type() != at::kBool;
-  if (!all_cpu_float(q_in, k_in, v_in) || (additive && !all_cpu_float(mask_in)))
-    return attention_eager(q_in, k_in, v_in, mask_in, scale, zero_masked_rows);
   const int64_t B = q_in.size(0), H = q_in.size(1), T = q_in.size(2), D = q_in.size(3);
   const int64_t Hkv = k_in.size(1), S = k_in.size(2), group = H / Hkv;
   at::Tensor out = at::empty({B, H, T, D}, q_in.options());
@@ -75,12 +75,12 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
   auto unit_last = [](const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-1) <= 1 ? t : t.contiguous(); };
   const at::Tensor q = unit_last(q_in), k = unit_last(k_in), v = unit_last(v_in);
   const at::Tensor mask = mask_in.expand({B, H, T, S});
-  const float* qp = q.const_data_ptr<float>();
-  const float* kp = k.const_data_ptr<float>();
-  const float* vp = v.const_data_ptr<float>();
+  const E* qp = q.const_data_ptr<E>();
+  const E* kp = k.const_data_ptr<E>();
+  const E* vp = v.const_data_ptr<E>();
   const bool* mb = additive ? nullptr : mask.const_data_ptr<bool>();
-  const float* mf = additive ? mask.const_data_ptr<float>() : nullptr;
-  float* op = out.mutable_data_ptr<float>();
+  const E* mf = additive ? mask.const_data_ptr<E>() : nullptr;
+  E* op = out.mutable_data_ptr<E>();
   const float fscale = static_cast<float>(scale);
   const RowKernels& K = row_kernels();
   const int64_t rows = B * H * T;
@@ -93,9 +93,10 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
     std::vector<float> p(static_cast<size_t>(S));
     for (int64_t row = begin; row < end; ++row) {
       const int64_t t = row % T, h = (row / T) % H, b = row / (T * H), hk = h / group;
-      const float* qr = qp + b * qs0 + h * qs1 + t * qs2;
-      const float* kb = kp + b * ks0 + hk * ks1;
-      const float* vb = vp + b * vs0 + hk * vs1;
+      FloatRows<E>& f = float_rows<E>(D);
+      const float* qr = f.in(0, qp + b * qs0 + h * qs1 + t * qs2, D);
+      const E* kb = kp + b * ks0 + hk * ks1;
+      const E* vb = vp + b * vs0 + hk * vs1;
       const int64_t mrow = b * ms0 + h * ms1 + t * ms2;
       // Note [A row's edge cases are eager's]: whether a row is masked everywhere is read from the mask, never
       // from the softmax's sum, which is also NaN when a score is NaN or +inf (exp(inf - inf)): such a row is
@@ -108,48 +109,63 @@ at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, 
       for (int64_t s = 0; s < S; ++s) {
         // bool: attended where true; additive: masked where -inf, else added to the scaled score (a NaN or +inf
         // there makes the score NaN or +inf, and the row NaN below, as in eager)
-        const float add = additive ? mf[mrow + s * ms3] : 0.f;
+        const float add = additive ? static_cast<float>(mf[mrow + s * ms3]) : 0.f;
         if (additive ? add != kNegInf : mb[mrow + s * ms3]) {
           ++attended;
-          p[s] = K.dot(qr, kb + s * ks2, D) * fscale + add;
+          p[s] = K.dot(qr, f.in(1, kb + s * ks2, D), D) * fscale + add;
           nan_score |= std::isnan(p[s]);
           mx = std::max(mx, p[s]);
         } else {
           p[s] = kNegInf;
         }
       }
-      float* orow = op + row * D;
+      E* const out_row = op + row * D;
+      float* orow = f.out(2, out_row, D);
       std::fill(orow, orow + D, 0.f);
-      constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-      if (attended == 0) {  // every position masked: NaN, as eager's softmax over all -inf (or zeros, as SDPA)
-        if (!zero_masked_rows && S > 0) std::fill(orow, orow + D, kNaN);
-        continue;
-      }
-      if (nan_score) {
-        std::fill(orow, orow + D, kNaN);
-        continue;
-      }
-      float sum = 0.f;
-      for (int64_t s = 0; s < S; ++s) {
-        p[s] = p[s] == kNegInf ? 0.f : std::exp(p[s] - mx);
-        sum += p[s];
-      }
-      if (std::isnan(sum)) {  // a +inf score (exp(inf - inf)): NaN, as eager's softmax and SDPA give
-        std::fill(orow, orow + D, kNaN);
-        continue;
-      }
-      if (!(sum > 0.f)) {  // every attended score -inf: as a row masked everywhere (SDPA cannot tell them apart)
-        if (!zero_masked_rows) std::fill(orow, orow + D, kNaN);
-        continue;
-      }
-      const float inv_sum = 1.f / sum;
-      for (int64_t s = 0; s < S; ++s) {
-        if (p[s] == 0.f) continue;  // masked, or too small to count
-        K.axpy(p[s] * inv_sum, vb + s * vs2, orow, D);
-      }
+      [&] {  // the row into orow; then rounded into out_row (a no-op for float32)
+        constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+        if (attended == 0) {  // every position masked: NaN, as eager's softmax over all -inf (or zeros, as SDPA)
+          if (!zero_masked_rows && S > 0) std::fill(orow, orow + D, kNaN);
+          return;
+        }
+        if (nan_score) {
+          std::fill(orow, orow + D, kNaN);
+          return;
+        }
+        float sum = 0.f;
+        for (int64_t s = 0; s < S; ++s) {
+          p[s] = p[s] == kNegInf ? 0.f : std::exp(p[s] - mx);
+          sum += p[s];
+        }
+        if (std::isnan(sum)) {  // a +inf score (exp(inf - inf)): NaN, as eager's softmax and SDPA give
+          std::fill(orow, orow + D, kNaN);
+          return;
+        }
+        if (!(sum > 0.f)) {  // every attended score -inf: as a row masked everywhere (SDPA cannot tell them apart)
+          if (!zero_masked_rows) std::fill(orow, orow + D, kNaN);
+          return;
+        }
+        const float inv_sum = 1.f / sum;
+        for (int64_t s = 0; s < S; ++s) {
+          if (p[s] == 0.f) continue;  // masked, or too small to count
+          K.axpy(p[s] * inv_sum, f.in(1, vb + s * vs2, D), orow, D);
+        }
+      }();
+      f.store(orow, out_row, D);
     }
   });
   return out;
+}
+
+at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                double scale, bool zero_masked_rows) {
+  check_attention(q, k, v, mask);
+  const bool additive = mask.scalar_type() != at::kBool;
+  if (!all_cpu_one_float_dtype(q, k, v) || (additive && !all_cpu_one_float_dtype(q, mask)))
+    return attention_eager(q, k, v, mask, scale, zero_masked_rows);
+  return dispatch_float(q.scalar_type(), [&](auto t) {
+    return attention_rows<decltype(t)>(q, k, v, mask, scale, zero_masked_rows);
+  });
 }
 
 at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,

@@ -16,23 +16,35 @@
 namespace graphex::fused {
 namespace {
 
-// out (contiguous, `shape`) = silu(gate) * up; gate and up have `shape` (no broadcasting).
-void silu_mul_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+// out (contiguous, `shape`) = silu(gate) * up; gate and up have `shape` (no broadcasting); one dtype T
+// (Note [Reduced precision runs the float32 rows], rows.h). out may be gate: each row is read before it is written.
+template <typename T>
+void silu_mul_rows(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
   const auto shape = out.sizes();
   if (out.numel() == 0) return;
   const int64_t n = shape.back();
   std::array<at::Tensor, 2> ops{rows_view(gate, shape), rows_view(up, shape)};
-  const float* g = ops[0].const_data_ptr<float>();
-  const float* u = ops[1].const_data_ptr<float>();
-  float* o = out.mutable_data_ptr<float>();
+  const T* g = ops[0].const_data_ptr<T>();
+  const T* u = ops[1].const_data_ptr<T>();
+  T* o = out.mutable_data_ptr<T>();
   const RowKernels& K = row_kernels();
   for_each_row(shape, ops, 8 * n, [&](int64_t row, const std::array<int64_t, 2>& off) {
-    K.silu_mul(g + off[0], u + off[1], o + row * n, n);
+    FloatRows<T>& f = float_rows<T>(n);
+    const float* gf = f.in(0, g + off[0], n);
+    const float* uf = f.in(1, u + off[1], n);
+    float* of = f.out(2, o + row * n, n);
+    K.silu_mul(gf, uf, of, n);
+    f.store(of, o + row * n, n);
   });
 }
 
+void silu_mul_into(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+  dispatch_float(out.scalar_type(), [&](auto t) { silu_mul_rows<decltype(t)>(gate, up, out); });
+}
+
 at::Tensor silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up) {
-  if (!all_cpu_float(gate, up) || gate.dim() < 1 || gate.sizes() != up.sizes()) return at::mul(at::silu(gate), up);
+  if (!all_cpu_one_float_dtype(gate, up) || gate.dim() < 1 || gate.sizes() != up.sizes())
+    return at::mul(at::silu(gate), up);
   at::Tensor out = at::empty(gate.sizes(), gate.options());
   silu_mul_into(gate, up, out);
   return out;
@@ -64,7 +76,7 @@ at::Tensor gated_mlp_cpu(const at::Tensor& x, const at::Tensor& w_gate, const at
   at::Tensor x2 = x.reshape({-1, x.size(-1)});
   at::Tensor gate = at::mm(x2, w_gate.t());
   at::Tensor up = at::mm(x2, w_up.t());
-  if (all_cpu_float(gate, up) && gate.is_contiguous() && up.is_contiguous()) {
+  if (all_cpu_one_float_dtype(gate, up) && gate.is_contiguous() && up.is_contiguous()) {
     silu_mul_into(gate, up, gate);  // row by row, each element read before it is written
   } else {
     gate = at::mul(at::silu(gate), up);

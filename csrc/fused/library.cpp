@@ -23,9 +23,14 @@
 //     |fused - eager| <= 1e-5 + 1e-5 * |eager|      (elementwise; torch.testing's atol/rtol)
 // Element-wise work that eager does op by op (x * cos + rotate_half(x) * sin, x * r * w) is done
 // in eager's order with FMA contraction off (-ffp-contract=off), so it adds no error of its own.
-// The float32 fast paths need a last dimension of stride 1 (other inputs are made contiguous
-// first); every other dtype runs the same math with ATen ops (correct, not faster). The
-// pattern pass only uses these ops on float32 (its extra checks decline the rest).
+// bfloat16 and float16 run the float32 rows and round once (Note [Reduced precision runs the
+// float32 rows], rows.h), where eager rounds after every op; the promise there, tested against
+// eager in the same file, and no farther from the exact value than eager's own result:
+//     |fused - eager| <= 4 eps + 4 eps * |eager|    (eps: 2^-7 bfloat16, 2^-10 float16)
+// The fast paths need one dtype for all tensor inputs and a last dimension of stride 1 (other
+// inputs are made contiguous first); every other case runs the same math with ATen ops (correct,
+// not faster). The pattern pass only uses these ops where the fast path applies (its extra checks
+// decline the rest).
 //
 // Note [The fused ops are linked, not loaded]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -1,7 +1,8 @@
 // RMSNorm and add + RMSNorm: y = x * rsqrt(mean(x^2, -1, keepdim) + eps) * weight, in one pass
 // over each row (eager: pow, mean, add, rsqrt, mul, mul, each over the whole tensor).
-// Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp); only the sum of squares
-// adds in another order than eager's.
+// Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp); in float32 only the sum of
+// squares adds in another order than eager's. bfloat16 and float16 rows are float32 inside (Note
+// [Reduced precision runs the float32 rows], rows.h).
 #include "fused/rows.h"
 #include "fused/vec.h"
 
@@ -26,24 +27,34 @@ at::Tensor rms_norm_eager(const at::Tensor& x, const at::Tensor& weight, double 
   return at::mul(at::mul(x, at::rsqrt(at::add(x.pow(2).mean(-1, /*keepdim=*/true), eps))), weight);
 }
 
-// out (contiguous, `shape`) = rms_norm(x) * weight, x already expanded to `shape`.
-void rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
+// out (contiguous, `shape`) = rms_norm(x) * weight, x already expanded to `shape`; x, weight and out of one
+// dtype T (Note [Reduced precision runs the float32 rows]).
+template <typename T>
+void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
   const auto shape = out.sizes();
   const int64_t n = shape.back();
   if (out.numel() == 0) return;
   std::array<at::Tensor, 2> ops{rows_view(x, shape), rows_view(weight, shape)};
-  const float* xp = ops[0].const_data_ptr<float>();
-  const float* wp = ops[1].const_data_ptr<float>();
+  const T* xp = ops[0].const_data_ptr<T>();
+  const T* wp = ops[1].const_data_ptr<T>();
   const bool w_broadcast = ops[1].stride(-1) == 0 && n > 1;
-  float* op = out.mutable_data_ptr<float>();
+  T* op = out.mutable_data_ptr<T>();
   const RowKernels& K = row_kernels();
   for_each_row(shape, ops, 3 * n, [&](int64_t row, const std::array<int64_t, 2>& off) {
-    K.rms_norm(xp + off[0], wp + off[1], w_broadcast, op + row * n, n, static_cast<float>(eps));
+    FloatRows<T>& f = float_rows<T>(n);
+    float* o = f.out(2, op + row * n, n);
+    K.rms_norm(f.in(0, xp + off[0], n), f.in(1, wp + off[1], n, w_broadcast), w_broadcast, o, n,
+               static_cast<float>(eps));
+    f.store(o, op + row * n, n);
   });
 }
 
+void rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
+  dispatch_float(out.scalar_type(), [&](auto t) { rms_norm_rows<decltype(t)>(x, weight, eps, out); });
+}
+
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (!all_cpu_float(x, weight) || x.dim() < 1) return rms_norm_eager(x, weight, eps);
+  if (!all_cpu_one_float_dtype(x, weight) || x.dim() < 1) return rms_norm_eager(x, weight, eps);
   const auto shape = norm_shape(x, weight);
   if (shape.back() != x.size(-1)) return rms_norm_eager(x, weight, eps);  // x broadcast along the row
   at::Tensor out = at::empty(shape, x.options());
@@ -58,23 +69,30 @@ at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, double e
 // (x + residual, rms_norm(x + residual) * weight): the residual stream and the next layer's input.
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& residual,
                                                     const at::Tensor& weight, double eps) {
-  if (!all_cpu_float(x, residual, weight) || x.dim() < 1) {
+  if (!all_cpu_one_float_dtype(x, residual, weight) || x.dim() < 1) {
     at::Tensor sum = at::add(x, residual);
     return {sum, rms_norm_eager(sum, weight, eps)};
   }
-  // Same shapes (the residual stream): one pass; otherwise eager's broadcasting add.
+  // Same shapes (the residual stream): one pass; otherwise eager's broadcasting add. The sum is rounded to
+  // x's dtype, as eager's add rounds it: it is an output, and the norm reads it as eager's does.
   at::Tensor sum;
   if (x.sizes() == residual.sizes() && x.numel() > 0) {
     const auto shape = x.sizes();
     const int64_t n = shape.back();
     sum = at::empty(shape, x.options());
     std::array<at::Tensor, 2> ops{rows_view(x, shape), rows_view(residual, shape)};
-    const float* a = ops[0].const_data_ptr<float>();
-    const float* b = ops[1].const_data_ptr<float>();
-    float* s = sum.mutable_data_ptr<float>();
-    const RowKernels& K = row_kernels();
-    for_each_row(shape, ops, n, [&](int64_t row, const std::array<int64_t, 2>& off) {
-      K.add(a + off[0], b + off[1], s + row * n, n);
+    dispatch_float(x.scalar_type(), [&](auto t) {
+      using T = decltype(t);
+      const T* a = ops[0].const_data_ptr<T>();
+      const T* b = ops[1].const_data_ptr<T>();
+      T* s = sum.mutable_data_ptr<T>();
+      const RowKernels& K = row_kernels();
+      for_each_row(shape, ops, n, [&](int64_t row, const std::array<int64_t, 2>& off) {
+        FloatRows<T>& f = float_rows<T>(n);
+        float* o = f.out(2, s + row * n, n);
+        K.add(f.in(0, a + off[0], n), f.in(1, b + off[1], n), o, n);
+        f.store(o, s + row * n, n);
+      });
     });
   } else {
     sum = at::add(x, residual).contiguous();

@@ -39,19 +39,25 @@ at::Tensor rotary_output(const at::Tensor& x, at::IntArrayRef shape, at::ScalarT
 at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const auto shape = rotary_shape(x, cos, sin);
   const int64_t n = shape.back();
-  // The fast path: float32, x not broadcast along its rows, cos and sin full rows (or one value).
-  if (!all_cpu_float(x, cos, sin) || x.size(-1) != n || cos.size(-1) != n || sin.size(-1) != n)
+  // The fast path: one float dtype, x not broadcast along its rows, cos and sin full rows (or one value).
+  if (!all_cpu_one_float_dtype(x, cos, sin) || x.size(-1) != n || cos.size(-1) != n || sin.size(-1) != n)
     return rotary_eager(x, cos, sin);
-  at::Tensor out = rotary_output(x, shape);
+  at::Tensor out = rotary_output(x, shape, x.scalar_type());
   if (out.numel() == 0) return out;
   std::array<at::Tensor, 4> ops{rows_view(x, shape), rows_view(cos, shape), rows_view(sin, shape), out};
-  const float* xp = ops[0].const_data_ptr<float>();
-  const float* cp = ops[1].const_data_ptr<float>();
-  const float* sp = ops[2].const_data_ptr<float>();
-  float* op = out.mutable_data_ptr<float>();
-  const RowKernels& K = row_kernels();
-  for_each_row(at::IntArrayRef(shape), ops, 4 * n, [&](int64_t row, const std::array<int64_t, 4>& off) {
-    K.rotary(xp + off[0], cp + off[1], sp + off[2], op + off[3], n);
+  dispatch_float(x.scalar_type(), [&](auto t) {
+    using T = decltype(t);
+    const T* xp = ops[0].const_data_ptr<T>();
+    const T* cp = ops[1].const_data_ptr<T>();
+    const T* sp = ops[2].const_data_ptr<T>();
+    T* op = out.mutable_data_ptr<T>();
+    const RowKernels& K = row_kernels();
+    for_each_row(at::IntArrayRef(shape), ops, 4 * n, [&](int64_t row, const std::array<int64_t, 4>& off) {
+      FloatRows<T>& f = float_rows<T>(n);
+      float* o = f.out(3, op + off[3], n);
+      K.rotary(f.in(0, xp + off[0], n), f.in(1, cp + off[1], n), f.in(2, sp + off[2], n), o, n);
+      f.store(o, op + off[3], n);
+    });
   });
   return out;
 }

@@ -249,7 +249,7 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
         # Note [A fused compile that fused nothing says so]: without GRAPHEX_LOG a user could not tell
         warn_once("fusion:nothing-fired",
                   f"graphex: pattern_fusion_pass=True, but no fused kernel matched in {graph_name or 'the graph'}: "
-                  "it runs exact (eager's kernels). The built-in patterns fuse float32 tensors on the CPU "
+                  "it runs exact (eager's kernels). The built-in patterns fuse float32, bfloat16 and float16 tensors on the CPU "
                   "(docs/fused-mode.md); GRAPHEX_LOG=2 logs each match that was declined and why.")
     return fired
 

@@ -3,11 +3,12 @@
 Each search function is written the way models write it (this repo's examples/models/decoder.py
 and transformers' Llama modules); tracing it gives the ATen graph AOTAutograd makes of that code,
 and the replacement calls a graphex_fused op (csrc/fused/). Every pattern's extra check admits
-float32 CPU tensors only, so other dtypes keep eager's kernels (exact). Registered in priority
+CPU tensors of one dtype, float32, bfloat16 or float16, so other dtypes keep eager's kernels (exact). Registered in priority
 order: a pattern that contains another comes first (Note in manager.py).
 
     add_rms_norm   (x + residual, rms_norm(x + residual) * w)           2 forms (x*r*w, w*(x*r))
-    rms_norm       x * rsqrt(mean(x^2, -1) + eps) * w                   2 forms
+    rms_norm       x * rsqrt(mean(x^2, -1) + eps) * w                   2 forms, and Llama's float32 upcast in
+                                                                        bfloat16 / float16 models
     gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x
     silu_mul       silu(gate) * up, or up * silu(gate) (Phi3's fused gate_up projection, chunked)
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms
@@ -37,17 +38,25 @@ def _val(match: Match, name: str) -> Any:
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
 
 
-def _float32_cpu(*names: str) -> Callable[[Match], bool]:
-    """Admit a match when the named inputs are float32 CPU tensors (the fast paths of the kernels) of
-    static shapes: the checks compare sizes, which on a dynamic=True graph's symbolic sizes would add
-    guards that the captured program does not check, so those graphs are left exact."""
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the kernels' fast paths (csrc/fused/rows.h)
+
+
+def _float_cpu(*names: str) -> Callable[[Match], bool]:
+    """Admit a match when the named inputs are CPU tensors of one dtype, float32, bfloat16 or float16 (the
+    fast paths of the kernels; Note [Reduced precision runs the float32 rows]), of static shapes: the checks
+    compare sizes, which on a dynamic=True graph's symbolic sizes would add guards that the captured program
+    does not check, so those graphs are left exact."""
     def check(match: Match) -> bool:
+        dtypes = set()
         for name in names:
             v = _val(match, name)
-            if not isinstance(v, torch.Tensor) or v.dtype != torch.float32 or v.device.type != "cpu":
+            if not isinstance(v, torch.Tensor) or v.dtype not in _FUSED_DTYPES or v.device.type != "cpu":
                 return False
             if not all(type(d) is int for d in (*v.shape, *v.stride())):
                 return False
+            dtypes.add(v.dtype)
+        if len(dtypes) > 1:  # mixed dtypes promote: not what a one-dtype kernel computes
+            return False
         return True
 
     return check
@@ -72,6 +81,12 @@ def rms_norm_llama(x, weight, eps):  # transformers' LlamaRMSNorm on float32 (it
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def rms_norm_upcast(x, weight, eps):  # transformers' LlamaRMSNorm on bfloat16/float16: the norm in float32
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
 def rms_norm_fused(x, weight, eps):
     return fused.rms_norm(x, weight, eps)
 
@@ -84,6 +99,11 @@ def add_rms_norm(x, residual, weight, eps):
 def add_rms_norm_llama(x, residual, weight, eps):
     h = x + residual
     return rms_norm_llama(h, weight, eps), h
+
+
+def add_rms_norm_upcast(x, residual, weight, eps):
+    h = x + residual
+    return rms_norm_upcast(h, weight, eps), h
 
 
 def add_rms_norm_fused(x, residual, weight, eps):
@@ -317,24 +337,32 @@ def register_builtins() -> None:
     t = torch.randn
     x3, r3, w = t(2, 3, 16), t(2, 3, 16), t(16)
     eps = {"eps": 1e-6}  # scalar_workaround values must differ from every other number in the pattern
-    norm_ok = _all(_float32_cpu("x", "weight"), _number("eps"), _row_weight)
-    add_ok = _all(_float32_cpu("x", "residual", "weight"), _number("eps"), _same_shape("x", "residual"), _row_weight)
+    norm_ok = _all(_float_cpu("x", "weight"), _number("eps"), _row_weight)
+    add_ok = _all(_float_cpu("x", "residual", "weight"), _number("eps"), _same_shape("x", "residual"), _row_weight)
     for search in (add_rms_norm, add_rms_norm_llama):
         register_named("add_rms_norm", search, add_rms_norm_fused, [x3, r3, w], extra_check=add_ok,
                        scalar_workaround=eps, builtin=True)
+    # Llama's upcast norm: its .to()s name the model's dtype, so the pattern is traced once per reduced dtype
+    for dtype in (torch.bfloat16, torch.float16):
+        register_named("add_rms_norm", add_rms_norm_upcast, add_rms_norm_fused,
+                       [x3.to(dtype), r3.to(dtype), w.to(dtype)], extra_check=add_ok, scalar_workaround=eps,
+                       builtin=True)
     for search in (rms_norm, rms_norm_llama):
         register_named("rms_norm", search, rms_norm_fused, [x3, w], extra_check=norm_ok, scalar_workaround=eps,
                        builtin=True)
+    for dtype in (torch.bfloat16, torch.float16):
+        register_named("rms_norm", rms_norm_upcast, rms_norm_fused, [x3.to(dtype), w.to(dtype)],
+                       extra_check=norm_ok, scalar_workaround=eps, builtin=True)
 
     wg, wu, wd = t(32, 16), t(32, 16), t(16, 32)
-    mlp_ok = _float32_cpu("x", "w_gate", "w_up", "w_down")
+    mlp_ok = _float_cpu("x", "w_gate", "w_up", "w_down")
     for x in (x3, t(3, 16)):
         register_named("gated_mlp", gated_mlp, gated_mlp_fused, [x, wg, wu, wd], extra_check=mlp_ok, builtin=True)
     for search in (silu_mul, up_mul_silu):
         register_named("silu_mul", search, silu_mul_fused, [t(2, 3, 32), t(2, 3, 32)],
-                       extra_check=_all(_float32_cpu("gate", "up"), _same_shape("gate", "up")), builtin=True)
+                       extra_check=_all(_float_cpu("gate", "up"), _same_shape("gate", "up")), builtin=True)
 
-    rot_ok = _all(_float32_cpu("x", "cos", "sin"), _rotary_shapes)
+    rot_ok = _all(_float_cpu("x", "cos", "sin"), _rotary_shapes)
     for search in (rotary, rotary_slices):
         register_named("rotary", search, rotary_fused, [t(1, 2, 3, 8), t(1, 1, 3, 8), t(1, 1, 3, 8)],
                        extra_check=rot_ok, builtin=True)
@@ -346,7 +374,7 @@ def register_builtins() -> None:
     for gqa in ("repeat_kv", "repeat_interleave", "none"):
         k = k_full if gqa == "none" else kv
         for kind in _MASKS:
-            written_ok = _all(_float32_cpu("q", "k", "v"), _one_token(kind))
+            written_ok = _all(_float_cpu("q", "k", "v"), _one_token(kind))
             unmasked = kind == "none"
             register_named("decode_attention", _written_form(gqa, True, kind),
                            unmasked_attention_fused_div if unmasked else decode_attention_fused,
@@ -362,7 +390,7 @@ def register_builtins() -> None:
             for kind in _MASKS:
                 masked = kind != "none"
                 inputs = [q, k, k.clone(), *masks[kind]]
-                checks = [_float32_cpu("q", "k", "v"), _one_token(kind)] + ([_number("scale")] if scaled else [])
+                checks = [_float_cpu("q", "k", "v"), _one_token(kind)] + ([_number("scale")] if scaled else [])
                 register_named("decode_attention", _sdpa_form(gqa, scaled, kind), _sdpa_fused_form(scaled, masked),
                                inputs, extra_check=_all(*checks),
                                scalar_workaround={"scale": 0.3125} if scaled else None, builtin=True)

@@ -337,7 +337,7 @@ def test_fused_mode_with_frozen_parameters_and_cache_compile(how, tmp_path):
 
 
 def test_a_fused_compile_that_fused_nothing_says_so_once(monkeypatch):
-    """Note [A fused compile that fused nothing says so]: bfloat16 matches no built-in pattern; the user is told
+    """Note [A fused compile that fused nothing says so]: float64 matches no built-in pattern; the user is told
     once per process, without GRAPHEX_LOG, and a compile where a kernel fired says nothing."""
     import warnings
 
@@ -355,7 +355,7 @@ def test_a_fused_compile_that_fused_nothing_says_so_once(monkeypatch):
     def rms(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
-    x, w = torch.randn(2, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16)
+    x, w = torch.randn(2, 16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
     with pytest.warns(graphex.GraphexWarning, match="no fused kernel matched in graph_.*runs exact"):
         out = compile_decoder(rms, **FUSED)(x, w)
     assert torch.equal(out, rms(x, w))

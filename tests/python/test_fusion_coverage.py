@@ -30,8 +30,8 @@ def test_a_spelling_decodes_as_eager_does(spelling: cd.Spelling) -> None:
         assert "silu_mul" in row.fired, row.fired
     if spelling.norm in ("eps_outside", "layernorm"):
         assert not {"rms_norm", "add_rms_norm"} & set(row.fired), row.fired
-    if spelling.dtype != "float32":
-        assert not row.fired and row.max_diff == 0.0, row.fired
+    if spelling == cd.Spelling(dtype="bfloat16"):  # the baseline in bfloat16 fuses as in float32
+        assert {"add_rms_norm", "rms_norm", "gated_mlp", "rotary", "decode_attention"} <= set(row.fired), row.fired
 
 
 def test_every_generated_spelling_is_distinct_and_buildable() -> None:
