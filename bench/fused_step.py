@@ -1,6 +1,7 @@
 """Exact vs fused mode on the shipped decoder's one-token step: eager, graphex, graphex fused.
 
     python -m bench.fused_step [--rounds 10] [--round-s 0.5] [--threads 1] [--position 100] [--inductor]
+                               [--dtype float32|bfloat16|float16]
 
 One process, interleaved rounds (bench/measure.py), medians of every call. The step decodes one
 token at `position` with a KV cache filled up to there (so attention reads a realistic prefix).
@@ -25,14 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--position", type=int, default=100)
     ap.add_argument("--inductor", action="store_true", help="also time inductor (cold compile, not bitwise)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="the model's and the KV cache's dtype")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     import graphex
     from examples.models.decoder import build_decoder
 
-    model = build_decoder()
-    k, v = model.new_cache()
+    dtype = getattr(torch, args.dtype)
+    model = build_decoder().to(dtype)
+    k, v = model.new_cache(dtype=dtype)
     torch.manual_seed(1)
     k.normal_()
     v.normal_()
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
         samples = measure.interleaved({n: runner(f) for n, f in fns.items()}, args.rounds, args.round_s)
     medians = {n: measure.summarize(s)["median_us"] for n, s in samples.items()}
-    print(f"decoder one-token step at position {args.position}, {args.threads} thread(s), "
+    print(f"decoder one-token step ({args.dtype}) at position {args.position}, {args.threads} thread(s), "
           f"{args.rounds} interleaved rounds of {args.round_s} s")
     for name, us in medians.items():
         print(f"  {name:14s} median {us:8.1f} us  {us / medians['eager']:.2f}x eager"

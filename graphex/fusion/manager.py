@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import functools
+import hashlib
 import inspect
 import operator
 import threading
@@ -40,17 +42,20 @@ class PatternRegistry:
     def __init__(self) -> None:
         self.matcher = PatternMatcherPass(pass_name="graphex_pattern_fusion")
         self.lock = threading.RLock()
-        self.builtins_registered = False
-        self.lines: list[str] = []  # one per pattern, for compile-cache keys
+        self.builtin_groups: set[Any] = set()  # the keys of patterns.BUILTIN_GROUPS traced so far
+        self.lines: list[str] = []  # one per user's pattern, for compile-cache keys
 
-    def ensure_builtins(self) -> None:
-        """The built-in patterns are traced once, at the first graph compiled with pattern_fusion_pass."""
+    def ensure_builtins(self, dtypes: Any = None) -> None:
+        """Trace the built-in patterns, once per group (Note [Built-in patterns are traced per dtype, when
+        needed]): the float32 group and the groups of `dtypes` (every group when None)."""
+        from .patterns import BUILTIN_GROUPS
+
         with self.lock:
-            if not self.builtins_registered:
-                from .patterns import register_builtins
-
-                self.builtins_registered = True
-                register_builtins()
+            for key, register in BUILTIN_GROUPS.items():
+                if key in self.builtin_groups or (dtypes is not None and key is not None and key not in dtypes):
+                    continue
+                self.builtin_groups.add(key)
+                register()
 
 
 REGISTRY = PatternRegistry()
@@ -214,11 +219,38 @@ def note_registered(name: str, identity: str) -> None:
     REGISTRY.lines.append(f"{name}: {identity}")
 
 
+@functools.lru_cache(maxsize=None)
+def _builtins_identity() -> str:
+    """The built-in patterns as the source that defines them (patterns.py, spellings.py): known without tracing."""
+    from . import patterns, spellings
+
+    text = "".join(inspect.getsource(m) for m in (patterns, spellings))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def registered_patterns() -> list[str]:
-    """What the pass holds (built-ins once traced, then users' patterns), for cache keys."""
+    """What fused mode matches with, for cache keys: the built-ins (by their source) and users' patterns."""
     with REGISTRY.lock:
-        REGISTRY.ensure_builtins()
-        return list(REGISTRY.lines)
+        return [f"builtins: {_builtins_identity()}", *REGISTRY.lines]
+
+
+# Note [Built-in patterns are traced per dtype, when needed]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Most built-in patterns match every fused dtype (a pattern's ops do not name a dtype); the
+# float32-upcast forms of bfloat16 and float16 models (Llama's norm, a float32 softmax) cast back to
+# the model's dtype and are traced once per dtype. Tracing all of them costs about a second, so
+# run_fusion traces the float32 group at the first fused compile and a reduced dtype's group at the
+# first graph holding a tensor of that dtype. A user's register_replacement traces every group first,
+# so that at a shared anchor the built-ins are always tried before users' patterns. The compile-cache
+# key names the built-ins by their source (registered_patterns), so it needs no tracing and does not
+# depend on which groups a process has traced.
+def _reduced_dtypes(graph: torch.fx.Graph) -> set[torch.dtype]:
+    found = set()
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dtype in (torch.bfloat16, torch.float16):
+            found.add(val.dtype)
+    return found
 
 
 # Note [A fused compile that fused nothing says so]
@@ -231,7 +263,7 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
     """Replace every match of the registered patterns in `gm`; returns {pattern name: times fired}."""
     counts: collections.Counter[str] = collections.Counter()
     with REGISTRY.lock:
-        REGISTRY.ensure_builtins()
+        REGISTRY.ensure_builtins(_reduced_dtypes(gm.graph))
         token = _fired.set(counts)  # Note [Fusion's state: one registry, counts per run]
         try:
             normalize_dims(gm.graph)  # Note [Dim arguments are matched in one spelling]

@@ -250,34 +250,40 @@ def _sdpa_fused_form(scaled: bool, masked: bool) -> Callable[..., Any]:
     return replace
 
 
-def _written_form(gqa: str, divide: bool, mask_kind: str) -> Callable[..., Any]:
-    """softmax(q k^T * scale (or / inv_scale), then masked_fill(~mask, -inf) or + mask) v, after one GQA form."""
+def _written_form(gqa: str, divide: bool, mask_kind: str, upcast: bool = False) -> Callable[..., Any]:
+    """softmax(q k^T * scale (or / inv_scale), then masked_fill(~mask, -inf) or + mask) v, after one GQA form;
+    `upcast`: the softmax in float32 and cast back to q's dtype (softmax(s.float()).to(q.dtype), or
+    softmax(s, dtype=torch.float32).to(q.dtype): one graph after Note [Dim arguments are matched in one
+    spelling]'s rewrite of _to_copy), traced per reduced dtype since the cast back names it."""
     rep = _GQA[gqa]
 
     def masked(scores, mask):
+        if mask_kind == "none":
+            return scores
         return scores.masked_fill(~mask, float("-inf")) if mask_kind == "bool" else scores + mask
+
+    def probs(scores, q):
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype) if upcast else torch.softmax(scores, dim=-1)
+
+    def attend(q, k, v, mask, scaled):
+        n = q.shape[1] // k.shape[1]
+        scores = masked(scaled(torch.matmul(q, rep(k, n).transpose(2, 3))), mask)
+        return torch.matmul(probs(scores, q), rep(v, n))
 
     if mask_kind == "none" and divide:
         def search(q, k, v, inv_scale):
-            n = q.shape[1] // k.shape[1]
-            scores = torch.matmul(q, rep(k, n).transpose(2, 3)) / inv_scale
-            return torch.matmul(torch.softmax(scores, dim=-1), rep(v, n))
+            return attend(q, k, v, None, lambda s: s / inv_scale)
     elif mask_kind == "none":
         def search(q, k, v, scale):
-            n = q.shape[1] // k.shape[1]
-            scores = torch.matmul(q, rep(k, n).transpose(2, 3)) * scale
-            return torch.matmul(torch.softmax(scores, dim=-1), rep(v, n))
+            return attend(q, k, v, None, lambda s: s * scale)
     elif divide:
         def search(q, k, v, mask, inv_scale):  # examples/models/decoder.py's Attention
-            n = q.shape[1] // k.shape[1]
-            scores = masked(torch.matmul(q, rep(k, n).transpose(2, 3)) / inv_scale, mask)
-            return torch.matmul(torch.softmax(scores, dim=-1), rep(v, n))
+            return attend(q, k, v, mask, lambda s: s / inv_scale)
     else:
         def search(q, k, v, mask, scale):
-            n = q.shape[1] // k.shape[1]
-            scores = masked(torch.matmul(q, rep(k, n).transpose(2, 3)) * scale, mask)
-            return torch.matmul(torch.softmax(scores, dim=-1), rep(v, n))
-    search.__qualname__ = search.__name__ = f"written_attention_{gqa}_{'div' if divide else 'mul'}_{mask_kind}_mask"
+            return attend(q, k, v, mask, lambda s: s * scale)
+    search.__qualname__ = search.__name__ = (f"written_attention_{gqa}_{'div' if divide else 'mul'}_{mask_kind}_mask"
+                                             f"{'_upcast' if upcast else ''}")
     return search
 
 
@@ -333,26 +339,55 @@ def _one_token_with(match: Match, mask_kind: str) -> bool:
     return True
 
 
-def register_builtins() -> None:
+def _attention_examples() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, list[torch.Tensor]]]:
     t = torch.randn
-    x3, r3, w = t(2, 3, 16), t(2, 3, 16), t(16)
-    eps = {"eps": 1e-6}  # scalar_workaround values must differ from every other number in the pattern
+    masks = {"bool": [torch.ones(1, 1, 1, 6, dtype=torch.bool)], "additive": [torch.zeros(1, 1, 1, 6)], "none": []}
+    return t(1, 4, 1, 8), t(1, 2, 6, 8), t(1, 4, 6, 8), masks
+
+
+def _register_written_attention(dtype: torch.dtype | None) -> None:
+    """The written-out attention forms: float32 ones (dtype None; where softmax(s.float()).to(q.dtype) is
+    softmax(s)), or the float32 softmax of a `dtype` model (transformers' eager attention, this repo's decoder)."""
+    q, kv, k_full, masks = _attention_examples()
+
+    def cast(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [x.to(dtype) if dtype is not None and x.is_floating_point() else x for x in ts]
+
+    for gqa in ("repeat_kv", "repeat_interleave", "none"):
+        k = k_full if gqa == "none" else kv
+        for kind in _MASKS:
+            written_ok = _all(_float_cpu("q", "k", "v"), _one_token(kind))
+            unmasked, upcast = kind == "none", dtype is not None
+            register_named("decode_attention", _written_form(gqa, True, kind, upcast),
+                           unmasked_attention_fused_div if unmasked else decode_attention_fused,
+                           cast([q, k, k.clone(), *masks[kind]]), extra_check=_all(written_ok, _number("inv_scale")),
+                           scalar_workaround={"inv_scale": 7.25}, builtin=True)
+            register_named("decode_attention", _written_form(gqa, False, kind, upcast),
+                           unmasked_attention_fused if unmasked else written_attention_fused,
+                           cast([q, k, k.clone(), *masks[kind]]), extra_check=_all(written_ok, _number("scale")),
+                           scalar_workaround={"scale": 0.3125}, builtin=True)
+
+
+_EPS = {"eps": 1e-6}  # scalar_workaround values must differ from every other number in the pattern
+
+
+def _norm_checks() -> tuple[Callable[[Match], bool], Callable[[Match], bool]]:
     norm_ok = _all(_float_cpu("x", "weight"), _number("eps"), _row_weight)
     add_ok = _all(_float_cpu("x", "residual", "weight"), _number("eps"), _same_shape("x", "residual"), _row_weight)
+    return norm_ok, add_ok
+
+
+def register_common() -> None:
+    """The patterns whose ops name no dtype: they match float32, bfloat16 and float16 graphs alike."""
+    t = torch.randn
+    x3, r3, w = t(2, 3, 16), t(2, 3, 16), t(16)
+    norm_ok, add_ok = _norm_checks()
     for search in (add_rms_norm, add_rms_norm_llama):
         register_named("add_rms_norm", search, add_rms_norm_fused, [x3, r3, w], extra_check=add_ok,
-                       scalar_workaround=eps, builtin=True)
-    # Llama's upcast norm: its .to()s name the model's dtype, so the pattern is traced once per reduced dtype
-    for dtype in (torch.bfloat16, torch.float16):
-        register_named("add_rms_norm", add_rms_norm_upcast, add_rms_norm_fused,
-                       [x3.to(dtype), r3.to(dtype), w.to(dtype)], extra_check=add_ok, scalar_workaround=eps,
-                       builtin=True)
+                       scalar_workaround=_EPS, builtin=True)
     for search in (rms_norm, rms_norm_llama):
-        register_named("rms_norm", search, rms_norm_fused, [x3, w], extra_check=norm_ok, scalar_workaround=eps,
+        register_named("rms_norm", search, rms_norm_fused, [x3, w], extra_check=norm_ok, scalar_workaround=_EPS,
                        builtin=True)
-    for dtype in (torch.bfloat16, torch.float16):
-        register_named("rms_norm", rms_norm_upcast, rms_norm_fused, [x3.to(dtype), w.to(dtype)],
-                       extra_check=norm_ok, scalar_workaround=eps, builtin=True)
 
     wg, wu, wd = t(32, 16), t(32, 16), t(16, 32)
     mlp_ok = _float_cpu("x", "w_gate", "w_up", "w_down")
@@ -369,21 +404,8 @@ def register_builtins() -> None:
 
     # Note [Attention forms are generated from one table]: the GQA forms before the plain one (a GQA match
     # contains the plain form's), written-out forms anchored at their last matmul, SDPA at its call.
-    q, kv, k_full = t(1, 4, 1, 8), t(1, 2, 6, 8), t(1, 4, 6, 8)
-    masks = {"bool": [torch.ones(1, 1, 1, 6, dtype=torch.bool)], "additive": [torch.zeros(1, 1, 1, 6)], "none": []}
-    for gqa in ("repeat_kv", "repeat_interleave", "none"):
-        k = k_full if gqa == "none" else kv
-        for kind in _MASKS:
-            written_ok = _all(_float_cpu("q", "k", "v"), _one_token(kind))
-            unmasked = kind == "none"
-            register_named("decode_attention", _written_form(gqa, True, kind),
-                           unmasked_attention_fused_div if unmasked else decode_attention_fused,
-                           [q, k, k.clone(), *masks[kind]], extra_check=_all(written_ok, _number("inv_scale")),
-                           scalar_workaround={"inv_scale": 7.25}, builtin=True)
-            register_named("decode_attention", _written_form(gqa, False, kind),
-                           unmasked_attention_fused if unmasked else written_attention_fused,
-                           [q, k, k.clone(), *masks[kind]], extra_check=_all(written_ok, _number("scale")),
-                           scalar_workaround={"scale": 0.3125}, builtin=True)
+    _register_written_attention(None)
+    q, kv, k_full, masks = _attention_examples()
     for gqa in ("repeat_kv", "repeat_interleave", "none"):
         k = k_full if gqa == "none" else kv
         for scaled in (True, False):
@@ -394,3 +416,25 @@ def register_builtins() -> None:
                 register_named("decode_attention", _sdpa_form(gqa, scaled, kind), _sdpa_fused_form(scaled, masked),
                                inputs, extra_check=_all(*checks),
                                scalar_workaround={"scale": 0.3125} if scaled else None, builtin=True)
+
+
+def register_upcast(dtype: torch.dtype) -> None:
+    """The float32-upcast forms of a `dtype` model: Llama's norm and a float32 softmax, whose casts back name
+    `dtype` (Note [Built-in patterns are traced per dtype, when needed], manager.py)."""
+    t = torch.randn
+    x3, r3, w = t(2, 3, 16).to(dtype), t(2, 3, 16).to(dtype), t(16).to(dtype)
+    norm_ok, add_ok = _norm_checks()
+    register_named("add_rms_norm", add_rms_norm_upcast, add_rms_norm_fused, [x3, r3, w], extra_check=add_ok,
+                   scalar_workaround=_EPS, builtin=True)
+    register_named("rms_norm", rms_norm_upcast, rms_norm_fused, [x3, w], extra_check=norm_ok,
+                   scalar_workaround=_EPS, builtin=True)
+    _register_written_attention(dtype)
+
+
+# The built-in patterns, by group: None for the common ones, a dtype for its upcast forms (traced when a graph of
+# that dtype is first fused: Note [Built-in patterns are traced per dtype, when needed], manager.py).
+BUILTIN_GROUPS: dict[torch.dtype | None, Callable[[], None]] = {
+    None: register_common,
+    torch.bfloat16: lambda: register_upcast(torch.bfloat16),
+    torch.float16: lambda: register_upcast(torch.float16),
+}

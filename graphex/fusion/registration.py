@@ -65,7 +65,7 @@ def register_named(name: str, search_fn: Callable[..., Any], replace_fn: Callabl
             manager.checked(name, search_fn, replace_fn, extra_check), get_decomp_fn=no_decompositions,
             scalar_workaround=scalar_workaround, search_fn_pattern=search_fn_pattern,
             skip_duplicates=skip_duplicates, pattern_name=name)
-        if registered:
+        if registered and not builtin:  # the built-ins are keyed by their source (manager.registered_patterns)
             from ..options import _callable_identity
 
             manager.note_registered(name, _callable_identity(search_fn) + _callable_identity(replace_fn))

@@ -1,4 +1,4 @@
-"""One spelling of each dim argument the built-in patterns read, before matching.
+"""One spelling of each argument the built-in patterns read (dims, _to_copy's keywords), before matching.
 
 Note [Dim arguments are matched in one spelling]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -8,7 +8,9 @@ torch's matcher compares a pattern's constant arguments literally, so `k.transpo
 Before matching, fused mode rewrites these arguments to the spelling the built-in patterns are
 written in:
 - `transpose.int(x, a, b)`: the two dims non-negative, the smaller first (transpose is symmetric);
-- `_softmax(x, dim, half_to_float)`, `_log_softmax(...)`: the dim negative (`-1` for the last).
+- `_softmax(x, dim, half_to_float)`, `_log_softmax(...)`: the dim negative (`-1` for the last);
+- `_to_copy(x, dtype=..., layout=torch.strided, device=<x's device>)` (what `softmax(s, dtype=...)`
+  writes): the layout and device keywords dropped where they are x's own, as `x.to(dtype)` writes it.
 The rewrite keeps each op and what it computes; where no pattern fires the graph runs exact as
 before (the same kernels on the same arguments). The patterns in patterns.py are written in this
 spelling (Note [Attention forms are generated from one table]).
@@ -45,6 +47,16 @@ def normalize_dims(graph: torch.fx.Graph) -> int:
             a, b = _dim(node.args[1], rank), _dim(node.args[2], rank)
             if a is not None and b is not None and (min(a, b), max(a, b)) != tuple(node.args[1:]):
                 node.args = (node.args[0], min(a, b), max(a, b))
+                changed += 1
+        elif node.target is aten._to_copy.default and ("layout" in node.kwargs or "device" in node.kwargs):
+            x = node.args[0].meta.get("val")
+            kwargs = dict(node.kwargs)
+            if kwargs.get("layout", x.layout) == x.layout == torch.strided:
+                kwargs.pop("layout", None)
+            if "device" in kwargs and kwargs["device"] == x.device:
+                kwargs.pop("device")
+            if kwargs != node.kwargs:
+                node.kwargs = kwargs
                 changed += 1
         elif node.target in (aten._softmax.default, aten._log_softmax.default) and len(node.args) == 3:
             d = _dim(node.args[1], rank)

@@ -511,6 +511,11 @@ def sdpa_additive_gqa(q, k, v, mask):  # SDPA with a float attn_mask, GQA by rep
     return F.scaled_dot_product_attention(q, repeat_kv(k, n), repeat_kv(v, n), attn_mask=mask)
 
 
+def attn_upcast(q, k, v, mask):  # the float32 softmax of transformers' eager attention (patterns, upcast=True)
+    scores = (torch.matmul(q, k.transpose(2, 3)) * 0.35).masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
 def attn_no_mask(q, k, v, mask):  # written out, no mask (patterns._written_form(mask_kind="none")); mask unused
     return torch.matmul(torch.softmax(torch.matmul(q, k.mT) * 0.35, dim=-1), v)
 
@@ -520,6 +525,7 @@ ATT_CANON = {"decode_attention": (attn, ATT_IN), "written_mul": (attn_mul, ATT_I
              "sdpa_repeat_kv": (sdpa_gqa, GQA_IN), "sdpa_no_mask": (sdpa_no_mask, ATT_IN),
              "sdpa_repeat_interleave": (sdpa_gqa_interleave, GQA_IN),
              "written_additive": (attn_additive, ATT_ADDITIVE_IN), "written_no_mask": (attn_no_mask, ATT_IN),
+             "written_upcast": (attn_upcast, ATT_IN),
              "sdpa_additive_repeat_kv": (sdpa_additive_gqa, GQA_ADDITIVE_IN)}
 
 
