@@ -3,7 +3,9 @@
 //   gated_mlp(x, w_gate, w_up, w_down): the whole block as one op: the three matmuls are eager's
 //   own at::mm on the same operands as the linear layers' decomposition (so bitwise equal), with
 //   silu * up done in place between them; one op where the graph has about 13 (t, view, mm, ...).
+//   One row in bfloat16 / float16 (a decode step) runs matvec (matvec.cpp) for the three products.
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp); only exp differs from eager's.
+#include "fused/matvec.h"
 #include "fused/rows.h"
 #include "fused/vec.h"
 
@@ -74,14 +76,20 @@ at::Tensor gated_mlp_cpu(const at::Tensor& x, const at::Tensor& w_gate, const at
                          const at::Tensor& w_down) {
   check_mlp(x, w_gate, w_up, w_down);
   at::Tensor x2 = x.reshape({-1, x.size(-1)});
-  at::Tensor gate = at::mm(x2, w_gate.t());
-  at::Tensor up = at::mm(x2, w_up.t());
+  // one row in bfloat16 / float16 (a decode step): the matrix products read the weights at their own width
+  // (matvec.cpp); otherwise eager's mm on the operands the linear layers' decomposition has
+  const bool vec = matvec_applies(x2, w_gate) && matvec_applies(x2, w_up);  // matvec_cpu checks w_down itself
+  auto linear = [&](const at::Tensor& a, const at::Tensor& w) {
+    return vec ? matvec_cpu(a, w, std::nullopt) : at::mm(a, w.t());
+  };
+  at::Tensor gate = linear(x2, w_gate);
+  at::Tensor up = linear(x2, w_up);
   if (all_cpu_one_float_dtype(gate, up) && gate.is_contiguous() && up.is_contiguous()) {
     silu_mul_into(gate, up, gate);  // row by row, each element read before it is written
   } else {
     gate = at::mul(at::silu(gate), up);
   }
-  return at::mm(gate, w_down.t()).view(mlp_shape(x, w_down));
+  return linear(gate, w_down).view(mlp_shape(x, w_down));
 }
 
 at::Tensor gated_mlp_meta(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,

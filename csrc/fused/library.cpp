@@ -10,6 +10,7 @@
 //   rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor                        rotary.cpp
 //   decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale,
 //                    bool zero_masked_rows=False) -> Tensor                  attention.cpp
+//   matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor            matvec.cpp
 //
 // Their float32 inner loops are the row kernels of vec_kernels.h, built once per CPU capability
 // (Note [One row kernel per CPU capability], vec.h); rows.h walks the rows of broadcast operands.
@@ -48,4 +49,5 @@ TORCH_LIBRARY(graphex_fused, m) {
   m.def("gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, bool zero_masked_rows=False) -> Tensor");
+  m.def("matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
 }

@@ -10,6 +10,9 @@
 // contraction off (Note [Fused kernels are close, not bitwise], library.cpp).
 #pragma once
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <cstdint>
 
 namespace graphex::fused {
@@ -21,6 +24,9 @@ struct RowKernels {
   void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);             // silu(g) * u
   void (*rotary)(const float* x, const float* c, const float* s, float* out, int64_t n);
   float (*dot)(const float* a, const float* b, int64_t n);
+  // sum(a[i] * float(b[i])), b read as bfloat16 / float16 (matvec: a weight row streamed at its own width)
+  float (*dot_bf16)(const float* a, const c10::BFloat16* b, int64_t n);
+  float (*dot_half)(const float* a, const c10::Half* b, int64_t n);
   void (*axpy)(float a, const float* x, float* y, int64_t n);                          // y += a * x
   const char* capability;
 };

@@ -86,6 +86,36 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// sum(a[i] * float(b[i])) for a reduced-precision b: b converted in registers, four float accumulators with
+// fused multiply-adds (a reduction: its order is not eager's anyway; Note [Fused kernels are close, not bitwise]).
+template <typename R>
+inline float dot_reduced(const float* a, const R* b, int64_t n) {
+  using VecR = at::vec::Vectorized<R>;
+  Vec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
+  int64_t i = 0;
+  if constexpr (VecR::size() == 2 * Vec::size()) {
+    for (; i + 2 * VecR::size() <= n; i += 2 * VecR::size()) {
+      auto [b0, b1] = at::vec::convert_to_float<R>(VecR::loadu(b + i));
+      auto [b2, b3] = at::vec::convert_to_float<R>(VecR::loadu(b + i + VecR::size()));
+      acc0 = at::vec::fmadd(Vec::loadu(a + i), b0, acc0);
+      acc1 = at::vec::fmadd(Vec::loadu(a + i + Vec::size()), b1, acc1);
+      acc2 = at::vec::fmadd(Vec::loadu(a + i + 2 * Vec::size()), b2, acc2);
+      acc3 = at::vec::fmadd(Vec::loadu(a + i + 3 * Vec::size()), b3, acc3);
+    }
+    for (; i + VecR::size() <= n; i += VecR::size()) {
+      auto [b0, b1] = at::vec::convert_to_float<R>(VecR::loadu(b + i));
+      acc0 = at::vec::fmadd(Vec::loadu(a + i), b0, acc0);
+      acc1 = at::vec::fmadd(Vec::loadu(a + i + Vec::size()), b1, acc1);
+    }
+  }
+  float sum = sum_lanes((acc0 + acc1) + (acc2 + acc3));
+  for (; i < n; ++i) sum += a[i] * static_cast<float>(b[i]);
+  return sum;
+}
+
+inline float dot_bf16(const float* a, const c10::BFloat16* b, int64_t n) { return dot_reduced(a, b, n); }
+inline float dot_half(const float* a, const c10::Half* b, int64_t n) { return dot_reduced(a, b, n); }
+
 inline void axpy(float a, const float* x, float* y, int64_t n) {
   const Vec va(a);
   int64_t i = 0;
@@ -97,7 +127,8 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 #define GRAPHEX_STR(x) GRAPHEX_STR2(x)
 
 inline RowKernels table() {
-  return RowKernels{&rms_norm_row, &add_row, &silu_mul_row, &rotary_row, &dot, &axpy, GRAPHEX_STR(CPU_CAPABILITY)};
+  return RowKernels{&rms_norm_row, &add_row,  &silu_mul_row, &rotary_row, &dot,
+                    &dot_bf16,     &dot_half, &axpy,         GRAPHEX_STR(CPU_CAPABILITY)};
 }
 
 }  // namespace CPU_CAPABILITY

@@ -52,7 +52,9 @@ class PatternRegistry:
 
         with self.lock:
             for key, register in BUILTIN_GROUPS.items():
-                if key in self.builtin_groups or (dtypes is not None and key is not None and key not in dtypes):
+                wanted = (dtypes is None or key is None or key in dtypes
+                          or (key == "reduced" and bool(dtypes)))  # the reduced-dtype group: any of them
+                if key in self.builtin_groups or not wanted:
                     continue
                 self.builtin_groups.add(key)
                 register()

@@ -12,6 +12,7 @@ order: a pattern that contains another comes first (Note in manager.py).
     gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x
     silu_mul       silu(gate) * up, or up * silu(gate) (Phi3's fused gate_up projection, chunked)
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms
+    matvec         F.linear(x, w[, b]) on one row of a bfloat16/float16 x (a decode step's projections)
     decode_attention  softmax(q k^T * s, masked) v for one query token, SDPA or written out, GQA by repeat_kv
                    or repeat_interleave or none, scale given (or divided by) or SDPA's default, a bool or
                    additive float mask or none: Note [Attention forms are generated from one table]
@@ -129,6 +130,31 @@ def gated_mlp(x, w_gate, w_up, w_down):
 
 def gated_mlp_fused(x, w_gate, w_up, w_down):
     return fused.gated_mlp(x, w_gate, w_up, w_down)
+
+
+def linear(x, weight):  # a linear layer without bias (Llama's projections, an lm_head)
+    return F.linear(x, weight)
+
+
+def linear_bias(x, weight, bias):  # with a bias (Qwen2's q/k/v projections)
+    return F.linear(x, weight, bias)
+
+
+def matvec_fused(x, weight):
+    return fused.matvec(x, weight)
+
+
+def matvec_bias_fused(x, weight, bias):
+    return fused.matvec(x, weight, bias)
+
+
+def _one_row_reduced(match: Match) -> bool:
+    """matvec's case (csrc/fused/matvec.cpp): one row of x, bfloat16 or float16, a row-major weight [N, K]. A
+    float32 linear keeps eager's mm (no faster with a kernel of ours), as do several rows (a prefill: a GEMM)."""
+    x, w = _val(match, "x"), _val(match, "weight")
+    if x.dtype not in (torch.bfloat16, torch.float16) or w.dim() != 2 or x.dim() < 1:
+        return False
+    return x.numel() == x.shape[-1] and tuple(w.stride()) == (w.shape[1], 1)
 
 
 def silu_mul(gate, up):
@@ -431,10 +457,24 @@ def register_upcast(dtype: torch.dtype) -> None:
     _register_written_attention(dtype)
 
 
+def register_matvec() -> None:
+    """Linear layers on one row in bfloat16/float16 (a decode step's projections): matvec reads the weights at
+    their own width. Registered after every pattern that contains a linear (gated_mlp), traced once for both
+    reduced dtypes (its ops name no dtype)."""
+    t = torch.randn
+    w, b = t(32, 16).bfloat16(), t(32).bfloat16()
+    for x in (t(1, 1, 16).bfloat16(), t(1, 16).bfloat16()):
+        register_named("matvec", linear, matvec_fused, [x, w],
+                       extra_check=_all(_float_cpu("x", "weight"), _one_row_reduced), builtin=True)
+        register_named("matvec", linear_bias, matvec_bias_fused, [x, w, b],
+                       extra_check=_all(_float_cpu("x", "weight", "bias"), _one_row_reduced), builtin=True)
+
+
 # The built-in patterns, by group: None for the common ones, a dtype for its upcast forms (traced when a graph of
 # that dtype is first fused: Note [Built-in patterns are traced per dtype, when needed], manager.py).
-BUILTIN_GROUPS: dict[torch.dtype | None, Callable[[], None]] = {
+BUILTIN_GROUPS: dict[torch.dtype | str | None, Callable[[], None]] = {
     None: register_common,
     torch.bfloat16: lambda: register_upcast(torch.bfloat16),
     torch.float16: lambda: register_upcast(torch.float16),
+    "reduced": register_matvec,  # traced with the first bfloat16 or float16 graph, after its dtype's group
 }

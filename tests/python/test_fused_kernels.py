@@ -44,7 +44,7 @@ def attention_eager(q, k, v, mask, scale):
 
 def test_ops_are_linked_into_graphex():
     """Registrations in a static library are dropped by the linker; these come with `import graphex`."""
-    for name in ("rms_norm", "add_rms_norm", "silu_mul", "gated_mlp", "rotary", "decode_attention"):
+    for name in ("rms_norm", "add_rms_norm", "silu_mul", "gated_mlp", "rotary", "decode_attention", "matvec"):
         op = getattr(fused, name).default
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU"), name
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"), name
@@ -111,12 +111,40 @@ def _reduced_cases(dtype: torch.dtype, in_float64: bool = False):
         ("add_rms_norm_sum", lambda: fused.add_rms_norm(x, res, w, 1e-6)[0], lambda: x + res),
         ("silu_mul", lambda: fused.silu_mul(gate, up), lambda: F.silu(gate) * up),
         ("gated_mlp", lambda: fused.gated_mlp(xm, wg, wu, wd), lambda: F.linear(F.silu(F.linear(xm, wg)) * F.linear(xm, wu), wd)),
+        ("gated_mlp_one_row", lambda: fused.gated_mlp(xm[:1, :1], wg, wu, wd),  # a decode step: matvec inside
+         lambda: F.linear(F.silu(F.linear(xm[:1, :1], wg)) * F.linear(xm[:1, :1], wu), wd)),
+        ("matvec", lambda: fused.matvec(xm[:1, :1], wg, wu[:, 0]), lambda: F.linear(xm[:1, :1], wg, wu[:, 0])),
         ("rotary", lambda: fused.rotary(xr, cos, sin), lambda: rotary_eager(xr, cos, sin)),
         ("attention_bool", lambda: fused.decode_attention(q, k, v, mask, 0.125, zero_masked_rows=True),
          lambda: sdpa(q, k, v, mask)),
         ("attention_additive", lambda: fused.decode_attention(q, k, v, additive, 0.125, zero_masked_rows=True),
          lambda: sdpa(q, k, v, additive)),
     ]
+
+
+def test_matvec_is_eager_linear_within_the_reduced_tolerance():
+    """matvec (csrc/fused/matvec.cpp): one row of a bfloat16/float16 x against eager's F.linear, with and without
+    bias, odd and large K; a float32 x, several rows or a transposed weight run eager's own linear (bitwise)."""
+    g = torch.Generator().manual_seed(31)
+    for dtype in (torch.bfloat16, torch.float16):
+        eps = torch.finfo(dtype).eps
+        for K, N in ((1, 3), (7, 5), (64, 96), (200, 33), (1024, 40)):
+            x = torch.randn(1, 1, K, generator=g).to(dtype)
+            w, b = (torch.randn(N, K, generator=g) / 4).to(dtype), torch.randn(N, generator=g).to(dtype)
+            for bias in (None, b):
+                got, want = fused.matvec(x, w, bias), F.linear(x, w, bias)
+                assert got.shape == want.shape and got.dtype == dtype
+                torch.testing.assert_close(got, want, rtol=4 * eps, atol=4 * eps)
+        x = torch.randn(3, 64, generator=g).to(dtype)  # several rows: eager's mm, bitwise
+        w = torch.randn(16, 64, generator=g).to(dtype)
+        assert torch.equal(fused.matvec(x, w), F.linear(x, w))
+        wt = torch.randn(64, 16, generator=g).to(dtype).t()  # a weight that is not row-major
+        assert torch.equal(fused.matvec(x[:1], wt), F.linear(x[:1], wt))
+    x, w = torch.randn(1, 64), torch.randn(16, 64)
+    assert torch.equal(fused.matvec(x, w), F.linear(x, w))
+    assert fused.matvec(torch.randn(1, 0).bfloat16(), torch.randn(4, 0).bfloat16()).eq(0).all()
+    with pytest.raises(RuntimeError, match="want x"):
+        fused.matvec(torch.randn(1, 8).bfloat16(), torch.randn(4, 9).bfloat16())
 
 
 REDUCED = [(d, name) for d in (torch.bfloat16, torch.float16) for name, _, _ in _reduced_cases(d)]
@@ -287,6 +315,7 @@ def test_meta_kernels_give_the_cpu_shapes():
         (fused.rotary, (torch.randn(1, 4, 1, 8), torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8))),
         (fused.decode_attention, (torch.randn(1, 4, 1, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8),
                                   torch.ones(1, 1, 1, 9, dtype=torch.bool), 0.3)),
+        (fused.matvec, (torch.randn(1, 1, 8).bfloat16(), torch.randn(5, 8).bfloat16(), torch.randn(5).bfloat16())),
     ]
     for op, args in cases:
         real = op(*args)
@@ -306,6 +335,8 @@ def test_opcheck():
         (fused.rotary.default, (torch.randn(2, 8), torch.randn(8), torch.randn(8))),
         (fused.decode_attention.default, (torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8),
                                           torch.ones(1, 1, 1, 5, dtype=torch.bool), 0.5)),
+        (fused.matvec.default, (torch.randn(1, 8).bfloat16(), torch.randn(6, 8).bfloat16(), None)),
+        (fused.matvec.default, (torch.randn(1, 8).half(), torch.randn(6, 8).half(), torch.randn(6).half())),
     ]
     for op, args in samples:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))

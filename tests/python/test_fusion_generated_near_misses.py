@@ -812,6 +812,9 @@ def _generate() -> None:
         if family == "gated_mlp":
             variant("gated_mlp/zero_rows", first_fn, _reshape(MLP_IN2, lambda a: (a[0][:0], *a[1:])))
             variant("gated_mlp/one_row", first_fn, _reshape(MLP_IN2, lambda a: (a[0][:1], *a[1:])))
+            for dtype in (torch.bfloat16, torch.float16):  # a decode step: matvec inside the fused MLP
+                variant(f"gated_mlp/one_row_{str(dtype)[6:]}", first_fn,
+                        _cast(_reshape(MLP_IN2, lambda a: (a[0][:1], *a[1:])), dtype), fire=("gated_mlp",))
             variant("gated_mlp/intermediate_0", first_fn, lambda: (t(3, 16), t(0, 16), t(0, 16), t(16, 0)))
         if family == "rotary":
             variant("rotary/zero_batch", first_fn, _reshape(first_make, lambda a: (a[0][:0], *a[1:])))

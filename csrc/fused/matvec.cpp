@@ -1,0 +1,110 @@
+// A linear layer on a few rows, in bfloat16 or float16: x @ weight^T (+ bias), reading each weight row once per
+// row of x at the weight's own width (a decode step's matrix products are matrix-vector products bound by
+// reading the weights; ATen's reduced-precision mm runs no faster than its float32 one here, reading half the
+// bytes: bench/fused_step.py). Each output is a float32 dot product of the row of x (read as float32) and a
+// weight row (converted in registers), plus the bias, rounded once to the dtype (Note [Reduced precision runs
+// the float32 rows], rows.h), as eager's mm accumulates in float32 and rounds once.
+//   x [..., K], weight [N, K] (row-major, stride 1 along K), bias [N] or none; one dtype, bfloat16 or float16.
+// Meant for one row of x (a decode step): a second row costs almost a second pass (measured), so the
+// pattern admits one row only; more rows, other dtypes, layouts or devices run eager's linear (matmul, + bias).
+// Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp): the dot products add in another order.
+#include "fused/matvec.h"
+
+#include "fused/rows.h"
+#include "fused/vec.h"
+
+#include <ATen/ops/add.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <vector>
+
+namespace graphex::fused {
+namespace {
+
+at::DimVector matvec_shape(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
+              "graphex_fused::matvec: want x [..., K] and weight [N, K], got x ", x.sizes(), ", weight ",
+              weight.sizes());
+  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == weight.size(0)),
+              "graphex_fused::matvec: want bias [N] with N = ", weight.size(0), ", got ", bias->sizes());
+  at::DimVector shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = weight.size(0);
+  return shape;
+}
+
+at::Tensor matvec_eager(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  at::Tensor out = at::matmul(x, weight.t());
+  return bias.has_value() ? at::add(out, *bias) : out;
+}
+
+template <typename T>
+float dot_as_float(const RowKernels& K, const float* a, const T* b, int64_t n) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return K.dot_bf16(a, b, n);
+  else return K.dot_half(a, b, n);
+}
+
+template <typename T>
+void matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out) {
+  const int64_t N = weight.size(0), Kd = weight.size(1), M = x.numel() / std::max<int64_t>(Kd, 1);
+  const at::Tensor xc = x.contiguous();
+  const T* xp = xc.const_data_ptr<T>();
+  const T* wp = weight.const_data_ptr<T>();
+  const T* bp = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
+  const int64_t bs = bias.has_value() ? bias->stride(0) : 0;
+  T* op = out.mutable_data_ptr<T>();
+  const RowKernels& K = row_kernels();
+  // Split the weight rows over threads; each weight row is read once and dotted with every row of x (in L1 by
+  // then), so a few rows of x cost one pass over the weights.
+  std::vector<float> xf(static_cast<size_t>(M * Kd));
+  for (int64_t i = 0; i < M * Kd; ++i) xf[i] = static_cast<float>(xp[i]);
+  at::parallel_for(0, N, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Kd)), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const T* wr = wp + n * Kd;
+      const float b = bp != nullptr ? static_cast<float>(bp[n * bs]) : 0.f;
+      for (int64_t m = 0; m < M; ++m) {
+        float acc = dot_as_float(K, xf.data() + m * Kd, wr, Kd);
+        if (bp != nullptr) acc += b;
+        op[m * N + n] = static_cast<T>(acc);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+bool matvec_applies(const at::Tensor& x, const at::Tensor& weight) {
+  const at::ScalarType d = x.scalar_type();
+  return (d == at::kBFloat16 || d == at::kHalf) && all_cpu_one_float_dtype(x, weight) && weight.dim() == 2 &&
+         x.dim() >= 1 && x.size(-1) == weight.size(1) && weight.stride(1) == 1 && weight.stride(0) == weight.size(1) &&
+         x.numel() == x.size(-1);
+}
+
+at::Tensor matvec_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  const auto shape = matvec_shape(x, weight, bias);
+  const at::ScalarType d = x.scalar_type();
+  if (!matvec_applies(x, weight) || (bias.has_value() && !all_cpu_one_float_dtype(x, *bias)))
+    return matvec_eager(x, weight, bias);
+  at::Tensor out = at::empty(shape, x.options());
+  if (out.numel() == 0) return out;
+  if (weight.size(1) == 0) return out.zero_().add_(bias.has_value() ? *bias : at::zeros({}, out.options()));
+  if (d == at::kBFloat16) matvec_rows<c10::BFloat16>(x, weight, bias, out);
+  else matvec_rows<c10::Half>(x, weight, bias, out);
+  return out;
+}
+
+namespace {
+
+at::Tensor matvec_meta(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  return at::empty(matvec_shape(x, weight, bias), x.options());
+}
+
+}  // namespace
+}  // namespace graphex::fused
+
+TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) { m.impl("matvec", &graphex::fused::matvec_cpu); }
+
+TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) { m.impl("matvec", &graphex::fused::matvec_meta); }
