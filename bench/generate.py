@@ -1,6 +1,7 @@
 """transformers' generate(), the way its users call it: eager against graphex and inductor through CompileConfig.
 
     python -m bench.generate [--arch llama,gpt2] [--new-tokens 32] [--runs 5] [--threads 1] [--backends ...] [--json P]
+                             [--dtype float32|bfloat16|float16]
 
 Each model is the benchmark's transformers decoder (bench/models.py: random weights, hidden 512, 4 layers) and
 generates greedily from an 8-token prompt over a static cache (`cache_implementation="static"`), with
@@ -38,14 +39,15 @@ def _compile_config(backend: str) -> Any:
     return compile_on_every_device(CompileConfig(backend=backend, fullgraph=True, dynamic=False, mode="default"))
 
 
-def measure(arch: str, backends: list[str], new_tokens: int, runs: int) -> list[dict[str, Any]]:
+def measure(arch: str, backends: list[str], new_tokens: int, runs: int,
+            dtype: torch.dtype = torch.float32) -> list[dict[str, Any]]:
     from transformers import GenerationConfig
 
     from . import models
 
     # One model per backend (the same seed, so the same weights): transformers keeps one compiled call per model and
     # compiles it again whenever the CompileConfig changes, so backends sharing a model would recompile every round.
-    built = {b: models.build_hf_decoder(arch).model for b in backends}
+    built = {b: models.build_hf_decoder(arch).model.to(dtype) for b in backends}
     vocab = built[backends[0]].config.vocab_size
     prompt = (torch.arange(8, dtype=torch.long) * 7 + 3).remainder(vocab).view(1, 8)
 
@@ -60,7 +62,8 @@ def measure(arch: str, backends: list[str], new_tokens: int, runs: int) -> list[
         for b in backends:  # first call: compiles
             t0 = time.perf_counter()
             out = built[b].generate(prompt, generation_config=configs[b])
-            rows[b] = {"arch": arch, "backend": b, "first_s": time.perf_counter() - t0, "times": [], "tokens": out}
+            rows[b] = {"arch": arch, "dtype": str(dtype)[6:], "backend": b, "first_s": time.perf_counter() - t0,
+                       "times": [], "tokens": out}
         for _ in range(runs):  # interleaved rounds
             for b in backends:
                 t0 = time.perf_counter()
@@ -72,7 +75,7 @@ def measure(arch: str, backends: list[str], new_tokens: int, runs: int) -> list[
     for b in backends:
         r = rows[b]
         median = statistics.median(r["times"])
-        result.append({"arch": arch, "backend": b, "first_s": round(r["first_s"], 3),
+        result.append({"arch": arch, "dtype": str(dtype)[6:], "backend": b, "first_s": round(r["first_s"], 3),
                        "median_ms": round(median * 1e3, 2), "ms_per_token": round(median * 1e3 / new_tokens, 3),
                        "vs_eager": round(median / statistics.median(eager["times"]), 3) if eager else None,
                        "tokens_equal_eager": bool(torch.equal(r["tokens"], eager["tokens"])) if eager else None})
@@ -87,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="the models' dtype")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     from torch._inductor import config as inductor_config
@@ -97,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     rows = []
     for arch in args.arch.split(","):
-        rows += measure(arch, args.backends.split(","), args.new_tokens, args.runs)
-    print(f"generate(): {args.new_tokens} new tokens from an 8-token prompt, static cache, {args.threads} thread(s), "
+        rows += measure(arch, args.backends.split(","), args.new_tokens, args.runs, getattr(torch, args.dtype))
+    print(f"generate(): {args.new_tokens} new tokens from an 8-token prompt, static cache, {args.dtype}, {args.threads} thread(s), "
           f"median of {args.runs}")
     print("| model | backend | first call (compiles) | median | per token | / eager | tokens = eager |")
     print("|---|---|---:|---:|---:|---:|---|")
