@@ -57,8 +57,8 @@ void matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optio
   const int64_t bs = bias.has_value() ? bias->stride(0) : 0;
   T* op = out.mutable_data_ptr<T>();
   const RowKernels& K = row_kernels();
-  // Split the weight rows over threads; each weight row is read once and dotted with every row of x (in L1 by
-  // then), so a few rows of x cost one pass over the weights.
+  // Split the weight rows over threads; each weight row is read once per row of x (one row where matvec_applies:
+  // the loop over m serves the eager-equivalent path's general shape only).
   std::vector<float> xf(static_cast<size_t>(M * Kd));
   for (int64_t i = 0; i < M * Kd; ++i) xf[i] = static_cast<float>(xp[i]);
   at::parallel_for(0, N, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Kd)), [&](int64_t begin, int64_t end) {
