@@ -352,6 +352,26 @@ def interleaved(runners: dict[str, Runner], rounds: int, round_s: float) -> dict
     return samples
 
 
+def copy_bandwidth_gbs(megabytes: int = 256, repeat: int = 5) -> float:
+    """This machine's memory bandwidth as one thread's torch copy sees it (bytes read + written per second, best
+    of `repeat`), in GB/s: the floor a decode step bound by reading its weights is measured against."""
+    a = torch.empty(megabytes * (1 << 20) // 4)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.numel() * 4 / best / 1e9
+
+
+def weight_floor_us(module: torch.nn.Module, gbs: float) -> tuple[int, float]:
+    """(bytes of `module`'s parameters, the time to read them once at `gbs` GB/s in us): a decode step's floor."""
+    nbytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    return nbytes, nbytes / (gbs * 1e9) * 1e6
+
+
 def summarize(samples_us: list[float]) -> dict[str, float]:
     """Median, p10, p90 (microseconds) and the sample count."""
     a = np.asarray(samples_us, dtype=np.float64)

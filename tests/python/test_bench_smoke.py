@@ -160,3 +160,19 @@ def test_device_graph_cost_section_splits_the_runner_around_a_replay(tmp_path):
     assert section["inputs_copied"] == 2 and section["outputs_copied"] == 1 and section["addresses_checked"] >= 2
     text = report.markdown(results)
     assert "Device graphs, host cost on the simulated device gxsim" in text and "address checks" in text
+
+
+def test_weight_floor_is_the_parameters_bytes_over_the_bandwidth():
+    """bench.fused_step's floor (measure.weight_floor_us): bytes of the parameters, read once at a bandwidth."""
+    model = torch.nn.Linear(256, 128).to(torch.bfloat16)
+    nbytes, us = measure.weight_floor_us(model, gbs=10.0)
+    assert nbytes == (256 * 128 + 128) * 2 and abs(us - nbytes / 10e9 * 1e6) < 1e-9
+    assert measure.copy_bandwidth_gbs(megabytes=8, repeat=2) > 0.1
+
+
+def test_fused_step_runs_in_bfloat16(capsys):
+    from bench import fused_step
+
+    assert fused_step.main(["--rounds", "1", "--round-s", "0.02", "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "decoder one-token step (bfloat16)" in out and "weight-streaming floor" in out
