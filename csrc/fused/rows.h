@@ -17,12 +17,6 @@
 
 namespace graphex::fused {
 
-// True when every tensor is float32 on the CPU.
-template <typename... T>
-bool all_cpu_float(const T&... ts) {
-  return ((ts.scalar_type() == at::kFloat && ts.device().is_cpu()) && ...);
-}
-
 // True when every tensor is on the CPU with one dtype, float32, bfloat16 or float16: the fast paths'
 // condition (Note [Reduced precision runs the float32 rows]).
 template <typename T0, typename... T>

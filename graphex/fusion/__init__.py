@@ -2,7 +2,7 @@
 
     manager.py        the pass: one torch pattern-matcher pass holding the built-in and the users'
                       patterns, run once per captured graph, counting what fired
-    spellings.py      one spelling of the dim arguments the patterns read (transpose, softmax), set
+    spellings.py      one spelling of the arguments the patterns read (transpose, softmax dims, _to_copy), set
                       before matching
     patterns.py       the built-in patterns (RMSNorm, add + RMSNorm, SiLU-gated MLP, rotary
                       embedding, one-token attention) and the float32 checks that admit them

@@ -25,7 +25,7 @@ from torch._inductor.pattern_matcher import Match, PatternMatcherPass
 
 from ..base import log as _log
 from ..base.warn import warn_once
-from .spellings import normalize_dims
+from .spellings import normalize_arguments
 
 
 # Note [Fusion's state: one registry, counts per run]
@@ -268,7 +268,7 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
         REGISTRY.ensure_builtins(_reduced_dtypes(gm.graph))
         token = _fired.set(counts)  # Note [Fusion's state: one registry, counts per run]
         try:
-            normalize_dims(gm.graph)  # Note [Dim arguments are matched in one spelling]
+            normalize_arguments(gm.graph)  # Note [Arguments are matched in one spelling]
             REGISTRY.matcher.apply(gm.graph)
         finally:
             _fired.reset(token)

@@ -254,9 +254,6 @@ def _sdpa_form(gqa: str, scaled: bool, mask_kind: str) -> Callable[..., Any]:
 
 
 def _sdpa_fused_form(scaled: bool, masked: bool) -> Callable[..., Any]:
-    def all_attended(q, k):  # no mask: every cached position is attended, as SDPA without attn_mask does
-        return torch.ones((1, 1, 1, k.shape[2]), dtype=torch.bool, device=q.device)
-
     def default_scale(q):
         return 1.0 / math.sqrt(q.shape[-1])  # ATen's sdpa: 1 / sqrt(E)
 
@@ -268,10 +265,10 @@ def _sdpa_fused_form(scaled: bool, masked: bool) -> Callable[..., Any]:
             return fused.decode_attention(q, k, v, mask, default_scale(q), zero_masked_rows=True)
     elif scaled:
         def replace(q, k, v, scale):
-            return fused.decode_attention(q, k, v, all_attended(q, k), scale, zero_masked_rows=True)
+            return fused.decode_attention(q, k, v, _all_attended(q, k), scale, zero_masked_rows=True)
     else:
         def replace(q, k, v):
-            return fused.decode_attention(q, k, v, all_attended(q, k), default_scale(q), zero_masked_rows=True)
+            return fused.decode_attention(q, k, v, _all_attended(q, k), default_scale(q), zero_masked_rows=True)
     replace.__qualname__ = replace.__name__ = f"sdpa_fused_{'scale' if scaled else 'default_scale'}_{'mask' if masked else 'no_mask'}"
     return replace
 
@@ -279,7 +276,7 @@ def _sdpa_fused_form(scaled: bool, masked: bool) -> Callable[..., Any]:
 def _written_form(gqa: str, divide: bool, mask_kind: str, upcast: bool = False) -> Callable[..., Any]:
     """softmax(q k^T * scale (or / inv_scale), then masked_fill(~mask, -inf) or + mask) v, after one GQA form;
     `upcast`: the softmax in float32 and cast back to q's dtype (softmax(s.float()).to(q.dtype), or
-    softmax(s, dtype=torch.float32).to(q.dtype): one graph after Note [Dim arguments are matched in one
+    softmax(s, dtype=torch.float32).to(q.dtype): one graph after Note [Arguments are matched in one
     spelling]'s rewrite of _to_copy), traced per reduced dtype since the cast back names it."""
     rep = _GQA[gqa]
 
@@ -321,7 +318,7 @@ def written_attention_fused(q, k, v, mask, scale):
     return fused.decode_attention(q, k, v, mask, scale)
 
 
-def _all_attended(q, k):  # no mask: every cached position is attended
+def _all_attended(q, k):  # no mask: every cached position is attended (as SDPA without attn_mask does)
     return torch.ones((1, 1, 1, k.shape[2]), dtype=torch.bool, device=q.device)
 
 

@@ -1,7 +1,7 @@
 """One spelling of each argument the built-in patterns read (dims, _to_copy's keywords), before matching.
 
-Note [Dim arguments are matched in one spelling]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Note [Arguments are matched in one spelling]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 torch's matcher compares a pattern's constant arguments literally, so `k.transpose(-1, -2)` (an ATen
 `transpose.int(k, -1, -2)`) does not match a pattern traced from `k.transpose(2, 3)`, and
 `softmax(s, dim=3)` does not match `softmax(s, -1)`, though each pair means the same on a 4-d tensor.
@@ -34,8 +34,8 @@ def _dim(d: Any, rank: int) -> int | None:
     return d % rank if isinstance(d, int) and rank > 0 and -rank <= d < rank else None
 
 
-def normalize_dims(graph: torch.fx.Graph) -> int:
-    """Rewrite the dim arguments of Note [Dim arguments are matched in one spelling]; returns how many changed."""
+def normalize_arguments(graph: torch.fx.Graph) -> int:
+    """Rewrite the dim arguments of Note [Arguments are matched in one spelling]; returns how many changed."""
     changed = 0
     for node in graph.nodes:
         if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):

@@ -33,6 +33,20 @@ def fresh_dynamo(monkeypatch):
     torch._dynamo.reset()
 
 
+# Note [Fused kernels are close, not bitwise] (csrc/fused/library.cpp): what one fused op promises against eager,
+# elementwise, per dtype: float32 1e-5 (atol = rtol); bfloat16 / float16 4 eps of the dtype (Note [Reduced precision
+# runs the float32 rows], csrc/fused/rows.h). One definition, read by every fused-kernel test.
+FUSED_OP_TOL_FLOAT32 = 1e-5
+FUSED_OP_EPS_REDUCED = 4
+
+
+def fused_op_tol(dtype: torch.dtype) -> float:
+    """atol = rtol for one fused op's output of `dtype`."""
+    if dtype in (torch.bfloat16, torch.float16):
+        return FUSED_OP_EPS_REDUCED * torch.finfo(dtype).eps
+    return FUSED_OP_TOL_FLOAT32
+
+
 def compile_graphex(model: Any, *, dynamic: bool = False, **options: Any) -> Any:
     return torch.compile(model, backend="graphex", fullgraph=True, dynamic=dynamic, options=options or None)
 

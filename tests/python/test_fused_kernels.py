@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import graphex  # noqa: F401  (links the graphex_fused ops)
+from conftest import fused_op_tol
 
 fused = torch.ops.graphex_fused
-TOL = dict(atol=1e-5, rtol=1e-5)  # the stated float32 tolerance
+TOL = dict(atol=fused_op_tol(torch.float32), rtol=fused_op_tol(torch.float32))  # the stated float32 tolerance
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -127,14 +128,14 @@ def test_matvec_is_eager_linear_within_the_reduced_tolerance():
     bias, odd and large K; a float32 x, several rows or a transposed weight run eager's own linear (bitwise)."""
     g = torch.Generator().manual_seed(31)
     for dtype in (torch.bfloat16, torch.float16):
-        eps = torch.finfo(dtype).eps
+        tol = fused_op_tol(dtype)
         for K, N in ((1, 3), (7, 5), (64, 96), (200, 33), (1024, 40)):
             x = torch.randn(1, 1, K, generator=g).to(dtype)
             w, b = (torch.randn(N, K, generator=g) / 4).to(dtype), torch.randn(N, generator=g).to(dtype)
             for bias in (None, b):
                 got, want = fused.matvec(x, w, bias), F.linear(x, w, bias)
                 assert got.shape == want.shape and got.dtype == dtype
-                torch.testing.assert_close(got, want, rtol=4 * eps, atol=4 * eps)
+                torch.testing.assert_close(got, want, rtol=tol, atol=tol)
         x = torch.randn(3, 64, generator=g).to(dtype)  # several rows: eager's mm, bitwise
         w = torch.randn(16, 64, generator=g).to(dtype)
         assert torch.equal(fused.matvec(x, w), F.linear(x, w))
@@ -160,7 +161,7 @@ def test_reduced_precision_is_eager_within_its_tolerance(dtype, name):
     got, want = fn(), eager_fn()
     assert got.dtype == want.dtype == dtype and got.shape == want.shape
     eps = torch.finfo(dtype).eps
-    torch.testing.assert_close(got, want, rtol=4 * eps, atol=4 * eps)
+    torch.testing.assert_close(got, want, rtol=fused_op_tol(dtype), atol=fused_op_tol(dtype))
     # the float64 reference: eager's code on the same (exactly representable) inputs in float64
     exact = next(e for n, _, e in _reduced_cases(dtype, in_float64=True) if n == name)()
     fused_err = (got.double() - exact).abs().max().item()

@@ -22,8 +22,9 @@ from graphex.exporting import load_safetensors, safetensors_bytes
 from conftest import ROOT, captures
 
 from examples.models.decoder import DecoderConfig, build_decoder, decode
+from sweeps.fusion_coverage import MODEL_TOL as MODEL_TOL_PER_DTYPE  # fused mode's model tolerance, defined once
 
-MODEL_TOL = dict(atol=1e-4, rtol=1e-4)
+MODEL_TOL = dict(atol=MODEL_TOL_PER_DTYPE[torch.float32], rtol=MODEL_TOL_PER_DTYPE[torch.float32])
 FUSED = {"pattern_fusion_pass": True}
 
 

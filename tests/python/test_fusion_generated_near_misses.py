@@ -35,14 +35,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import compile_graphex
+from graphex import compat
+from conftest import FUSED_OP_EPS_REDUCED, FUSED_OP_TOL_FLOAT32, compile_graphex
 from graphex.runtime import live_graphs
 
 # a fused compile that fused nothing warns (Note [A fused compile that fused nothing says so]): most variants here
 pytestmark = pytest.mark.filterwarnings("ignore::graphex.base.warn.GraphexWarning")
 
-OP_TOL = 1e-5  # Note [Fused kernels are close, not bitwise] (csrc/fused/library.cpp), per fused op
-REDUCED_TOL_EPS = 4  # the same Note: bfloat16 / float16, in units of the dtype's eps (rtol = atol), per fused op
+OP_TOL = FUSED_OP_TOL_FLOAT32  # Note [Fused kernels are close, not bitwise] (csrc/fused/library.cpp), per fused op
+REDUCED_TOL_EPS = FUSED_OP_EPS_REDUCED  # the same Note: bfloat16 / float16, in units of the dtype's eps, per fused op
 EPS = 1e-6
 t = torch.randn
 
@@ -769,7 +770,7 @@ def _contexts(family: str, fn: Callable[..., Any], make: Callable[[], tuple[Any,
 
 # torch 2.11's CPU SDPA dies with SIGFPE on 0 heads (eager itself: the process, not a Python error; 2.13 returns an
 # empty tensor), so those variants are not generated there: no graphex result could be compared with eager's.
-_EAGER_SDPA_DIES_ON_ZERO_HEADS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+_EAGER_SDPA_DIES_ON_ZERO_HEADS = compat.TORCH_VERSION < (2, 13)
 
 
 def _generate() -> None:

@@ -14,9 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import captures, compile_graphex
-
-OP_TOL = dict(atol=1e-5, rtol=1e-5)  # Note [Fused kernels are close, not bitwise] (csrc/fused/library.cpp)
+from conftest import captures, compile_graphex, fused_op_tol
 
 
 def _rms(h, w, eps=1e-6):
@@ -200,11 +198,8 @@ def test_a_near_miss_is_not_fused_as_the_pattern(name):
         want = fn(*args)
     got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
     for g, w in zip(got, want):
-        if w.dtype in (torch.bfloat16, torch.float16):  # Note [Fused kernels are close, not bitwise]: 4 eps
-            eps = torch.finfo(w.dtype).eps
-            torch.testing.assert_close(g, w, rtol=4 * eps, atol=4 * eps)
-        else:
-            torch.testing.assert_close(g, w, **OP_TOL)
+        tol = fused_op_tol(w.dtype)
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol)
     graph = captures()[-1]  # this test's (the newest)
     fired = set(_fused(graph.gm))
     assert not (fired & must_not), f"{name}: fused as {fired & must_not}, which it does not compute"

@@ -159,7 +159,8 @@ class CompileObserver:
             code = frame.f_code
             if code is _COMPILE_CODE or code in self._callees:
                 self._guarded(self._started, frame, code)
-        elif event == "return" and (id(frame) in self._open or id(frame) in self._compiling):
+        elif event == "return" and (self._open or self._compiling) and (id(frame) in self._open
+                                                                       or id(frame) in self._compiling):
             self._guarded(self._returned, frame, arg)
 
     def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
