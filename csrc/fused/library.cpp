@@ -26,7 +26,7 @@
 // in eager's order with FMA contraction off (-ffp-contract=off), so it adds no error of its own.
 // bfloat16 and float16 run the float32 rows and round once (Note [Reduced precision runs the
 // float32 rows], rows.h), where eager rounds after every op; the promise there, tested against
-// eager in the same file, and no farther from the exact value than eager's own result:
+// eager in the same file (and against float64: at most eager's own error plus one rounding step):
 //     |fused - eager| <= 4 eps + 4 eps * |eager|    (eps: 2^-7 bfloat16, 2^-10 float16)
 // The fast paths need one dtype for all tensor inputs and a last dimension of stride 1 (other
 // inputs are made contiguous first); every other case runs the same math with ATen ops (correct,

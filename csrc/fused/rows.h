@@ -30,8 +30,9 @@ bool all_cpu_one_float_dtype(const T0& t0, const T&... ts) {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A bfloat16 or float16 kernel converts each row it reads to float32 (exactly: every bf16/fp16 value is
 // a float), runs the float32 row kernel, and rounds the row it writes once, to nearest even. Eager
-// rounds after every op (x * r, then * w, ...), so the fused result is as close to the exact value or
-// closer, and differs from eager's by a few units in the last place of the reduced type: the tolerance
+// rounds after every op (x * r, then * w, ...), so the fused result is about as close to the exact value
+// (tested: at most eager's error plus one rounding step), and differs from eager's by a few units in the last
+// place of the reduced type: the tolerance
 // per dtype is in library.cpp (Note [Fused kernels are close, not bitwise]). Rows are converted into
 // per-thread scratch (float_rows<T>(n), at the start of each row), so a kernel allocates nothing per row.
 template <typename T>
