@@ -131,9 +131,17 @@ class Options:
         False, (bool,),
         "Fused mode (npugraph_ex's option of the same name; off by default here, so the default stays bit for "
         "bit with eager): replace subgraphs of the ATen graph with graphex's fused C++ CPU kernels (RMSNorm, "
-        "add + RMSNorm, SiLU-gated MLP, rotary embedding, one-token attention; float32) and with the patterns "
-        "users register with graphex.register_replacement. Results are then within abs(fused - eager) <= "
-        "1e-5 + 1e-5 * abs(eager) per fused op, not bitwise; GRAPHEX_LOG=1 says which patterns fired.")
+        "add + RMSNorm, SiLU-gated MLP, rotary embedding, one-token attention, one-row linear layers in "
+        "bfloat16/float16, chains of element-wise ops; float32, bfloat16, float16) and with the patterns users "
+        "register with graphex.register_replacement. Results are then within a stated tolerance per fused op "
+        "(float32: abs(fused - eager) <= 1e-5 + 1e-5 * abs(eager); docs/fused-mode.md), not bitwise; "
+        "GRAPHEX_LOG=1 says what fired.")
+
+    pointwise_fusion: bool = _option(
+        True, (bool,),
+        "In fused mode (pattern_fusion_pass=True), also run each chain of element-wise ops of one shape (a tanh "
+        "GELU written out, a bias add and its activation, a residual add and a ReLU) as one kernel of ours, "
+        "after the patterns have fired (graphex/fusion/chains.py). No effect in exact mode.")
 
     post_grad_custom_pre_pass: Callable[..., Any] | None = _option(
         None, (type(None), Callable),  # type: ignore[arg-type]

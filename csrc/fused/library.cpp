@@ -11,6 +11,9 @@
 //   decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale,
 //                    bool zero_masked_rows=False) -> Tensor                  attention.cpp
 //   matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor            matvec.cpp
+//   pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs)
+//                                      -> Tensor[]                            pointwise.cpp
+//   pointwise_table() -> str           its opcodes and output dtypes          pointwise.h
 //
 // Their float32 inner loops are the row kernels of vec_kernels.h, built once per CPU capability
 // (Note [One row kernel per CPU capability], vec.h); rows.h walks the rows of broadcast operands.
@@ -40,7 +43,26 @@
 // dropped by the linker, since nothing refers to them by symbol; tests/python/test_fused_kernels.py
 // checks that torch.ops.graphex_fused.* exist after `import graphex`, and test_fusion.py that
 // graphex-run runs an exported fused program.
+#include "fused/pointwise.h"
+
 #include <torch/library.h>
+
+#include <string>
+
+namespace {
+// "add:2,sub:2,...;float32,bfloat16,float16": GRAPHEX_POINTWISE_OPS and GRAPHEX_POINTWISE_DTYPES, which
+// graphex/fusion/chains.py numbers by this order.
+std::string pointwise_table() {
+  std::string ops, dtypes;
+#define GRAPHEX_PW_NAME(name, arity) ops += std::string(ops.empty() ? "" : ",") + #name ":" #arity;
+  GRAPHEX_POINTWISE_OPS(GRAPHEX_PW_NAME)
+#undef GRAPHEX_PW_NAME
+#define GRAPHEX_PW_DTYPE(name, type) dtypes += std::string(dtypes.empty() ? "" : ",") + #name;
+  GRAPHEX_POINTWISE_DTYPES(GRAPHEX_PW_DTYPE)
+#undef GRAPHEX_PW_DTYPE
+  return ops + ";" + dtypes;
+}
+}  // namespace
 
 TORCH_LIBRARY(graphex_fused, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -50,4 +72,6 @@ TORCH_LIBRARY(graphex_fused, m) {
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, bool zero_masked_rows=False) -> Tensor");
   m.def("matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  m.def("pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs) -> Tensor[]");
+  m.def("pointwise_table() -> str", &pointwise_table);
 }

@@ -10,6 +10,8 @@
 // contraction off (Note [Fused kernels are close, not bitwise], library.cpp).
 #pragma once
 
+#include "fused/pointwise.h"
+
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -28,6 +30,8 @@ struct RowKernels {
   float (*dot_bf16)(const float* a, const c10::BFloat16* b, int64_t n);
   float (*dot_half)(const float* a, const c10::Half* b, int64_t n);
   void (*axpy)(float a, const float* x, float* y, int64_t n);                          // y += a * x
+  // one tile of a graphex_fused::pointwise program (pointwise_kernels.h)
+  void (*pointwise_tile)(const PwInstr* code, int64_t n_code, float* const* slots, const float* consts, int64_t n);
   const char* capability;
 };
 

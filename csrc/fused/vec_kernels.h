@@ -2,6 +2,7 @@
 // its CPU capability (Note [One row kernel per CPU capability], vec.h).
 #pragma once
 
+#include "fused/pointwise_kernels.h"
 #include "fused/vec.h"
 
 #include <ATen/cpu/vec/vec.h>
@@ -128,7 +129,7 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 
 inline RowKernels table() {
   return RowKernels{&rms_norm_row, &add_row,  &silu_mul_row, &rotary_row, &dot,
-                    &dot_bf16,     &dot_half, &axpy,         GRAPHEX_STR(CPU_CAPABILITY)};
+                    &dot_bf16,     &dot_half, &axpy,         &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
 }
 
 }  // namespace CPU_CAPABILITY

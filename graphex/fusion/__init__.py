@@ -7,6 +7,8 @@
     patterns.py       the built-in patterns (RMSNorm, add + RMSNorm, SiLU-gated MLP, rotary
                       embedding, one-token attention) and the float32 checks that admit them
     registration.py   graphex.register_replacement, npugraph_ex's API for users' patterns
+    chains.py         chains of element-wise ops, found by rule and run as one graphex_fused::pointwise (after
+                      the patterns, CSE; option pointwise_fusion)
 
 The fused ops are graphex_fused::* (csrc/fused/), C++ kernels of ours, close to eager but not
 bitwise (Note [Fused kernels are close, not bitwise] in csrc/fused/library.cpp).
@@ -14,7 +16,7 @@ bitwise (Note [Fused kernels are close, not bitwise] in csrc/fused/library.cpp).
 
 from __future__ import annotations
 
-from .manager import run_fusion
+from .manager import run_fusion, say_if_nothing_fused
 from .registration import register_replacement
 
-__all__ = ["run_fusion", "register_replacement"]
+__all__ = ["run_fusion", "say_if_nothing_fused", "register_replacement"]

@@ -223,10 +223,11 @@ def note_registered(name: str, identity: str) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _builtins_identity() -> str:
-    """The built-in patterns as the source that defines them (patterns.py, spellings.py): known without tracing."""
-    from . import patterns, spellings
+    """The built-in patterns as the source that defines them (patterns.py, spellings.py), and the rule of element-wise
+    chains (chains.py): known without tracing."""
+    from . import chains, patterns, spellings
 
-    text = "".join(inspect.getsource(m) for m in (patterns, spellings))
+    text = "".join(inspect.getsource(m) for m in (patterns, spellings, chains))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -280,10 +281,14 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
                   ", ".join(f"{name} x{count}" for name, count in sorted(fired.items())))
     else:
         _log.info("%s: pattern fusion: no pattern matched", graph_name)
-        # Note [A fused compile that fused nothing says so]: without GRAPHEX_LOG a user could not tell
+    return fired
+
+
+def say_if_nothing_fused(fired: dict[str, int], graph_name: str) -> None:
+    """Note [A fused compile that fused nothing says so]: called once fused mode's passes (patterns, element-wise
+    chains) have run on a graph."""
+    if not fired:
         warn_once("fusion:nothing-fired",
                   f"graphex: pattern_fusion_pass=True, but no fused kernel matched in {graph_name or 'the graph'}: "
                   "it runs exact (eager's kernels). The built-in patterns fuse float32, bfloat16 and float16 tensors on the CPU "
                   "(docs/fused-mode.md); GRAPHEX_LOG=2 logs each match that was declined and why.")
-    return fired
-

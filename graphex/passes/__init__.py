@@ -12,6 +12,9 @@
      grouped key/value heads         (option grouped_kv_heads; attention reads GQA heads, not a repeat_kv copy,
                                      grouped_heads.py)
      common subexpressions           (option cse; pure ATen calls repeated with the same arguments, cse.py)
+     element-wise chains             (option pointwise_fusion, in fused mode only: connected element-wise ops of
+                                     one shape as one graphex_fused::pointwise, graphex/fusion/chains.py; after
+                                     CSE, so a repeated op is computed once inside its chain)
   4. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
   5. operator packets resolved, torch.sym_sum as adds, dead code elimination
   6. options.post_grad_custom_post_pass (the user's)
@@ -103,6 +106,21 @@ def _cse(r: _Run) -> None:
     eliminate_common_subexpressions(r.gm.graph)  # Note [CSE keeps eager's values]
 
 
+def _elementwise_chains(r: _Run) -> None:
+    if not r.options.pattern_fusion_pass:
+        return  # Note [Element-wise chains are fused by rule, not by pattern]: fused mode only
+    from ..base import log
+    from ..fusion import say_if_nothing_fused
+    from ..fusion.chains import fuse_elementwise_chains
+
+    if r.options.pointwise_fusion:
+        groups, replaced = fuse_elementwise_chains(r.gm)
+        if groups:
+            r.fused["pointwise"] = r.fused.get("pointwise", 0) + groups
+            log.info("%s: element-wise chains: %d ATen calls run as %d fused kernels", r.name, replaced, groups)
+    say_if_nothing_fused(r.fused, r.name)  # Note [A fused compile that fused nothing says so]
+
+
 def _reinplace(r: _Run) -> None:
     done = reinplace_graph(r.gm, r.fake_mode, intermediates=r.options.inplace_pass, inputs=r.options.input_inplace_pass)
     r.kept, r.in_place = done.kept, done.in_place
@@ -134,6 +152,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("pattern fusion", ("pattern_fusion_pass",), _pattern_fusion),
     Pass("attention over grouped key/value heads", ("grouped_kv_heads",), _grouped_heads),
     Pass("common subexpression elimination", ("cse",), _cse),
+    Pass("element-wise chains", ("pointwise_fusion",), _elementwise_chains, gated=False),
     Pass("reinplacing", ("inplace_pass", "input_inplace_pass"), _reinplace, gated=False),
     Pass("packets, sym_sum, dead code", (), _resolve_and_clean, gated=False, inherits_source=False),
     Pass("the user's post pass", ("post_grad_custom_post_pass",), _user_post_pass, inherits_source=False),

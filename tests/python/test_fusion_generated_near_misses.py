@@ -1034,7 +1034,8 @@ def test_a_generated_near_miss_is_exact_or_close(v: Variant, record_property) ->
     what = f"{v.id}: fired {dict(fired) or 'nothing'}"
     assert v.must_fire <= set(fired), f"{what}; the canonical spelling must fire {set(v.must_fire)}"
     if v.none_may_fire:
-        assert not fired, f"{what}; float64 is not fused"
+        # float64 is not fused; a float32 island inside (an upcast spelling computes in float32) may be, as a chain
+        assert not set(fired) - {"pointwise"}, f"{what}; float64 is not fused"
     assert len(got) == len(want), f"{what}; {len(got)} outputs, eager {len(want)}"  # outputs, inputs, grads
     n = sum(fired.values())
     for i, (g, w) in enumerate(zip(got, want)):

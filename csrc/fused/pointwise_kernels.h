@@ -1,0 +1,95 @@
+// The tile loop of graphex_fused::pointwise (Note [A chain of element-wise ops is one program], pointwise.h):
+// included by vec_kernels.h, so it is compiled once per CPU capability (Note [One row kernel per CPU
+// capability], vec.h). Each op is written as ATen's vectorized float kernel writes it (tanh GELU, sigmoid,
+// SiLU, ReLU's clamp_min, maximum's NaN), so only the transcendental functions' tails differ from eager.
+#pragma once
+
+#include "fused/pointwise.h"
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+
+namespace graphex::fused {
+namespace CPU_CAPABILITY {
+
+namespace pw {
+using V = at::vec::Vectorized<float>;
+
+template <typename F>
+inline void unary(PwOperand a, float* d, int64_t n, F f) {
+  for (int64_t i = 0; i < n; i += V::size()) f(V::loadu(a.p + i * a.inc)).store(d + i);
+}
+
+template <typename F>
+inline void binary(PwOperand a, PwOperand b, float* d, int64_t n, F f) {
+  for (int64_t i = 0; i < n; i += V::size()) f(V::loadu(a.p + i * a.inc), V::loadu(b.p + i * b.inc)).store(d + i);
+}
+}  // namespace pw
+
+// Runs `code` over one tile of n elements (n a multiple of the vector width; slots hold kPointwiseTile
+// floats). `consts` holds each constant 16 times over, so a constant loads as a vector like a slot.
+inline void pointwise_tile(const PwInstr* code, int64_t n_code, float* const* slots, const float* consts,
+                           int64_t n) {
+  using pw::V;
+  const V one(1.f), half(0.5f), zero(0.f);
+  auto operand = [&](int32_t r) -> PwOperand {
+    return r >= 0 ? PwOperand{slots[r], 1} : PwOperand{consts + 16 * static_cast<int64_t>(-1 - r), 0};
+  };
+  for (int64_t k = 0; k < n_code; ++k) {
+    const PwInstr& ins = code[k];
+    float* d = slots[ins.dst];
+    const PwOperand a = operand(ins.a), b = operand(ins.b);
+    switch (static_cast<PwOp>(ins.op)) {
+      case PwOp::add: pw::binary(a, b, d, n, [](V x, V y) { return x + y; }); break;
+      case PwOp::sub: pw::binary(a, b, d, n, [](V x, V y) { return x - y; }); break;
+      case PwOp::mul: pw::binary(a, b, d, n, [](V x, V y) { return x * y; }); break;
+      case PwOp::div: pw::binary(a, b, d, n, [](V x, V y) { return x / y; }); break;
+      case PwOp::maximum: pw::binary(a, b, d, n, [](V x, V y) { return at::vec::maximum(x, y); }); break;
+      case PwOp::minimum: pw::binary(a, b, d, n, [](V x, V y) { return at::vec::minimum(x, y); }); break;
+      case PwOp::pow: pw::binary(a, b, d, n, [](V x, V y) { return x.pow(y); }); break;
+      case PwOp::neg: pw::unary(a, d, n, [](V x) { return x.neg(); }); break;
+      case PwOp::abs: pw::unary(a, d, n, [](V x) { return x.abs(); }); break;
+      case PwOp::exp: pw::unary(a, d, n, [](V x) { return x.exp(); }); break;
+      case PwOp::log: pw::unary(a, d, n, [](V x) { return x.log(); }); break;
+      case PwOp::tanh: pw::unary(a, d, n, [](V x) { return x.tanh(); }); break;
+      case PwOp::sigmoid: pw::unary(a, d, n, [&](V x) { return (one + x.neg().exp()).reciprocal(); }); break;
+      case PwOp::silu: pw::unary(a, d, n, [&](V x) { return x / (one + x.neg().exp()); }); break;
+      case PwOp::relu: pw::unary(a, d, n, [&](V x) { return at::vec::clamp_min(x, zero); }); break;
+      case PwOp::gelu_tanh: {
+        const V beta(static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5)), kappa(0.044715f);
+        pw::unary(a, d, n, [&](V x) {
+          const V inner = beta * (x + kappa * (x * x * x));
+          return half * x * (one + inner.tanh());
+        });
+        break;
+      }
+      case PwOp::erf: pw::unary(a, d, n, [](V x) { return x.erf(); }); break;
+      case PwOp::sqrt: pw::unary(a, d, n, [](V x) { return x.sqrt(); }); break;
+      case PwOp::rsqrt: pw::unary(a, d, n, [](V x) { return x.rsqrt(); }); break;
+      case PwOp::reciprocal: pw::unary(a, d, n, [](V x) { return x.reciprocal(); }); break;
+      case PwOp::sin: pw::unary(a, d, n, [](V x) { return x.sin(); }); break;
+      case PwOp::cos: pw::unary(a, d, n, [](V x) { return x.cos(); }); break;
+      case PwOp::square: pw::unary(a, d, n, [](V x) { return x * x; }); break;
+      case PwOp::cube: pw::unary(a, d, n, [](V x) { return x * x * x; }); break;
+      case PwOp::where: {
+        const PwOperand c = operand(ins.c);
+        for (int64_t i = 0; i < n; ++i) d[i] = a.p[i * a.inc] != 0.f ? b.p[i * b.inc] : c.p[i * c.inc];
+        break;
+      }
+      case PwOp::round_bf16:
+        for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(c10::BFloat16(a.p[i * a.inc]));
+        break;
+      case PwOp::round_f16:
+        for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(c10::Half(a.p[i * a.inc]));
+        break;
+      case PwOp::kCount: break;
+    }
+  }
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace graphex::fused
