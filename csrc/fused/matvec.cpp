@@ -4,7 +4,8 @@
 // bytes: bench/fused_step.py). Each output is a float32 dot product of the row of x (read as float32) and a
 // weight row (converted in registers), plus the bias, rounded once to the dtype (Note [Reduced precision runs
 // the float32 rows], rows.h), as eager's mm accumulates in float32 and rounds once.
-//   x [..., K], weight [N, K] (row-major, stride 1 along K), bias [N] or none; one dtype, bfloat16 or float16.
+//   x [..., K], weight [N, K] (row-major, stride 1 along K; or the transpose of a row-major [K, N], as GPT-2's
+//   Conv1D stores it: matvec_columns), bias [N] or none; one dtype, bfloat16 or float16.
 // Meant for one row of x (a decode step): a second row costs almost a second pass (measured), so the
 // pattern admits one row only; more rows, other dtypes, layouts or devices run eager's linear (matmul, + bias).
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp): the dot products add in another order.
@@ -74,12 +75,60 @@ void matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optio
   });
 }
 
+template <typename T>
+void axpy4(const RowKernels& K, const float* a, const T* const* w, float* y, int64_t n) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) K.axpy4_bf16(a, w, y, n);
+  else K.axpy4_half(a, w, y, n);
+}
+
+// The weight stored the other way round: weight [N, K] is the transpose of a row-major [K, N] (GPT-2's Conv1D,
+// `x @ W` with W [K, N]). Each thread takes a slice of the N outputs and streams its slice of every weight row,
+// four rows at a time, into a float32 accumulator: y = b + sum_k x[k] * W[k, :], rounded once.
+template <typename T>
+void matvec_columns(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                    at::Tensor& out) {
+  const int64_t N = weight.size(0), Kd = weight.size(1);
+  const at::Tensor xc = x.contiguous();
+  const T* xp = xc.const_data_ptr<T>();
+  const T* wp = weight.const_data_ptr<T>();  // W[k, n] at wp[k * N + n]
+  const T* bp = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
+  const int64_t bs = bias.has_value() ? bias->stride(0) : 0;
+  T* op = out.mutable_data_ptr<T>();
+  const RowKernels& K = row_kernels();
+  std::vector<float> xf(static_cast<size_t>(Kd + 3), 0.f);
+  for (int64_t k = 0; k < Kd; ++k) xf[k] = static_cast<float>(xp[k]);
+  // slices of 64 outputs at least (whole vectors; a thread streams Kd short rows per slice)
+  at::parallel_for(0, (N + 63) / 64, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, Kd)), [&](int64_t b0, int64_t b1) {
+    const int64_t n0 = b0 * 64, n1 = std::min(N, b1 * 64), len = n1 - n0;
+    std::vector<float> acc(static_cast<size_t>(len), 0.f);
+    int64_t k = 0;
+    for (; k + 4 <= Kd; k += 4) {
+      const T* rows[4] = {wp + k * N + n0, wp + (k + 1) * N + n0, wp + (k + 2) * N + n0, wp + (k + 3) * N + n0};
+      axpy4(K, xf.data() + k, rows, acc.data(), len);
+    }
+    for (; k < Kd; ++k) {  // the last Kd % 4 rows, with zero weights for the missing ones
+      const T* row = wp + k * N + n0;
+      const float a[4] = {xf[k], 0.f, 0.f, 0.f};
+      const T* rows[4] = {row, row, row, row};
+      axpy4(K, a, rows, acc.data(), len);
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      float v = acc[i];
+      if (bp != nullptr) v += static_cast<float>(bp[(n0 + i) * bs]);
+      op[n0 + i] = static_cast<T>(v);
+    }
+  });
+}
+
+bool rows_layout(const at::Tensor& w) { return w.stride(1) == 1 && w.stride(0) == w.size(1); }
+bool columns_layout(const at::Tensor& w) { return w.stride(0) == 1 && w.stride(1) == w.size(0); }
+
 }  // namespace
 
 bool matvec_applies(const at::Tensor& x, const at::Tensor& weight) {
   const at::ScalarType d = x.scalar_type();
   return (d == at::kBFloat16 || d == at::kHalf) && all_cpu_one_float_dtype(x, weight) && weight.dim() == 2 &&
-         x.dim() >= 1 && x.size(-1) == weight.size(1) && weight.stride(1) == 1 && weight.stride(0) == weight.size(1) &&
+         x.dim() >= 1 && x.size(-1) == weight.size(1) && (rows_layout(weight) || columns_layout(weight)) &&
          x.numel() == x.size(-1);
 }
 
@@ -91,8 +140,10 @@ at::Tensor matvec_cpu(const at::Tensor& x, const at::Tensor& weight, const std::
   at::Tensor out = at::empty(shape, x.options());
   if (out.numel() == 0) return out;
   if (weight.size(1) == 0) return out.zero_().add_(bias.has_value() ? *bias : at::zeros({}, out.options()));
-  if (d == at::kBFloat16) matvec_rows<c10::BFloat16>(x, weight, bias, out);
-  else matvec_rows<c10::Half>(x, weight, bias, out);
+  const bool rows = rows_layout(weight);  // else columns_layout (matvec_applies)
+  if (d == at::kBFloat16) rows ? matvec_rows<c10::BFloat16>(x, weight, bias, out)
+                               : matvec_columns<c10::BFloat16>(x, weight, bias, out);
+  else rows ? matvec_rows<c10::Half>(x, weight, bias, out) : matvec_columns<c10::Half>(x, weight, bias, out);
   return out;
 }
 

@@ -8,7 +8,7 @@
 namespace graphex::fused {
 
 // True when matvec_cpu runs its own kernel: one row of x, x and weight one reduced dtype on the CPU, weight
-// row-major [N, K].
+// [N, K] row-major or the transpose of a row-major [K, N].
 bool matvec_applies(const at::Tensor& x, const at::Tensor& weight);
 
 // x @ weight^T (+ bias); eager's matmul where matvec_applies is false.

@@ -117,6 +117,42 @@ inline float dot_reduced(const float* a, const R* b, int64_t n) {
 inline float dot_bf16(const float* a, const c10::BFloat16* b, int64_t n) { return dot_reduced(a, b, n); }
 inline float dot_half(const float* a, const c10::Half* b, int64_t n) { return dot_reduced(a, b, n); }
 
+// y[i] += a[0] * float(w[0][i]) + ... + a[3] * float(w[3][i]) (fused multiply-adds in that order): four rows of a
+// weight stored [K, N] at once, so the float32 accumulator row y is read and written once per four weight rows.
+template <typename R>
+inline void axpy4_reduced(const float* a, const R* const* w, float* y, int64_t n) {
+  using VecR = at::vec::Vectorized<R>;
+  const Vec a0(a[0]), a1(a[1]), a2(a[2]), a3(a[3]);
+  int64_t i = 0;
+  if constexpr (VecR::size() == 2 * Vec::size()) {
+    for (; i + VecR::size() <= n; i += VecR::size()) {
+      Vec y0 = Vec::loadu(y + i), y1 = Vec::loadu(y + i + Vec::size());
+      auto [p0, q0] = at::vec::convert_to_float<R>(VecR::loadu(w[0] + i));
+      y0 = at::vec::fmadd(a0, p0, y0);
+      y1 = at::vec::fmadd(a0, q0, y1);
+      auto [p1, q1] = at::vec::convert_to_float<R>(VecR::loadu(w[1] + i));
+      y0 = at::vec::fmadd(a1, p1, y0);
+      y1 = at::vec::fmadd(a1, q1, y1);
+      auto [p2, q2] = at::vec::convert_to_float<R>(VecR::loadu(w[2] + i));
+      y0 = at::vec::fmadd(a2, p2, y0);
+      y1 = at::vec::fmadd(a2, q2, y1);
+      auto [p3, q3] = at::vec::convert_to_float<R>(VecR::loadu(w[3] + i));
+      y0 = at::vec::fmadd(a3, p3, y0);
+      y1 = at::vec::fmadd(a3, q3, y1);
+      y0.store(y + i);
+      y1.store(y + i + Vec::size());
+    }
+  }
+  for (; i < n; ++i) {
+    float acc = y[i];
+    for (int r = 0; r < 4; ++r) acc = std::fma(a[r], static_cast<float>(w[r][i]), acc);
+    y[i] = acc;
+  }
+}
+
+inline void axpy4_bf16(const float* a, const c10::BFloat16* const* w, float* y, int64_t n) { axpy4_reduced(a, w, y, n); }
+inline void axpy4_half(const float* a, const c10::Half* const* w, float* y, int64_t n) { axpy4_reduced(a, w, y, n); }
+
 inline void axpy(float a, const float* x, float* y, int64_t n) {
   const Vec va(a);
   int64_t i = 0;
@@ -129,7 +165,7 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 
 inline RowKernels table() {
   return RowKernels{&rms_norm_row, &add_row,  &silu_mul_row, &rotary_row, &dot,
-                    &dot_bf16,     &dot_half, &axpy,         &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
+                    &dot_bf16,     &dot_half, &axpy,         &axpy4_bf16,  &axpy4_half, &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
 }
 
 }  // namespace CPU_CAPABILITY

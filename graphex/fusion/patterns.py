@@ -148,6 +148,22 @@ def matvec_bias_fused(x, weight, bias):
     return fused.matvec(x, weight, bias)
 
 
+def mm_kn(x, weight):  # x @ W with W stored [K, N] (GPT-2's Conv1D without its bias)
+    return torch.mm(x, weight)
+
+
+def addmm_kn(x, weight, bias):  # GPT-2's Conv1D: torch.addmm(bias, x.view(-1, K), W), W [K, N]
+    return torch.addmm(bias, x, weight)
+
+
+def matvec_kn_fused(x, weight):
+    return fused.matvec(x, weight.t())
+
+
+def matvec_kn_bias_fused(x, weight, bias):
+    return fused.matvec(x, weight.t(), bias)
+
+
 def _one_row_reduced(match: Match) -> bool:
     """matvec's case (csrc/fused/matvec.cpp): one row of x, bfloat16 or float16, a row-major weight [N, K]. A
     float32 linear keeps eager's mm (no faster with a kernel of ours), as do several rows (a prefill: a GEMM)."""
@@ -155,6 +171,17 @@ def _one_row_reduced(match: Match) -> bool:
     if x.dtype not in (torch.bfloat16, torch.float16) or w.dim() != 2 or x.dim() < 1:
         return False
     return x.numel() == x.shape[-1] and tuple(w.stride()) == (w.shape[1], 1)
+
+
+def _one_row_reduced_kn(match: Match) -> bool:
+    """matvec's case for `x @ W`, W [K, N]: one row of x (2-d), bfloat16 or float16, W row-major (read as the
+    transpose matvec takes) or itself the transpose of a row-major [N, K]; a bias of one dimension [N]."""
+    x, w = _val(match, "x"), _val(match, "weight")
+    if x.dtype not in (torch.bfloat16, torch.float16) or w.dim() != 2 or x.dim() != 2 or x.shape[0] != 1:
+        return False
+    if "bias" in match.kwargs and (_val(match, "bias").dim() != 1 or _val(match, "bias").shape[0] != w.shape[1]):
+        return False  # addmm broadcasts a bias of another shape; matvec takes [N]
+    return tuple(w.stride()) in ((w.shape[1], 1), (1, w.shape[0]))
 
 
 def silu_mul(gate, up):
@@ -455,8 +482,8 @@ def register_upcast(dtype: torch.dtype) -> None:
 
 
 def register_matvec() -> None:
-    """Linear layers on one row in bfloat16/float16 (a decode step's projections): matvec reads the weights at
-    their own width. Registered after every pattern that contains a linear (gated_mlp), traced once for both
+    """Linear layers on one row in bfloat16/float16 (a decode step's projections), and `x @ W` with W stored
+    [K, N] (GPT-2's Conv1D): matvec reads the weights at their own width. Registered after every pattern that contains a linear (gated_mlp), traced once for both
     reduced dtypes (its ops name no dtype)."""
     t = torch.randn
     w, b = t(32, 16).bfloat16(), t(32).bfloat16()
@@ -465,6 +492,12 @@ def register_matvec() -> None:
                        extra_check=_all(_float_cpu("x", "weight"), _one_row_reduced), builtin=True)
         register_named("matvec", linear_bias, matvec_bias_fused, [x, w, b],
                        extra_check=_all(_float_cpu("x", "weight", "bias"), _one_row_reduced), builtin=True)
+    # a product written with the weight stored [K, N] (GPT-2's Conv1D), after F.linear's forms
+    x2, w_kn, b_kn = t(1, 16).bfloat16(), t(16, 32).bfloat16(), t(32).bfloat16()
+    register_named("matvec", mm_kn, matvec_kn_fused, [x2, w_kn],
+                   extra_check=_all(_float_cpu("x", "weight"), _one_row_reduced_kn), builtin=True)
+    register_named("matvec", addmm_kn, matvec_kn_bias_fused, [x2, w_kn, b_kn],
+                   extra_check=_all(_float_cpu("x", "weight", "bias"), _one_row_reduced_kn), builtin=True)
 
 
 # The built-in patterns, by group: None for the common ones, a dtype for its upcast forms (traced when a graph of

@@ -125,22 +125,25 @@ def _reduced_cases(dtype: torch.dtype, in_float64: bool = False):
 
 def test_matvec_is_eager_linear_within_the_reduced_tolerance():
     """matvec (csrc/fused/matvec.cpp): one row of a bfloat16/float16 x against eager's F.linear, with and without
-    bias, odd and large K; a float32 x, several rows or a transposed weight run eager's own linear (bitwise)."""
+    bias, odd and large K, the weight row-major [N, K] or stored [K, N] (GPT-2's Conv1D); a float32 x, several rows
+    or a weight in neither layout run eager's own linear (bitwise)."""
     g = torch.Generator().manual_seed(31)
     for dtype in (torch.bfloat16, torch.float16):
         tol = fused_op_tol(dtype)
         for K, N in ((1, 3), (7, 5), (64, 96), (200, 33), (1024, 40)):
             x = torch.randn(1, 1, K, generator=g).to(dtype)
             w, b = (torch.randn(N, K, generator=g) / 4).to(dtype), torch.randn(N, generator=g).to(dtype)
+            w_kn = w.t().contiguous()  # the same weight stored [K, N]: matvec reads w_kn.t()
             for bias in (None, b):
-                got, want = fused.matvec(x, w, bias), F.linear(x, w, bias)
-                assert got.shape == want.shape and got.dtype == dtype
-                torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+                for weight in (w, w_kn.t()):
+                    got, want = fused.matvec(x, weight, bias), F.linear(x, weight, bias)
+                    assert got.shape == want.shape and got.dtype == dtype
+                    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
         x = torch.randn(3, 64, generator=g).to(dtype)  # several rows: eager's mm, bitwise
         w = torch.randn(16, 64, generator=g).to(dtype)
         assert torch.equal(fused.matvec(x, w), F.linear(x, w))
-        wt = torch.randn(64, 16, generator=g).to(dtype).t()  # a weight that is not row-major
-        assert torch.equal(fused.matvec(x[:1], wt), F.linear(x[:1], wt))
+        ws = torch.randn(32, 64, generator=g).to(dtype)[::2]  # every other row: neither layout
+        assert torch.equal(fused.matvec(x[:1], ws), F.linear(x[:1], ws))
     x, w = torch.randn(1, 64), torch.randn(16, 64)
     assert torch.equal(fused.matvec(x, w), F.linear(x, w))
     assert fused.matvec(torch.randn(1, 0).bfloat16(), torch.randn(4, 0).bfloat16()).eq(0).all()

@@ -109,8 +109,20 @@ def bf16_linear(x, w, b):  # one row (a decode step's projection): may fire matv
     return F.linear(x, w, b)
 
 
-def bf16_linear_of_a_transposed_weight(x, w, b):  # the weight read column-wise: not matvec's row-major weight
+def bf16_linear_of_a_transposed_weight(x, w, b):  # the weight stored [K, N], as GPT-2's Conv1D: matvec's columns
     return F.linear(x, w.t(), b)
+
+
+def bf16_addmm_scaled(x, w, b):  # addmm with beta and alpha: not what matvec computes
+    return torch.addmm(b, x, w, beta=0.5, alpha=2.0)
+
+
+def bf16_addmm_row_bias(x, w, b):  # a bias of two dimensions: matvec takes [N]
+    return torch.addmm(b.view(1, -1), x, w)
+
+
+def bf16_mm_of_a_strided_weight(x, w):  # every other column of a weight: neither layout matvec reads
+    return x @ w[:, ::2]
 
 
 def written_mask_growing_the_rows(q, k, v, mask):  # a [.., 3, S] mask broadcasts one query row to three
@@ -164,7 +176,18 @@ CASES = {
                                {"matvec"}, set()),
     "bf16_linear_transposed_weight": (bf16_linear_of_a_transposed_weight,
                                       lambda: (torch.randn(1, 1, 32).bfloat16(), torch.randn(32, 48).bfloat16(),
-                                               torch.randn(48).bfloat16()), {"matvec"}, set()),
+                                               torch.randn(48).bfloat16()), set(), {"matvec"}),
+    "bf16_addmm_scaled": (bf16_addmm_scaled, lambda: (torch.randn(1, 32).bfloat16(), torch.randn(32, 48).bfloat16(),
+                                                      torch.randn(48).bfloat16()), {"matvec"}, set()),
+    "bf16_addmm_row_bias": (bf16_addmm_row_bias, lambda: (torch.randn(1, 32).bfloat16(),
+                                                          torch.randn(32, 48).bfloat16(), torch.randn(48).bfloat16()),
+                            {"matvec"}, set()),
+    "bf16_addmm_two_rows": (lambda x, w, b: torch.addmm(b, x, w),
+                            lambda: (torch.randn(2, 32).bfloat16(), torch.randn(32, 48).bfloat16(),
+                                     torch.randn(48).bfloat16()), {"matvec"}, set()),
+    "bf16_mm_of_a_strided_weight": (bf16_mm_of_a_strided_weight, lambda: (torch.randn(1, 32).bfloat16(),
+                                                                          torch.randn(32, 96).bfloat16()),
+                                    {"matvec"}, set()),
     "written_bias_before_scale": (written_bias_before_scale, lambda: (torch.randn(1, 2, 1, 8), *_gqa()[1:3],
                                                                       torch.randn(1, 2, 1, 6)), {"decode_attention"}, set()),
     "written_mask_of_another_dtype": (written_mask_of_another_dtype, lambda: (torch.randn(1, 2, 1, 8), *_gqa()[1:3],
