@@ -27,7 +27,8 @@ namespace graphex::fused {
 namespace {
 
 constexpr int64_t kMaxSlots = 256;
-constexpr int64_t kLanes = 16;  // constants are stored 16 times over, tiles padded to 16: every vector width
+constexpr int64_t kLanes = 16;  // constants are stored 16 times over: every vector width's lanes
+constexpr int64_t kPad = 32;    // tiles are padded to 32 elements: two vectors of every width
 
 struct Checked {
   std::vector<PwInstr> code;
@@ -117,7 +118,15 @@ void load(float* dst, const char* p, int64_t stride, int64_t n, at::ScalarType t
       else for (int64_t i = 0; i < n; ++i) dst[i] = *reinterpret_cast<const float*>(p + i * stride);
       break;
     case at::kBFloat16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(*reinterpret_cast<const c10::BFloat16*>(p + i * stride));
+      if (stride == sizeof(c10::BFloat16)) {  // a loop the compiler vectorizes (a shift per element)
+        const auto* q = reinterpret_cast<const uint16_t*>(p);
+        for (int64_t i = 0; i < n; ++i) {
+          const uint32_t bits = static_cast<uint32_t>(q[i]) << 16;
+          std::memcpy(dst + i, &bits, sizeof(float));
+        }
+      } else {
+        for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(*reinterpret_cast<const c10::BFloat16*>(p + i * stride));
+      }
       break;
     case at::kHalf:
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(*reinterpret_cast<const c10::Half*>(p + i * stride));
@@ -135,7 +144,12 @@ void store(char* p, int64_t stride, const float* src, int64_t n, at::ScalarType 
       else for (int64_t i = 0; i < n; ++i) *reinterpret_cast<float*>(p + i * stride) = src[i];
       break;
     case at::kBFloat16:
-      for (int64_t i = 0; i < n; ++i) *reinterpret_cast<c10::BFloat16*>(p + i * stride) = c10::BFloat16(src[i]);
+      if (stride == sizeof(c10::BFloat16)) {
+        auto* q = reinterpret_cast<c10::BFloat16*>(p);
+        for (int64_t i = 0; i < n; ++i) q[i] = c10::BFloat16(src[i]);
+      } else {
+        for (int64_t i = 0; i < n; ++i) *reinterpret_cast<c10::BFloat16*>(p + i * stride) = c10::BFloat16(src[i]);
+      }
       break;
     default:  // float16
       for (int64_t i = 0; i < n; ++i) *reinterpret_cast<c10::Half*>(p + i * stride) = c10::Half(src[i]);
@@ -179,7 +193,7 @@ std::vector<at::Tensor> pointwise_cpu(at::TensorList inputs, at::IntArrayRef cod
     for (int64_t row = 0; row < size1; ++row) {
       for (int64_t start = 0; start < size0; start += kPointwiseTile) {
         const int64_t len = std::min(kPointwiseTile, size0 - start);
-        const int64_t padded = (len + kLanes - 1) / kLanes * kLanes;
+        const int64_t padded = (len + kPad - 1) / kPad * kPad;
         for (int64_t s = 0; s < prog.slots; ++s) slot[s] = scratch.data() + s * kPointwiseTile;
         for (int64_t j = 0; j < n_in; ++j) {
           const char* p = ptr[n_out + j] + start * strides[n_out + j];

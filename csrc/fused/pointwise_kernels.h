@@ -24,13 +24,25 @@ inline void unary(PwOperand a, float* d, int64_t n, F f) {
   for (int64_t i = 0; i < n; i += V::size()) f(V::loadu(a.p + i * a.inc)).store(d + i);
 }
 
+// Rounds each element to R (bfloat16 or float16, to nearest even, as eager's kernels store it) and back to float:
+// two vectors at a time (n is a multiple of twice the vector width).
+template <typename R>
+inline void round_to(PwOperand a, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; i += 2 * V::size()) {
+    const auto r = at::vec::convert_from_float<R>(V::loadu(a.p + i * a.inc), V::loadu(a.p + (i + V::size()) * a.inc));
+    auto [lo, hi] = at::vec::convert_to_float<R>(r);
+    lo.store(d + i);
+    hi.store(d + i + V::size());
+  }
+}
+
 template <typename F>
 inline void binary(PwOperand a, PwOperand b, float* d, int64_t n, F f) {
   for (int64_t i = 0; i < n; i += V::size()) f(V::loadu(a.p + i * a.inc), V::loadu(b.p + i * b.inc)).store(d + i);
 }
 }  // namespace pw
 
-// Runs `code` over one tile of n elements (n a multiple of the vector width; slots hold kPointwiseTile
+// Runs `code` over one tile of n elements (n a multiple of twice the vector width; slots hold kPointwiseTile
 // floats). `consts` holds each constant 16 times over, so a constant loads as a vector like a slot.
 inline void pointwise_tile(const PwInstr* code, int64_t n_code, float* const* slots, const float* consts,
                            int64_t n) {
@@ -80,12 +92,8 @@ inline void pointwise_tile(const PwInstr* code, int64_t n_code, float* const* sl
         for (int64_t i = 0; i < n; ++i) d[i] = a.p[i * a.inc] != 0.f ? b.p[i * b.inc] : c.p[i * c.inc];
         break;
       }
-      case PwOp::round_bf16:
-        for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(c10::BFloat16(a.p[i * a.inc]));
-        break;
-      case PwOp::round_f16:
-        for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(c10::Half(a.p[i * a.inc]));
-        break;
+      case PwOp::round_bf16: pw::round_to<c10::BFloat16>(a, d, n); break;
+      case PwOp::round_f16: pw::round_to<c10::Half>(a, d, n); break;
       case PwOp::kCount: break;
     }
   }
