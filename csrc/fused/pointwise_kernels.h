@@ -12,6 +12,8 @@
 #include <c10/util/Half.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 namespace graphex::fused {
 namespace CPU_CAPABILITY {
@@ -33,6 +35,26 @@ inline void round_to(PwOperand a, float* d, int64_t n) {
     auto [lo, hi] = at::vec::convert_to_float<R>(r);
     lo.store(d + i);
     hi.store(d + i + V::size());
+  }
+}
+
+// bfloat16's rounding (to nearest even, as c10::BFloat16 and ATen's vectorized stores round) done on the float's
+// bits, so the value stays in a float register: a loop the compiler vectorizes, no packing to 16 bits and back.
+// A NaN stays a (quiet) NaN.
+inline void round_bf16(PwOperand a, float* d, int64_t n) {
+  if (a.inc == 0) {  // a constant: round one element, broadcast it
+    float one[1];
+    round_bf16(PwOperand{a.p, 1}, one, 1);
+    for (int64_t i = 0; i < n; ++i) d[i] = one[0];
+    return;
+  }
+  const float* src = a.p;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + i, sizeof(u));
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    const uint32_t r = (u & 0x7FFFFFFFu) > 0x7F800000u ? ((u | 0x00400000u) & 0xFFFF0000u) : rounded;
+    std::memcpy(d + i, &r, sizeof(r));
   }
 }
 
@@ -92,7 +114,7 @@ inline void pointwise_tile(const PwInstr* code, int64_t n_code, float* const* sl
         for (int64_t i = 0; i < n; ++i) d[i] = a.p[i * a.inc] != 0.f ? b.p[i * b.inc] : c.p[i * c.inc];
         break;
       }
-      case PwOp::round_bf16: pw::round_to<c10::BFloat16>(a, d, n); break;
+      case PwOp::round_bf16: pw::round_bf16(a, d, n); break;
       case PwOp::round_f16: pw::round_to<c10::Half>(a, d, n); break;
       case PwOp::kCount: break;
     }

@@ -122,17 +122,22 @@ def test_upcast_chains_round_where_eager_rounds(dtype):
     _close(got, fn(x, w), fused_op_tol(dtype))
 
 
-def test_special_values_are_eagers():
-    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -3.0, 88.0, -104.0, 3e38])
-    y = torch.tensor([1.0, float("nan"), 2.0, -0.0, 0.0, 1.0, float("inf"), 1.0, 2.0, 2.0])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_special_values_are_eagers(dtype):
+    # NaN, infinities, signed zeros, subnormals, values that round to infinity in the reduced dtypes
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -3.0, 88.0, -104.0, 3e38,
+                      3.3e38, -3.395e38, 65504.0, 65520.0, 1e-8, 0.5]).to(dtype)
+    y = torch.tensor([1.0, float("nan"), 2.0, -0.0, 0.0, 1.0, float("inf"), 1.0, 2.0, 2.0,
+                      1.01, 1.01, 1.0, 1.0, 1.0, float("nan")]).to(dtype)
 
     def fn(x, y):
         return (torch.maximum(x, y) + torch.minimum(x, y).relu(), torch.exp(x) * 1.0, torch.sigmoid(x) + 0.0,
-                (x / y) * 1.0, torch.tanh(x) - 0.0, F.gelu(x, approximate="tanh") * 1.0, (x * 0.0).relu() - 1.0)
+                (x / y) * 1.0, torch.tanh(x) - 0.0, F.gelu(x, approximate="tanh") * 1.0, (x * 0.0).relu() - 1.0,
+                x * y * 1.5)
 
     got = _compile(fn)(x, y)
     for g, w in zip(got, fn(x, y)):
-        _close(g, w, fused_op_tol(torch.float32))
+        _close(g, w, fused_op_tol(dtype))
     assert _pointwise_calls() >= 1
 
 
