@@ -326,3 +326,43 @@ def test_a_bad_program_is_an_error_naming_what_is_wrong():
         pw([x], [ops["tanh"], 1, 300, 0, 0], [], [1, f32])
     out = pw([x], [ops["tanh"], 1, 0, 0, 0], [], [1, f32])
     _close(out[0], torch.tanh(x), fused_op_tol(torch.float32))
+
+
+# ---- export: the Python-free runner runs the chain ------------------------------------------------------------
+
+def test_graphex_run_runs_an_exported_chain(tmp_path):
+    import os
+    import subprocess
+
+    from graphex.exporting import load_safetensors, safetensors_bytes
+
+    from conftest import ROOT
+
+    runner = os.path.join(os.environ.get("GRAPHEX_BUILD_DIR") or os.path.join(ROOT, "build", "py"), "graphex-run")
+    assert os.path.exists(runner), "graphex-run is not built: make build"
+
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.out = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)
+
+        def forward(self, x):
+            return x + self.out(_gelu_new(self.fc(x)))
+
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    x = torch.randn(2, 16)
+    path = graphex.export(model, (x,), tmp_path / "chain.graphex", options=FUSED)
+    program = open(os.path.join(path, "program.gxp"), "rb").read()
+    assert b"graphex_fused" in program and b"pointwise" in program, "the exported program has no chain"
+    (tmp_path / "in.safetensors").write_bytes(safetensors_bytes({"0": x}))
+    proc = subprocess.run([runner, path, "--inputs", str(tmp_path / "in.safetensors"),
+                           "--output", str(tmp_path / "out.safetensors")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    with torch.no_grad():
+        in_process = _compile(model)(x)
+        want = model(x)
+    assert _pointwise_calls() == 1
+    got = load_safetensors(tmp_path / "out.safetensors")["0"]
+    assert torch.equal(got, in_process)  # the same kernels, in and out of Python
+    _close(got, want, fused_op_tol(torch.float32) * 2)
