@@ -194,13 +194,11 @@ def find_groups(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
     for n in nodes:
         writes.append(writes[-1] + _writes_memory(n))  # writes[i]: nodes before position i that write memory
     group_of: dict[torch.fx.Node, _Group] = {}
-    declined: dict[str, int] = {}
     for node in nodes:
         if node.op != "call_function" or node.target not in ELEMENTWISE:
             continue
         why = _admits(node)
         if why:
-            declined[why] = declined.get(why, 0) + 1
             _log.detail("element-wise chains: %s stays on its own: %s", node.name, why)
             continue
         shape = _static_shape(_val(node))

@@ -93,6 +93,7 @@ EXACT_CHAINS = [
     ("arithmetic", lambda x, y: ((x + y) * 0.1 - y / 3.0 + 2.5) * x, [(3, 50), (50,)]),
     ("signs_and_extremes", lambda x, y: torch.maximum(-x, y).abs() - torch.minimum(x, y.relu()), [(8, 9), (8, 9)]),
     ("numbers_each_way", lambda x: (x + 0.1) * 0.1 - 0.3 / (x.abs() + 1.7) + 1 - x, [(513,)]),
+    ("number_minus_tensor", lambda x: (0.7 - x) * 3.3 - (0.1 - x * x), [(77,)]),  # rsub: the number rounded first
     ("square_cube", lambda x: x ** 2 - x ** 3 * 0.5, [(100,)]),
     ("select", lambda x, y: torch.where(y > x, x - y, y * 3), [(40,), (40,)]),
 ]
