@@ -14,6 +14,8 @@
 //   pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs)
 //                                      -> Tensor[]                            pointwise.cpp
 //   pointwise_table() -> str           its opcodes and output dtypes          pointwise.h
+//   max_pool2d(Tensor x, int[] kernel, int[] stride, int[] padding, int[] dilation,
+//              bool ceil_mode) -> Tensor                                      max_pool.cpp
 //
 // Their float32 inner loops are the row kernels of vec_kernels.h, built once per CPU capability
 // (Note [One row kernel per CPU capability], vec.h); rows.h walks the rows of broadcast operands.
@@ -74,4 +76,5 @@ TORCH_LIBRARY(graphex_fused, m) {
   m.def("matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   m.def("pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs) -> Tensor[]");
   m.def("pointwise_table() -> str", &pointwise_table);
+  m.def("max_pool2d(Tensor x, int[] kernel, int[] stride, int[] padding, int[] dilation, bool ceil_mode) -> Tensor");
 }

@@ -19,6 +19,10 @@
 
 namespace graphex::fused {
 
+struct MaxPool {  // max_pool2d's window: kernel, stride, padding, dilation per dimension (max_pool.cpp)
+  int64_t kH, kW, sH, sW, pH, pW, dH, dW;
+};
+
 struct RowKernels {
   // out[i] = (x[i] * inv) * w[i] (w[0] when w_broadcast), inv = 1 / sqrt(sum(x^2) / n + eps)
   void (*rms_norm)(const float* x, const float* w, bool w_broadcast, float* out, int64_t n, float eps);
@@ -33,6 +37,12 @@ struct RowKernels {
   // y += a[0] * w[0] + ... + a[3] * w[3], w's rows bfloat16 / float16 (matvec on a weight stored [K, N])
   void (*axpy4_bf16)(const float* a, const c10::BFloat16* const* w, float* y, int64_t n);
   void (*axpy4_half)(const float* a, const c10::Half* const* w, float* y, int64_t n);
+  // one [H, W] plane of max_pool2d into [OH, OW] (max_pool_kernels.h)
+  void (*max_pool_f32)(const float* in, float* o, const MaxPool& p, int64_t H, int64_t W, int64_t OH, int64_t OW);
+  void (*max_pool_bf16)(const c10::BFloat16* in, c10::BFloat16* o, const MaxPool& p, int64_t H, int64_t W,
+                        int64_t OH, int64_t OW);
+  void (*max_pool_half)(const c10::Half* in, c10::Half* o, const MaxPool& p, int64_t H, int64_t W, int64_t OH,
+                        int64_t OW);
   // one tile of a graphex_fused::pointwise program (pointwise_kernels.h)
   void (*pointwise_tile)(const PwInstr* code, int64_t n_code, float* const* slots, const float* consts, int64_t n);
   const char* capability;

@@ -2,6 +2,7 @@
 // its CPU capability (Note [One row kernel per CPU capability], vec.h).
 #pragma once
 
+#include "fused/max_pool_kernels.h"
 #include "fused/pointwise_kernels.h"
 #include "fused/vec.h"
 
@@ -165,7 +166,8 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 
 inline RowKernels table() {
   return RowKernels{&rms_norm_row, &add_row,  &silu_mul_row, &rotary_row, &dot,
-                    &dot_bf16,     &dot_half, &axpy,         &axpy4_bf16,  &axpy4_half, &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
+                    &dot_bf16,     &dot_half, &axpy,         &axpy4_bf16,  &axpy4_half, &max_pool_f32, &max_pool_bf16, &max_pool_half,
+                    &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
 }
 
 }  // namespace CPU_CAPABILITY

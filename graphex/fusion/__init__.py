@@ -9,6 +9,7 @@
     registration.py   graphex.register_replacement, npugraph_ex's API for users' patterns
     chains.py         chains of element-wise ops, found by rule and run as one graphex_fused::pointwise (after
                       the patterns, CSE; option pointwise_fusion)
+    pooling.py        max pooling whose indices nothing reads, as graphex_fused::max_pool2d (bit for bit)
 
 The fused ops are graphex_fused::* (csrc/fused/), C++ kernels of ours, close to eager but not
 bitwise (Note [Fused kernels are close, not bitwise] in csrc/fused/library.cpp).

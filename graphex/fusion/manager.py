@@ -223,11 +223,11 @@ def note_registered(name: str, identity: str) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _builtins_identity() -> str:
-    """The built-in patterns as the source that defines them (patterns.py, spellings.py), and the rule of element-wise
-    chains (chains.py): known without tracing."""
-    from . import chains, patterns, spellings
+    """The built-in patterns as the source that defines them (patterns.py, spellings.py), and the rules of element-wise
+    chains and pooling (chains.py, pooling.py): known without tracing."""
+    from . import chains, patterns, pooling, spellings
 
-    text = "".join(inspect.getsource(m) for m in (patterns, spellings, chains))
+    text = "".join(inspect.getsource(m) for m in (patterns, spellings, chains, pooling))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

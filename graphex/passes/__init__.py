@@ -12,9 +12,11 @@
      grouped key/value heads         (option grouped_kv_heads; attention reads GQA heads, not a repeat_kv copy,
                                      grouped_heads.py)
      common subexpressions           (option cse; pure ATen calls repeated with the same arguments, cse.py)
-     element-wise chains             (option pointwise_fusion, in fused mode only: connected element-wise ops of
-                                     one shape as one graphex_fused::pointwise, graphex/fusion/chains.py; after
-                                     CSE, so a repeated op is computed once inside its chain)
+     element-wise chains, pooling    (fused mode only: max pooling whose indices nothing reads as
+                                     graphex_fused::max_pool2d, graphex/fusion/pooling.py; with option
+                                     pointwise_fusion, connected element-wise ops of one shape as one
+                                     graphex_fused::pointwise, graphex/fusion/chains.py; after CSE, so a
+                                     repeated op is computed once inside its chain)
   4. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
   5. operator packets resolved, torch.sym_sum as adds, dead code elimination
   6. options.post_grad_custom_post_pass (the user's)
@@ -112,7 +114,12 @@ def _elementwise_chains(r: _Run) -> None:
     from ..base import log
     from ..fusion import say_if_nothing_fused
     from ..fusion.chains import fuse_elementwise_chains
+    from ..fusion.pooling import replace_max_pool
 
+    pooled = replace_max_pool(r.gm.graph)  # Note [Max pooling without its indices]
+    if pooled:
+        r.fused["max_pool2d"] = r.fused.get("max_pool2d", 0) + pooled
+        r.gm.recompile()
     if r.options.pointwise_fusion:
         groups, replaced = fuse_elementwise_chains(r.gm)
         if groups:
@@ -152,7 +159,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("pattern fusion", ("pattern_fusion_pass",), _pattern_fusion),
     Pass("attention over grouped key/value heads", ("grouped_kv_heads",), _grouped_heads),
     Pass("common subexpression elimination", ("cse",), _cse),
-    Pass("element-wise chains", ("pointwise_fusion",), _elementwise_chains, gated=False),
+    Pass("element-wise chains, max pooling", ("pointwise_fusion",), _elementwise_chains, gated=False),
     Pass("reinplacing", ("inplace_pass", "input_inplace_pass"), _reinplace, gated=False),
     Pass("packets, sym_sum, dead code", (), _resolve_and_clean, gated=False, inherits_source=False),
     Pass("the user's post pass", ("post_grad_custom_post_pass",), _user_post_pass, inherits_source=False),
