@@ -1,5 +1,6 @@
-"""Element-wise chains (Note [Element-wise chains are fused by rule, not by pattern]): GPT-2's written-out tanh GELU,
-eight ATen calls, under eager, graphex exact, graphex fused (one graphex_fused::pointwise) and inductor.
+"""Fused mode's rules (graphex/fusion/chains.py, pooling.py), measured: GPT-2's written-out tanh GELU, eight ATen calls,
+under eager, graphex exact, graphex fused (one graphex_fused::pointwise) and inductor; then max pooling, eager's
+max_pool2d_with_indices against graphex_fused::max_pool2d (the kernels alone, called directly).
 
     python -m bench.chains [--rounds 8] [--round-s 0.3] [--threads 1] [--no-inductor]
 
@@ -75,6 +76,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{med['fused']:8.1f} {ind if ind is not None else float('nan'):9.1f} "
                   f"{med['fused'] / med['exact']:11.2f}x "
                   f"{(med['fused'] / ind) if ind else float('nan'):14.2f}x  {diff:.3g}")
+    print("max pooling, the kernels alone: eager's max_pool2d_with_indices, graphex_fused::max_pool2d; medians, us")
+    for shape, k, st, p in (((1, 32, 64, 64), [2, 2], [2, 2], [0, 0]), ((1, 64, 112, 112), [3, 3], [2, 2], [1, 1])):
+        x = torch.randn(shape)
+        pools = {"eager": lambda x: torch.ops.aten.max_pool2d_with_indices(x, k, st, p),
+                 "graphex": lambda x: torch.ops.graphex_fused.max_pool2d(x, k, st, p, [1, 1], False)}
+        samples = measure.interleaved({n: _runner(f, x) for n, f in pools.items()}, args.rounds, args.round_s)
+        med = {n: measure.summarize(s)["median_us"] for n, s in samples.items()}
+        same = torch.equal(pools["eager"](x)[0], pools["graphex"](x))
+        print(f"  {str(list(shape)):18s} kernel {k} stride {st} padding {p}: eager {med['eager']:8.1f}  "
+              f"graphex {med['graphex']:8.1f}  ({med['graphex'] / med['eager']:.2f}x)  bit for bit: {same}")
     return 0
 
 
