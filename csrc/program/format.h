@@ -35,7 +35,8 @@
 namespace graphex::format {
 
 // Bump with FORMAT_VERSION in graphex/program/encode.py when the meaning of any field changes.
-constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kFormatVersion = 3;  // 3: a float argument of -0.0 is written (Note [A float's sign survives the
+                                         // format], graphex/program/encode.py); a program of 2 may have lost it
 constexpr char kFileIdentifier[] = "GXPG";
 
 // A file that is not a graphex program this build can read; the message says why.

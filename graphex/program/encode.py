@@ -26,7 +26,7 @@ from .typed import Const, Slot
 
 FILE_IDENTIFIER = b"GXPG"
 # Bump with kFormatVersion in csrc/program/format.h when the meaning of any field changes.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: a float argument of -0.0 is written (Note [A float's sign survives the format])
 
 
 class EncodeError(ValueError):
@@ -139,7 +139,12 @@ class _Encoder:
             Arg.AddI(b, v)
         elif isinstance(v, float):
             Arg.AddKind(b, K.Float)
+            # Note [A float's sign survives the format]: FlatBuffers leaves out a field equal to its default, and
+            # -0.0 == 0.0, so -0.0 was written as nothing and read back as 0.0 (`x * -0.0` replayed as `x * 0.0`,
+            # every sign of zero wrong). Every float is written.
+            b.ForceDefaults(True)
             Arg.AddF(b, v)
+            b.ForceDefaults(False)
         elif s is not None:
             Arg.AddKind(b, K.Str)
             Arg.AddS(b, s)

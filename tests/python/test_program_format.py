@@ -103,3 +103,34 @@ def test_graphex_runs_without_the_flatbuffers_package():
             "print('ok')\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
+
+
+def test_a_negative_zero_argument_survives_the_format(tmp_path):
+    """Note [A float's sign survives the format]: FlatBuffers leaves out a field equal to its default and -0.0 == 0.0,
+    so `x * -0.0` was replayed as `x * 0.0` (every sign of zero wrong, in exact mode); found by a helper's adversarial
+    run. In process and through an exported program."""
+    import os
+    import subprocess
+
+    import graphex
+    from graphex.exporting import load_safetensors, safetensors_bytes
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x * -0.0, torch.add(x, 1.0, alpha=-0.0), torch.full_like(x, -0.0)
+
+    x = torch.tensor([-0.0, 0.0, -1.0, 1.0, float("inf")])
+    want = M()(x)
+    torch._dynamo.reset()
+    got = torch.compile(M(), backend="graphex", fullgraph=True, dynamic=False)(x)
+    for g, w in zip(got, want):
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(torch.signbit(g), torch.signbit(w)), (g, w)
+    runner = os.path.join(os.environ.get("GRAPHEX_BUILD_DIR") or os.path.join(ROOT, "build", "py"), "graphex-run")
+    path = graphex.export(M(), (x,), tmp_path / "negzero.graphex")
+    (tmp_path / "in.safetensors").write_bytes(safetensors_bytes({"0": x}))
+    proc = subprocess.run([runner, path, "--inputs", str(tmp_path / "in.safetensors"),
+                           "--output", str(tmp_path / "out.safetensors")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = load_safetensors(tmp_path / "out.safetensors")
+    for i, w in enumerate(want):
+        assert torch.equal(torch.signbit(out[str(i)]), torch.signbit(w)), (i, out[str(i)], w)
