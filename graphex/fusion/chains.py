@@ -116,8 +116,9 @@ ELEMENTWISE: dict[Any, Elementwise] = {
     aten._to_copy.default: _e("cast", kwargs=(("dtype", None),)),
 }
 
-# pow(x, e) as eager's kernel computes it for these exponents (a product, or the op it dispatches to); in a reduced
-# bfloat16, x ** 3 is two rounded products (build_program; float16 rounds once: both measured, pinned by tests)
+# pow(x, e) as eager's kernel computes it for these exponents (a product, or the op it dispatches to: float32 and
+# bfloat16 only; float16 takes std::pow for 0.5, -0.5 and -1, which differs at -inf and -0.0); in bfloat16, x ** 3 is
+# two rounded products (build_program; float16 rounds once: both measured, pinned by tests)
 _POW = {2.0: "square", 3.0: "cube", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "reciprocal"}
 
 
@@ -167,6 +168,8 @@ def _admits(node: torch.fx.Node) -> str:
                 return f"argument {i} is {v.dtype}, the result {out.dtype} (eager would round it first)"
         elif not _is_number(a) or node.target in (aten.where.self, aten.maximum.default, aten.minimum.default):
             return f"argument {i} is {type(a).__name__}, not a tensor or a number"
+        elif type(a) is int and not -(1 << 63) <= a < (1 << 63):
+            return f"argument {i} is an integer outside int64"
     if node.target is aten._to_copy.default and not isinstance(args[0], torch.fx.Node):
         return "a cast of a number"
     return ""
@@ -285,10 +288,10 @@ def build_program(members: list[torch.fx.Node]) -> Program:
         def operand(a: Any) -> int:
             if isinstance(a, torch.fx.Node):
                 return value[a]
-            x = float(a)
-            if reduced and spec.rounds_number:
-                x = float(torch.tensor(x, dtype=torch.float64).to(dtype))
-            return const(x)
+            # a number as eager's kernel uses it: converted once, to the op's dtype where eager rounds it there (add,
+            # sub, pow in bfloat16/float16), else to float32 (an int over 2^24 as eager converts it, not via double)
+            to = dtype if reduced and spec.rounds_number else torch.float32
+            return const(float(torch.tensor(a, dtype=torch.int64 if type(a) is int else torch.float64).to(to)))
 
         if m.target is aten._to_copy.default:
             src, x = _val(m.args[0]).dtype, operand(m.args[0])
@@ -298,7 +301,8 @@ def build_program(members: list[torch.fx.Node]) -> Program:
             # eager multiplies in bfloat16 (float16: in float32): (x * x) rounded, then * x
             x = operand(m.args[0])
             result = emit("mul", emit(_ROUND[dtype], emit("square", x)), x)
-        elif m.target is aten.pow.Tensor_Scalar and float(m.args[1]) in _POW:
+        elif m.target is aten.pow.Tensor_Scalar and float(m.args[1]) in _POW and \
+                (float(m.args[1]) in (2.0, 3.0) or dtype != torch.float16):
             result = emit(_POW[float(m.args[1])], operand(m.args[0]))
         else:
             args = [operand(a) for a in m.args]

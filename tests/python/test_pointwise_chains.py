@@ -142,6 +142,40 @@ def test_special_values_are_eagers(dtype):
     assert _pointwise_calls() >= 1
 
 
+@pytest.mark.default_isa
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_square_roots_by_pow_at_the_edges(dtype):
+    # eager's pow takes sqrt / rsqrt / reciprocal for 0.5, -0.5, -1 in float32 and bfloat16, std::pow in float16:
+    # they differ at -inf and -0.0 ((-inf) ** 0.5 = inf by pow, NaN by sqrt); found by a helper's adversarial run
+    x = torch.tensor([-float("inf"), -0.0, 0.0, 4.0, float("inf"), -2.0, 0.25] * 5).to(dtype)
+
+    def fn(x):
+        return (x ** 0.5) * 2, (x ** -0.5) * 2, (x ** -1) * 2
+
+    got = _compile(fn)(x)
+    assert _pointwise_calls() >= 1
+    for g, w in zip(got, fn(x)):
+        nan = torch.isnan(w)
+        assert torch.equal(torch.isnan(g), nan) and torch.equal(g[~nan], w[~nan])
+        assert torch.equal(torch.signbit(g[~nan]), torch.signbit(w[~nan]))  # -0.0 and +0.0 too
+
+
+@pytest.mark.default_isa
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_large_integers_are_converted_once_as_eager_converts_them(dtype):
+    # an int over 2^53 went int -> double -> float (two roundings); eager converts it once (helper's finding)
+    n = 2 ** 60 + 2 ** 36 + 1
+
+    def fn(x):
+        return (x * n) * 1.0 + 0.0 * x, (x + n) - x, (x - 3) * 7 + (2 ** 25 + 1)
+
+    x = torch.tensor([1.0, -1.0, 0.5, 3.0]).to(dtype)
+    got = _compile(fn)(x)
+    assert _pointwise_calls() >= 1
+    for g, w in zip(got, fn(x)):
+        assert torch.equal(g, w), (g, w)
+
+
 def test_empty_tensors():
     fn = lambda x, y: torch.tanh(x * y + 1)  # noqa: E731
     x, y = torch.randn(0, 5), torch.randn(5)
