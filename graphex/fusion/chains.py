@@ -29,7 +29,9 @@ stay as they are (eager's kernel).
 What each element sees is eager's computation: each op in float32, a bfloat16/float16 result rounded
 after the op that makes it (round_bf16/round_f16), numbers as eager's kernels use them (add and sub
 round a number to a reduced dtype first, mul and div keep it in float32: measured, and pinned by
-tests/python/test_pointwise_chains.py). Fused mode's tolerance covers the rest (exp, tanh, erf).
+tests/python/test_pointwise_chains.py). Fused mode's tolerance covers the rest (exp, tanh, erf). A NaN's payload, and
+which zero maximum/minimum pick between -0.0 and 0.0, are those of eager's vectorized loop (eager's scalar tail
+differs there itself).
 """
 
 from __future__ import annotations
