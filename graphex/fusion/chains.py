@@ -45,9 +45,9 @@ import torch
 import torch.fx
 
 from ..base import log as _log
+from .checks import FUSED_DTYPES as _FLOATS
 
 aten = torch.ops.aten
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _ROUND = {torch.bfloat16: "round_bf16", torch.float16: "round_f16"}
 _MAX_MEMBERS = 128
 _MAX_INPUTS = 64

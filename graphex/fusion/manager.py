@@ -25,6 +25,7 @@ from torch._inductor.pattern_matcher import Match, PatternMatcherPass
 
 from ..base import log as _log
 from ..base.warn import warn_once
+from .checks import REDUCED_DTYPES
 from .spellings import normalize_arguments
 
 
@@ -223,11 +224,12 @@ def note_registered(name: str, identity: str) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _builtins_identity() -> str:
-    """The built-in patterns as the source that defines them (patterns.py, spellings.py), and the rules of element-wise
+    """The built-in patterns as the source that defines them (patterns.py, attention_patterns.py, checks.py,
+    spellings.py), and the rules of element-wise
     chains and pooling (chains.py, pooling.py): known without tracing."""
-    from . import chains, patterns, pooling, spellings
+    from . import attention_patterns, chains, checks, patterns, pooling, spellings
 
-    text = "".join(inspect.getsource(m) for m in (patterns, spellings, chains, pooling))
+    text = "".join(inspect.getsource(m) for m in (patterns, attention_patterns, checks, spellings, chains, pooling))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -251,7 +253,7 @@ def _reduced_dtypes(graph: torch.fx.Graph) -> set[torch.dtype]:
     found = set()
     for node in graph.nodes:
         val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.dtype in (torch.bfloat16, torch.float16):
+        if isinstance(val, torch.Tensor) and val.dtype in REDUCED_DTYPES:
             found.add(val.dtype)
     return found
 

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 import torch.fx
 
+from .checks import FUSED_DTYPES as _FLOATS
+
 aten = torch.ops.aten
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _arguments(node: torch.fx.Node) -> list[Any] | None:

@@ -12,7 +12,7 @@ written in:
 - `_to_copy(x, dtype=..., layout=torch.strided, device=<x's device>)` (what `softmax(s, dtype=...)`
   writes): the layout and device keywords dropped where they are x's own, as `x.to(dtype)` writes it.
 The rewrite keeps each op and what it computes; where no pattern fires the graph runs exact as
-before (the same kernels on the same arguments). The patterns in patterns.py are written in this
+before (the same kernels on the same arguments). The patterns in patterns.py and attention_patterns.py are written in this
 spelling (Note [Attention forms are generated from one table]).
 """
 

@@ -108,7 +108,7 @@ def _cse(r: _Run) -> None:
     eliminate_common_subexpressions(r.gm.graph)  # Note [CSE keeps eager's values]
 
 
-def _elementwise_chains(r: _Run) -> None:
+def _fused_rules(r: _Run) -> None:
     if not r.options.pattern_fusion_pass:
         return  # Note [Element-wise chains are fused by rule, not by pattern]: fused mode only
     from ..base import log
@@ -159,7 +159,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("pattern fusion", ("pattern_fusion_pass",), _pattern_fusion),
     Pass("attention over grouped key/value heads", ("grouped_kv_heads",), _grouped_heads),
     Pass("common subexpression elimination", ("cse",), _cse),
-    Pass("element-wise chains, max pooling", ("pointwise_fusion",), _elementwise_chains, gated=False),
+    Pass("element-wise chains, max pooling", ("pointwise_fusion",), _fused_rules, gated=False),
     Pass("reinplacing", ("inplace_pass", "input_inplace_pass"), _reinplace, gated=False),
     Pass("packets, sym_sum, dead code", (), _resolve_and_clean, gated=False, inherits_source=False),
     Pass("the user's post pass", ("post_grad_custom_post_pass",), _user_post_pass, inherits_source=False),

@@ -473,7 +473,7 @@ ATT_IN = lambda: (t(1, 4, 1, 8), t(1, 4, 6, 8), t(1, 4, 6, 8), _mask(1, 1, 1, 6)
 GQA_IN = lambda: (t(1, 4, 1, 8), t(1, 2, 6, 8), t(1, 2, 6, 8), _mask(1, 1, 1, 6))  # noqa: E731
 
 
-def attn_mul(q, k, v, mask):  # written out, the scale multiplied (patterns._written_form(divide=False))
+def attn_mul(q, k, v, mask):  # written out, the scale multiplied (attention_patterns._written_form(divide=False))
     scores = torch.matmul(q, k.transpose(2, 3)) * 0.35
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), v)
@@ -502,7 +502,7 @@ ATT_ADDITIVE_IN = lambda: (t(1, 4, 1, 8), t(1, 4, 6, 8), t(1, 4, 6, 8), _additiv
 GQA_ADDITIVE_IN = lambda: (t(1, 4, 1, 8), t(1, 2, 6, 8), t(1, 2, 6, 8), _additive(1, 1, 1, 6))  # noqa: E731
 
 
-def attn_additive(q, k, v, mask):  # written out, an additive float mask (patterns._written_form(mask_kind="additive"))
+def attn_additive(q, k, v, mask):  # written out, an additive float mask (attention_patterns._written_form(mask_kind="additive"))
     scores = torch.matmul(q, k.transpose(-1, -2)) / 2.8284271247461903 + mask
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
@@ -517,7 +517,7 @@ def attn_upcast(q, k, v, mask):  # the float32 softmax of transformers' eager at
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
-def attn_no_mask(q, k, v, mask):  # written out, no mask (patterns._written_form(mask_kind="none")); mask unused
+def attn_no_mask(q, k, v, mask):  # written out, no mask (attention_patterns._written_form(mask_kind="none")); mask unused
     return torch.matmul(torch.softmax(torch.matmul(q, k.mT) * 0.35, dim=-1), v)
 
 

@@ -1,0 +1,234 @@
+"""The built-in one-token attention patterns of fused mode: SDPA and written-out forms, generated from one table
+(Note [Attention forms are generated from one table]), all replaced by graphex_fused::decode_attention."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch._inductor.pattern_matcher import Match
+
+from .. import _C  # noqa: F401  (registers the graphex_fused:: kernels used below)
+
+from .checks import all_of, float_cpu, number, val
+from .registration import register_named
+
+fused = torch.ops.graphex_fused
+
+
+# Note [Attention forms are generated from one table]
+# Attention reaches the graph in many spellings that mean the same thing: SDPA or written out
+# (matmul, scale, masked_fill, softmax, matmul), the scale given, divided by or SDPA's default,
+# grouped-query heads repeated by repeat_kv (expand + reshape) or repeat_interleave or not at all, a
+# bool mask (masked_fill(~mask, -inf) written out), an additive float mask (`scores + mask`, -inf where
+# masked, what SDPA's float attn_mask means) or none. Each combination is one search function below, made from the table (_GQA and
+# the flags) so that the rules are written once; all are replaced by the one kernel,
+# graphex_fused::decode_attention, which reads grouped heads natively (query head h reads key/value
+# head h // n, the head both repeats give it). torch's matcher retraces every match with its real
+# shapes (the repeat count and dims, the scale), so a form fires only where the graph is exactly
+# what the search function computes on those shapes, and _one_token takes only a mask of the form's
+# kind that broadcasts to the scores without growing them. Per form, what eager gives a row masked
+# everywhere: SDPA 0 (zero_masked_rows), a written-out softmax over all -inf NaN.
+
+def _repeat_kv(x, n_rep):  # transformers' repeat_kv (grouped-query attention)
+    b, h, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
+
+
+def _repeat_interleave(x, n_rep):
+    return x.repeat_interleave(n_rep, dim=1)
+
+
+def _no_repeat(x, n_rep):
+    return x
+
+
+_GQA = {"repeat_kv": _repeat_kv, "repeat_interleave": _repeat_interleave, "none": _no_repeat}
+
+
+_MASKS = ("bool", "additive", "none")  # the mask kinds; a bool mask attends where true, an additive one is added
+
+
+def _sdpa_form(gqa: str, scaled: bool, mask_kind: str) -> Callable[..., Any]:
+    """F.scaled_dot_product_attention after one GQA form, with or without scale= and a mask of one kind."""
+    rep = _GQA[gqa]
+    masked = mask_kind != "none"
+
+    def n(q, k):
+        return q.shape[1] // k.shape[1]
+
+    if scaled and masked:
+        def search(q, k, v, mask, scale):
+            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), attn_mask=mask, scale=scale)
+    elif masked:
+        def search(q, k, v, mask):
+            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), attn_mask=mask)
+    elif scaled:
+        def search(q, k, v, scale):
+            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), scale=scale)
+    else:
+        def search(q, k, v):
+            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)))
+    search.__qualname__ = search.__name__ = (f"sdpa_{gqa}_{'scale' if scaled else 'default_scale'}_"
+                                             f"{mask_kind}_mask")
+    return search
+
+
+def _sdpa_fused_form(scaled: bool, masked: bool) -> Callable[..., Any]:
+    def default_scale(q):
+        return 1.0 / math.sqrt(q.shape[-1])  # ATen's sdpa: 1 / sqrt(E)
+
+    if scaled and masked:
+        def replace(q, k, v, mask, scale):
+            return fused.decode_attention(q, k, v, mask, scale, zero_masked_rows=True)
+    elif masked:
+        def replace(q, k, v, mask):
+            return fused.decode_attention(q, k, v, mask, default_scale(q), zero_masked_rows=True)
+    elif scaled:
+        def replace(q, k, v, scale):
+            return fused.decode_attention(q, k, v, _all_attended(q, k), scale, zero_masked_rows=True)
+    else:
+        def replace(q, k, v):
+            return fused.decode_attention(q, k, v, _all_attended(q, k), default_scale(q), zero_masked_rows=True)
+    replace.__qualname__ = replace.__name__ = f"sdpa_fused_{'scale' if scaled else 'default_scale'}_{'mask' if masked else 'no_mask'}"
+    return replace
+
+
+def _written_form(gqa: str, divide: bool, mask_kind: str, upcast: bool = False) -> Callable[..., Any]:
+    """softmax(q k^T * scale (or / inv_scale), then masked_fill(~mask, -inf) or + mask) v, after one GQA form;
+    `upcast`: the softmax in float32 and cast back to q's dtype (softmax(s.float()).to(q.dtype), or
+    softmax(s, dtype=torch.float32).to(q.dtype): one graph after Note [Arguments are matched in one
+    spelling]'s rewrite of _to_copy), traced per reduced dtype since the cast back names it."""
+    rep = _GQA[gqa]
+
+    def masked(scores, mask):
+        if mask_kind == "none":
+            return scores
+        return scores.masked_fill(~mask, float("-inf")) if mask_kind == "bool" else scores + mask
+
+    def probs(scores, q):
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype) if upcast else torch.softmax(scores, dim=-1)
+
+    def attend(q, k, v, mask, scaled):
+        n = q.shape[1] // k.shape[1]
+        scores = masked(scaled(torch.matmul(q, rep(k, n).transpose(2, 3))), mask)
+        return torch.matmul(probs(scores, q), rep(v, n))
+
+    if mask_kind == "none" and divide:
+        def search(q, k, v, inv_scale):
+            return attend(q, k, v, None, lambda s: s / inv_scale)
+    elif mask_kind == "none":
+        def search(q, k, v, scale):
+            return attend(q, k, v, None, lambda s: s * scale)
+    elif divide:
+        def search(q, k, v, mask, inv_scale):  # examples/models/decoder.py's Attention
+            return attend(q, k, v, mask, lambda s: s / inv_scale)
+    else:
+        def search(q, k, v, mask, scale):
+            return attend(q, k, v, mask, lambda s: s * scale)
+    search.__qualname__ = search.__name__ = (f"written_attention_{gqa}_{'div' if divide else 'mul'}_{mask_kind}_mask"
+                                             f"{'_upcast' if upcast else ''}")
+    return search
+
+
+def decode_attention_fused(q, k, v, mask, inv_scale):
+    return fused.decode_attention(q, k, v, mask, 1.0 / inv_scale)  # a row masked everywhere: NaN, as softmax gives
+
+
+def written_attention_fused(q, k, v, mask, scale):
+    return fused.decode_attention(q, k, v, mask, scale)
+
+
+def _all_attended(q, k):  # no mask: every cached position is attended (as SDPA without attn_mask does)
+    return torch.ones((1, 1, 1, k.shape[2]), dtype=torch.bool, device=q.device)
+
+
+def unmasked_attention_fused_div(q, k, v, inv_scale):
+    return fused.decode_attention(q, k, v, _all_attended(q, k), 1.0 / inv_scale)
+
+
+def unmasked_attention_fused(q, k, v, scale):
+    return fused.decode_attention(q, k, v, _all_attended(q, k), scale)
+
+
+def _one_token(mask_kind: str) -> Callable[[Match], bool]:
+    def check(match: Match) -> bool:
+        return _one_token_with(match, mask_kind)
+
+    return check
+
+
+def _one_token_with(match: Match, mask_kind: str) -> bool:
+    q, k, v = (val(match, n) for n in ("q", "k", "v"))
+    mask = val(match, "mask") if "mask" in match.kwargs else None
+    if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
+        return False
+    if (mask is None) != (mask_kind == "none"):
+        return False
+    if mask is not None:
+        want = torch.bool if mask_kind == "bool" else q.dtype
+        if not isinstance(mask, torch.Tensor) or mask.dtype != want or mask.dim() > 4:
+            return False
+    if q.shape[2] != 1 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        return False
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] or k.shape[2] == 0:  # no heads, or an empty cache: left to eager
+        return False
+    if mask is not None:  # a mask that grows the scores (more rows, batches or heads) is not the kernel's
+        scores = (q.shape[0], q.shape[1], 1, k.shape[2])
+        try:
+            if tuple(torch.broadcast_shapes(mask.shape, scores)) != scores:
+                return False
+        except RuntimeError:
+            return False
+    return True
+
+
+def _attention_examples() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, list[torch.Tensor]]]:
+    t = torch.randn
+    masks = {"bool": [torch.ones(1, 1, 1, 6, dtype=torch.bool)], "additive": [torch.zeros(1, 1, 1, 6)], "none": []}
+    return t(1, 4, 1, 8), t(1, 2, 6, 8), t(1, 4, 6, 8), masks
+
+
+def _register_written_attention(dtype: torch.dtype | None) -> None:
+    """The written-out attention forms: float32 ones (dtype None; where softmax(s.float()).to(q.dtype) is
+    softmax(s)), or the float32 softmax of a `dtype` model (transformers' eager attention, this repo's decoder)."""
+    q, kv, k_full, masks = _attention_examples()
+
+    def cast(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [x.to(dtype) if dtype is not None and x.is_floating_point() else x for x in ts]
+
+    for gqa in ("repeat_kv", "repeat_interleave", "none"):
+        k = k_full if gqa == "none" else kv
+        for kind in _MASKS:
+            written_ok = all_of(float_cpu("q", "k", "v"), _one_token(kind))
+            unmasked, upcast = kind == "none", dtype is not None
+            register_named("decode_attention", _written_form(gqa, True, kind, upcast),
+                           unmasked_attention_fused_div if unmasked else decode_attention_fused,
+                           cast([q, k, k.clone(), *masks[kind]]), extra_check=all_of(written_ok, number("inv_scale")),
+                           scalar_workaround={"inv_scale": 7.25}, builtin=True)
+            register_named("decode_attention", _written_form(gqa, False, kind, upcast),
+                           unmasked_attention_fused if unmasked else written_attention_fused,
+                           cast([q, k, k.clone(), *masks[kind]]), extra_check=all_of(written_ok, number("scale")),
+                           scalar_workaround={"scale": 0.3125}, builtin=True)
+
+
+def register_attention(dtype: torch.dtype | None) -> None:
+    """The attention forms of one group: the written-out ones of `dtype` (None: the common group, whose ops name no
+    dtype) and, in the common group, the SDPA forms. The GQA forms before the plain one (a GQA match contains the
+    plain form's), written-out forms anchored at their last matmul, SDPA at its call."""
+    _register_written_attention(dtype)
+    if dtype is not None:
+        return
+    q, kv, k_full, masks = _attention_examples()
+    for gqa in ("repeat_kv", "repeat_interleave", "none"):
+        k = k_full if gqa == "none" else kv
+        for scaled in (True, False):
+            for kind in _MASKS:
+                masked = kind != "none"
+                inputs = [q, k, k.clone(), *masks[kind]]
+                checks = [float_cpu("q", "k", "v"), _one_token(kind)] + ([number("scale")] if scaled else [])
+                register_named("decode_attention", _sdpa_form(gqa, scaled, kind), _sdpa_fused_form(scaled, masked),
+                               inputs, extra_check=all_of(*checks),
+                               scalar_workaround={"scale": 0.3125} if scaled else None, builtin=True)
