@@ -226,9 +226,39 @@ def register_replacement(search_fn: Callable[..., Any], replace_fn: Callable[...
 
     params = inspect.signature(pattern_matcher.register_replacement).parameters
     optional = {"pattern_name": pattern_name, "get_decomp_fn": get_decomp_fn}
+    before = {id(e) for entries in pass_dict.patterns.values() for e in entries}
     result = bool(pattern_matcher.register_replacement(
         search_fn, replace_fn, example_inputs, trace, pass_dict, extra_check=check,
         scalar_workaround=scalar_workaround, search_fn_pattern=search_fn_pattern, skip_duplicates=skip_duplicates,
         **{k: v for k, v in optional.items() if k in params}))
     registered = True
+    for entries in pass_dict.patterns.values():
+        for entry in entries:
+            if id(entry) not in before:
+                entry.extra_check = _declining_on_error(entry.extra_check, pattern_name)
     return result
+
+
+# Note [A pattern that raises while checking declines the match]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch's check of a match (the entry's extra_check: it rebinds the match's arguments, retraces, then calls
+# ours) can raise: a search function whose scalar argument its trace folds into a constant (SDPA's math path
+# takes sqrt(scale) in Python) leaves that argument out of the match, and torch raises "Not all inputs to
+# pattern found" from the matcher, which failed the user's whole compile. Every entry's check runs inside this
+# wrapper: an error declines that one match, says so once per pattern (GraphexWarning), and the graph keeps
+# eager's ops there.
+def _declining_on_error(check: Callable[[Any], bool], pattern_name: str) -> Callable[[Any], bool]:
+    def declining(match: Any) -> bool:
+        try:
+            return check(match)
+        except Exception as e:  # noqa: BLE001  (any error in a pattern's check must not fail the compile)
+            from ..base.warn import warn_once
+
+            warn_once(f"fusion:check-raised:{pattern_name}",
+                      f"graphex: fusion pattern {pattern_name!r} raised while checking a match "
+                      f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); the match is declined and "
+                      "those ops run as eager's. If this is your pattern, make every argument of its search function "
+                      "reach the traced graph (a scalar the trace folds into a constant cannot be matched).")
+            return False
+
+    return declining

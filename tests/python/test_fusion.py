@@ -364,3 +364,36 @@ def test_a_fused_compile_that_fused_nothing_says_so_once(monkeypatch):
         warnings.simplefilter("always")
         compile_decoder(lambda x, w: rms(x, w) + 1, **FUSED)(x, w)
     assert not [w for w in again if "no fused kernel matched" in str(w.message)], "warned twice"
+
+
+def test_a_pattern_whose_check_raises_declines_the_match_and_says_so():
+    """Note [A pattern that raises while checking declines the match] (graphex/compat/inductor.py): a user's pattern
+    whose scalar argument its trace folds into a constant made torch's matcher raise "Not all inputs to pattern
+    found", which failed the whole compile (found adding SDPA's math path). Now that match is declined, a
+    GraphexWarning names the pattern once, and the result is eager's bit for bit. In a fresh interpreter: the
+    pattern registry is process-wide."""
+    code = """
+import math, warnings, torch, graphex
+
+def folded_scale(x, s):
+    return torch.tanh(x) * math.sqrt(s)  # math.sqrt of the traced scalar: s never reaches the graph
+
+def replace(x, s):
+    return torch.zeros_like(x)  # wrong on purpose: it must never run
+
+graphex.register_replacement(folded_scale, replace, [torch.randn(4, 4)], scalar_workaround={"s": 0.25})
+f = lambda x: torch.tanh(x) * 0.5 + 1
+x = torch.randn(8, 8)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(2):
+        torch._dynamo.reset()
+        out = torch.compile(f, backend="graphex", fullgraph=True, dynamic=False,
+                            options={"pattern_fusion_pass": True, "pointwise_fusion": False})(x)
+        assert torch.equal(out, f(x))
+said = [str(w.message) for w in caught if "folded_scale" in str(w.message)]
+assert len(said) == 1 and "declined" in said[0] and "Not all inputs" in said[0], said
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
