@@ -16,6 +16,7 @@ from .checks import all_of, float_cpu, number, val
 from .registration import register_named
 
 fused = torch.ops.graphex_fused
+aten = torch.ops.aten
 
 
 # Note [Attention forms are generated from one table]
@@ -45,7 +46,9 @@ def _no_repeat(x, n_rep):
     return x
 
 
-_GQA = {"repeat_kv": _repeat_kv, "repeat_interleave": _repeat_interleave, "none": _no_repeat}
+# "broadcast": one key/value head that the matmuls (or SDPA's math path, which torch takes for it) broadcast to every
+# query head: Falcon's multi-query attention. The kernel reads head h // n of k for query head h, n = heads of q.
+_GQA = {"repeat_kv": _repeat_kv, "repeat_interleave": _repeat_interleave, "broadcast": _no_repeat, "none": _no_repeat}
 
 
 _MASKS = ("bool", "additive", "none")  # the mask kinds; a bool mask attends where true, an additive one is added
@@ -133,6 +136,39 @@ def _written_form(gqa: str, divide: bool, mask_kind: str, upcast: bool = False) 
     return search
 
 
+def _math_form(mask_kind: str, upcast: bool) -> Callable[..., Any]:
+    """SDPA's math path as ATen writes it (at::_scaled_dot_product_attention_math), which torch takes where no fused
+    CPU kernel applies (Falcon's multi-query attention: one key/value head broadcast to every query head): q and
+    k^T each scaled by sqrt(scale) (sq, sk), a bool mask turned additive (where(mask, 0, -inf): the mask input),
+    _safe_softmax (a row masked everywhere gives 0), and for a bfloat16/float16 model q, k and v in float32 and the
+    result cast back (`upcast`). The key/value heads broadcast by matmul, so one form serves any kv head count
+    that matmul broadcasts (1 or all)."""
+    def attend(q, k, v, mask, sq, sk):
+        qq, kk, vv = (q.float(), k.float(), v.float()) if upcast else (q, k, v)
+        scores = torch.matmul(aten.mul.Scalar(qq, sq), aten.mul.Scalar(kk.transpose(2, 3), sk))
+        if mask is not None:
+            scores = scores + mask
+        out = torch.matmul(aten._safe_softmax(scores, -1), vv)
+        return out.to(q.dtype) if upcast else out
+
+    if mask_kind == "none":
+        def search(q, k, v, sq, sk):
+            return attend(q, k, v, None, sq, sk)
+    else:
+        def search(q, k, v, mask, sq, sk):
+            return attend(q, k, v, mask, sq, sk)
+    search.__qualname__ = search.__name__ = f"sdpa_math_{mask_kind}_mask{'_upcast' if upcast else ''}"
+    return search
+
+
+def math_attention_fused(q, k, v, mask, sq, sk):
+    return fused.decode_attention(q, k, v, mask, sq * sk, zero_masked_rows=True)
+
+
+def unmasked_math_attention_fused(q, k, v, sq, sk):
+    return fused.decode_attention(q, k, v, _all_attended(q, k), sq * sk, zero_masked_rows=True)
+
+
 def decode_attention_fused(q, k, v, mask, inv_scale):
     return fused.decode_attention(q, k, v, mask, 1.0 / inv_scale)  # a row masked everywhere: NaN, as softmax gives
 
@@ -185,22 +221,25 @@ def _one_token_with(match: Match, mask_kind: str) -> bool:
     return True
 
 
-def _attention_examples() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, list[torch.Tensor]]]:
+def _attention_examples() -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, list[torch.Tensor]]]:
+    """q, the keys per GQA form (2 heads repeated, 1 head broadcast, 4 heads as q has), the masks per kind."""
     t = torch.randn
     masks = {"bool": [torch.ones(1, 1, 1, 6, dtype=torch.bool)], "additive": [torch.zeros(1, 1, 1, 6)], "none": []}
-    return t(1, 4, 1, 8), t(1, 2, 6, 8), t(1, 4, 6, 8), masks
+    kv = t(1, 2, 6, 8)
+    keys = {"repeat_kv": kv, "repeat_interleave": kv, "broadcast": t(1, 1, 6, 8), "none": t(1, 4, 6, 8)}
+    return t(1, 4, 1, 8), keys, masks
 
 
 def _register_written_attention(dtype: torch.dtype | None) -> None:
     """The written-out attention forms: float32 ones (dtype None; where softmax(s.float()).to(q.dtype) is
     softmax(s)), or the float32 softmax of a `dtype` model (transformers' eager attention, this repo's decoder)."""
-    q, kv, k_full, masks = _attention_examples()
+    q, keys, masks = _attention_examples()
 
     def cast(ts: list[torch.Tensor]) -> list[torch.Tensor]:
         return [x.to(dtype) if dtype is not None and x.is_floating_point() else x for x in ts]
 
-    for gqa in ("repeat_kv", "repeat_interleave", "none"):
-        k = k_full if gqa == "none" else kv
+    for gqa in ("repeat_kv", "repeat_interleave", "none"):  # "none" also matches "broadcast": matmul expands both sides
+        k = keys[gqa]
         for kind in _MASKS:
             written_ok = all_of(float_cpu("q", "k", "v"), _one_token(kind))
             unmasked, upcast = kind == "none", dtype is not None
@@ -212,6 +251,14 @@ def _register_written_attention(dtype: torch.dtype | None) -> None:
                            unmasked_attention_fused if unmasked else written_attention_fused,
                            cast([q, k, k.clone(), *masks[kind]]), extra_check=all_of(written_ok, number("scale")),
                            scalar_workaround={"scale": 0.3125}, builtin=True)
+    for kind in ("additive", "none"):  # SDPA's math path: a bool mask reaches it as an additive one
+        unmasked = kind == "none"
+        k = keys["broadcast"]
+        register_named("decode_attention", _math_form(kind, dtype is not None),
+                       unmasked_math_attention_fused if unmasked else math_attention_fused,
+                       cast([q, k, k.clone(), *masks[kind]]),
+                       extra_check=all_of(float_cpu("q", "k", "v"), _one_token(kind), number("sq"), number("sk")),
+                       scalar_workaround={"sq": 0.3125, "sk": 0.4375}, builtin=True)
 
 
 def register_attention(dtype: torch.dtype | None) -> None:
@@ -221,9 +268,9 @@ def register_attention(dtype: torch.dtype | None) -> None:
     _register_written_attention(dtype)
     if dtype is not None:
         return
-    q, kv, k_full, masks = _attention_examples()
-    for gqa in ("repeat_kv", "repeat_interleave", "none"):
-        k = k_full if gqa == "none" else kv
+    q, keys, masks = _attention_examples()
+    for gqa in _GQA:
+        k = keys[gqa]
         for scaled in (True, False):
             for kind in _MASKS:
                 masked = kind != "none"

@@ -8,7 +8,7 @@ torch's matcher compares a pattern's constant arguments literally, so `k.transpo
 Before matching, fused mode rewrites these arguments to the spelling the built-in patterns are
 written in:
 - `transpose.int(x, a, b)`: the two dims non-negative, the smaller first (transpose is symmetric);
-- `_softmax(x, dim, half_to_float)`, `_log_softmax(...)`: the dim negative (`-1` for the last);
+- `_softmax(x, dim, half_to_float)`, `_log_softmax(...)`, `_safe_softmax(x, dim)`: the dim negative (`-1` for the last);
 - `_to_copy(x, dtype=..., layout=torch.strided, device=<x's device>)` (what `softmax(s, dtype=...)`
   writes): the layout and device keywords dropped where they are x's own, as `x.to(dtype)` writes it.
 The rewrite keeps each op and what it computes; where no pattern fires the graph runs exact as
@@ -58,9 +58,10 @@ def normalize_arguments(graph: torch.fx.Graph) -> int:
             if kwargs != node.kwargs:
                 node.kwargs = kwargs
                 changed += 1
-        elif node.target in (aten._softmax.default, aten._log_softmax.default) and len(node.args) == 3:
+        elif (node.target in (aten._softmax.default, aten._log_softmax.default) and len(node.args) == 3
+              or node.target is aten._safe_softmax.default and len(node.args) >= 2):
             d = _dim(node.args[1], rank)
             if d is not None and d - rank != node.args[1]:
-                node.args = (node.args[0], d - rank, node.args[2])
+                node.args = (node.args[0], d - rank, *node.args[2:])
                 changed += 1
     return changed

@@ -521,13 +521,31 @@ def attn_no_mask(q, k, v, mask):  # written out, no mask (attention_patterns._wr
     return torch.matmul(torch.softmax(torch.matmul(q, k.mT) * 0.35, dim=-1), v)
 
 
+# One key/value head broadcast to every query head (Falcon's multi-query attention): SDPA takes its math path there,
+# which reaches the graph written out (q and k^T each scaled by sqrt(scale), _safe_softmax): attention_patterns._math_form
+MQA_IN = lambda: (t(1, 4, 1, 8), t(1, 1, 6, 8), t(1, 1, 6, 8), _mask(1, 1, 1, 6))  # noqa: E731
+MQA_ADDITIVE_IN = lambda: (t(1, 4, 1, 8), t(1, 1, 6, 8), t(1, 1, 6, 8), _additive(1, 1, 1, 6))  # noqa: E731
+
+
+def sdpa_default_scale(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _mqa_row_masked_everywhere() -> tuple[Any, ...]:
+    mask = _mask(2, 4, 1, 6)
+    mask[1, 2] = False
+    return t(2, 4, 1, 8), t(2, 1, 6, 8), t(2, 1, 6, 8), mask
+
+
 ATT_CANON = {"decode_attention": (attn, ATT_IN), "written_mul": (attn_mul, ATT_IN),
              "written_repeat_interleave": (attn_gqa_interleave, GQA_IN), "sdpa": (sdpa, ATT_IN),
              "sdpa_repeat_kv": (sdpa_gqa, GQA_IN), "sdpa_no_mask": (sdpa_no_mask, ATT_IN),
              "sdpa_repeat_interleave": (sdpa_gqa_interleave, GQA_IN),
              "written_additive": (attn_additive, ATT_ADDITIVE_IN), "written_no_mask": (attn_no_mask, ATT_IN),
              "written_upcast": (attn_upcast, ATT_IN),
-             "sdpa_additive_repeat_kv": (sdpa_additive_gqa, GQA_ADDITIVE_IN)}
+             "sdpa_additive_repeat_kv": (sdpa_additive_gqa, GQA_ADDITIVE_IN),
+             "sdpa_one_kv_head": (sdpa, MQA_IN), "sdpa_one_kv_head_additive": (sdpa_default_scale, MQA_ADDITIVE_IN),
+             "sdpa_one_kv_head_no_mask": (sdpa_no_mask, MQA_IN)}
 
 
 def _attn_with(scores_fn: Callable[..., Any] = lambda q, k: torch.matmul(q, k.transpose(2, 3)) / 2.8284271247461903,
@@ -590,6 +608,21 @@ ATT_MUTATIONS = {
                            lambda: (t(1, 4, 1, 8), t(1, 6, 4, 8), t(1, 6, 4, 8), _mask(1, 1, 1, 6))),
     "sdpa_kv_from_BSHD_cache": (lambda q, k, v, mask: sdpa(q, k.transpose(1, 2), v.transpose(1, 2), mask),
                                 lambda: (t(1, 4, 1, 8), t(1, 6, 4, 8), t(1, 6, 4, 8), _mask(1, 1, 1, 6))),
+    "sdpa_one_kv_head_row_masked_everywhere": (sdpa, _mqa_row_masked_everywhere),
+    "sdpa_one_kv_head_scale_negative": (_sdpa_with(scale=-0.5), MQA_IN),
+    "sdpa_one_kv_head_scale_0": (_sdpa_with(scale=0.0), MQA_IN),
+    "sdpa_one_kv_head_is_causal_one_token": (
+        lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, is_causal=True), MQA_IN),
+    "sdpa_one_kv_head_inf_score": (sdpa, _with_value(MQA_IN, 0, float("inf"))),
+    "sdpa_one_kv_head_nan_in_v": (sdpa, _with_value(MQA_IN, 2, float("nan"))),
+    "sdpa_one_kv_head_mask_per_query_head": (sdpa, lambda: (*MQA_IN()[:3], _mask(1, 4, 1, 6))),
+    "sdpa_one_kv_head_two_query_tokens": (sdpa, lambda: (t(1, 4, 2, 8), t(1, 1, 6, 8), t(1, 1, 6, 8),
+                                                         _mask(1, 1, 2, 6))),
+    "sdpa_one_kv_head_two_batches_one_kv_batch": (sdpa, lambda: (t(2, 4, 1, 8), t(1, 1, 6, 8), t(1, 1, 6, 8),
+                                                                 _mask(1, 1, 1, 6))),
+    "q_and_k_scaled_apart_then_safe_softmax": (
+        lambda q, k, v, mask: torch.matmul(torch.ops.aten._safe_softmax(
+            torch.matmul(q * 0.5, k.transpose(2, 3) * 0.7) + mask, -1), v), MQA_ADDITIVE_IN),
     # another meaning
     "softmax_over_dim_-2": (_attn_with(softmax=lambda s: torch.softmax(s, dim=-2)), ATT_IN),
     "softmax_over_dim_1": (_attn_with(softmax=lambda s: torch.softmax(s, dim=1)), ATT_IN),
