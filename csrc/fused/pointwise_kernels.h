@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace graphex::fused {
 namespace CPU_CAPABILITY {
@@ -102,6 +103,18 @@ inline void pointwise_tile(const PwInstr* code, int64_t n_code, float* const* sl
         break;
       }
       case PwOp::erf: pw::unary(a, d, n, [](V x) { return x.erf(); }); break;
+      case PwOp::gelu_erf: {
+        // Note [The erf GELU as eager's oneDNN kernel gives it]: eager's CPU gelu of more than one element is
+        // oneDNN's, in every float dtype: NaN at +-inf, and x * (1 + erf(x / sqrt 2)) formed before the halving
+        // (2e38 overflows to inf). The values in between differ by oneDNN's erf, within the per-op tolerance.
+        const V r(static_cast<float>(M_SQRT1_2)), inf(std::numeric_limits<float>::infinity()),
+            nan(std::numeric_limits<float>::quiet_NaN());
+        pw::unary(a, d, n, [&](V x) {
+          const V y = (x * (one + (x * r).erf())) * half;
+          return V::blendv(y, nan, x.abs() == inf);
+        });
+        break;
+      }
       case PwOp::sqrt: pw::unary(a, d, n, [](V x) { return x.sqrt(); }); break;
       case PwOp::rsqrt: pw::unary(a, d, n, [](V x) { return x.rsqrt(); }); break;
       case PwOp::reciprocal: pw::unary(a, d, n, [](V x) { return x.reciprocal(); }); break;

@@ -11,7 +11,7 @@ csrc/fused/pointwise.h) runs the group's ops on each tile of the inputs while it
 
 What a node must be to join (ELEMENTWISE is the one table of the ops, _admits the one rule):
 - an op of ELEMENTWISE, with only the arguments the table reads (add's alpha = 1, div without a
-  rounding mode, _to_copy with only a dtype, gelu's approximate 'tanh');
+  rounding mode, _to_copy with only a dtype; gelu either way, the erf one of more than one element);
 - its result and every tensor argument float32, bfloat16 or float16 on the CPU (a bool condition for
   where), of static shape; a bfloat16/float16 result only from arguments of that same dtype (eager's
   type promotion is then the identity; a float32 result reads any of them exactly);
@@ -111,8 +111,9 @@ ELEMENTWISE: dict[Any, Elementwise] = {
     aten.reciprocal.default: _e("reciprocal"),
     aten.sin.default: _e("sin"),
     aten.cos.default: _e("cos"),
-    # tanh GELU only: eager's float32 erf GELU is oneDNN's (its own erf; NaN at +-inf where the formula gives +-inf)
-    aten.gelu.default: _e("gelu_tanh", kwargs=(("approximate", "tanh"),)),
+    # approximate='tanh': gelu_tanh; the erf GELU as gelu_erf (build_program; Note [The erf GELU as eager's oneDNN
+    # kernel gives it], csrc/fused/pointwise_kernels.h)
+    aten.gelu.default: _e("gelu_tanh", kwargs=(("approximate", None),)),
     aten.pow.Tensor_Scalar: _e("pow", 2, rounds_number=True),
     aten.where.self: _e("where", 3, exact=True),
     aten._to_copy.default: _e("cast", kwargs=(("dtype", None),)),
@@ -149,8 +150,12 @@ def _admits(node: torch.fx.Node) -> str:
         allowed = dict(spec.kwargs)
         if key not in allowed or (allowed[key] is not None and value != allowed[key]):
             return f"argument {key}={value!r} is not what the kernel computes"
-    if node.target is aten.gelu.default and node.kwargs.get("approximate", "none") != "tanh":
-        return "the erf GELU (eager's float32 kernel is oneDNN's, whose erf the kernel does not have)"
+    if node.target is aten.gelu.default:
+        if node.kwargs.get("approximate", "none") not in ("none", "tanh"):
+            return f"gelu's approximate={node.kwargs['approximate']!r}"
+        if node.kwargs.get("approximate", "none") == "none" and out.numel() <= 1:
+            # eager's single-element erf GELU is not oneDNN's: +inf gives inf there, not NaN
+            return "an erf GELU of one element (eager's kernel for it is not the oneDNN one gelu_erf follows)"
     if node.target is aten._to_copy.default and node.kwargs.get("dtype") not in _FLOATS:
         return "a cast to another dtype than float32, bfloat16 or float16"
     args = list(node.args)
@@ -230,7 +235,18 @@ def find_groups(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
             group.first = pos[group.members[0]]
         group_of[node] = group
     unique = {id(g): g for g in group_of.values()}
-    return [g.members for g in unique.values() if len(g.members) >= 2]
+    return [g.members for g in unique.values() if len(g.members) >= 2 or _worth_alone(g.members[0])]
+
+
+_GELU_ALONE_MAX = 8192
+
+
+def _worth_alone(node: torch.fx.Node) -> bool:
+    """A group of one runs eager's kernel, except a small erf GELU: eager's is oneDNN's, whose per-call cost dominates
+    a decode step's vector. Measured 2026-12-03, one thread, float32 [1, 1, n] (median us, eager / pointwise): 1024:
+    10.3 / 5.2, 8192: 14.4 / 11.0, 16384: 22.1 / 25.1, 131072: 77.7 / 131.4 (oneDNN's erf is faster per element)."""
+    return (node.target is aten.gelu.default and node.kwargs.get("approximate", "none") == "none"
+            and _val(node).numel() <= _GELU_ALONE_MAX)
 
 
 def _can_join(node: torch.fx.Node, groups: list[_Group], pos: dict[torch.fx.Node, int], writes: list[int]) -> bool:
@@ -306,6 +322,8 @@ def build_program(members: list[torch.fx.Node]) -> Program:
         elif m.target is aten.pow.Tensor_Scalar and float(m.args[1]) in _POW and \
                 (float(m.args[1]) in (2.0, 3.0) or dtype != torch.float16):
             result = emit(_POW[float(m.args[1])], operand(m.args[0]))
+        elif m.target is aten.gelu.default and m.kwargs.get("approximate", "none") == "none":
+            result = emit("gelu_erf", operand(m.args[0]))
         else:
             args = [operand(a) for a in m.args]
             result = emit(spec.opcode, *(args[::-1] if spec.swap else args))

@@ -57,6 +57,8 @@ CHAINS = [
     ("gelu_new", lambda x: _gelu_new(x), [(2, 1, 200)]),
     ("bloom_gelu", lambda x: _bloom_gelu(x), [(1, 1, 130)]),
     ("bias_gelu_tanh", lambda x, b: F.gelu(x + b, approximate="tanh"), [(4, 33), (33,)]),
+    ("bias_gelu_erf", lambda x, b: F.gelu(x + b), [(4, 33), (33,)]),  # eager's: oneDNN's (gelu_erf's Note)
+    ("gelu_erf_gated", lambda x, y: F.gelu(x) * y, [(3, 700), (3, 700)]),
     ("residual_relu", lambda x, r: torch.relu(x + r), [(2, 8, 5, 5), (2, 8, 5, 5)]),
     ("sigmoid_gate", lambda x, y: torch.sigmoid(x) * y - x, [(5, 17), (5, 17)]),
     ("exp_div", lambda x: torch.exp(x - 2.0) / 3.0, [(1000,)]),
@@ -134,7 +136,7 @@ def test_special_values_are_eagers(dtype):
     def fn(x, y):
         return (torch.maximum(x, y) + torch.minimum(x, y).relu(), torch.exp(x) * 1.0, torch.sigmoid(x) + 0.0,
                 (x / y) * 1.0, torch.tanh(x) - 0.0, F.gelu(x, approximate="tanh") * 1.0, (x * 0.0).relu() - 1.0,
-                x * y * 1.5)
+                x * y * 1.5, F.gelu(x) * 1.0)
 
     got = _compile(fn)(x, y)
     for g, w in zip(got, fn(x, y)):
@@ -200,7 +202,9 @@ NEAR_MISSES = [
     ("rounding_mode", lambda x, y: torch.div(x, y, rounding_mode="floor") * 2, torch.float32, "aten.div.Tensor_mode"),
     ("float64", lambda x, y: torch.tanh(x * y + 1), torch.float64, "aten.tanh.default"),
     ("integers", lambda x, y: (x * y + 1) * 3, torch.int32, "aten.mul.Tensor"),
-    ("erf_gelu", lambda x, y: F.gelu(x + y) * 2, torch.float32, "aten.gelu.default"),  # eager's is oneDNN's
+    # eager's erf GELU of one element is not oneDNN's (+inf gives inf there): it stays eager's
+    ("erf_gelu_of_one_element", lambda x, y: F.gelu((x + y)[:1, :1].reshape(1)) * 2, torch.float32,
+     "aten.gelu.default"),
 ]
 
 
@@ -216,6 +220,25 @@ def test_near_misses_keep_eagers_op(name, fn, dtype, stays):
         assert torch.equal(got, want)
     else:
         _close(got, want, fused_op_tol(dtype) * 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_an_erf_gelu_alone_is_fused_where_it_pays(dtype):
+    """chains._worth_alone: a lone erf GELU of a decode step's size runs gelu_erf (eager's oneDNN call costs more at
+    that size, NaN at +-inf as eager's); one above _GELU_ALONE_MAX elements keeps eager's kernel (faster per element);
+    one of a single element keeps eager's (+inf gives inf there)."""
+    from graphex.fusion.chains import _GELU_ALONE_MAX
+
+    small = torch.randn(1, 1, 1024).to(dtype)
+    small.view(-1)[:4] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0])
+    got = _compile(F.gelu)(small)
+    assert _pointwise_calls() == 1
+    _close(got, F.gelu(small), fused_op_tol(dtype))
+    for x in (torch.randn(_GELU_ALONE_MAX + 1).to(dtype), torch.tensor([float("inf")]).to(dtype)):
+        torch._dynamo.reset()
+        got = _compile(F.gelu)(x)
+        assert _pointwise_calls() == 0
+        assert torch.equal(got, F.gelu(x))
 
 
 def test_a_reduced_result_from_a_float32_operand_is_declined():
@@ -297,7 +320,7 @@ def test_chains_in_a_model_and_its_gradients_are_left_alone():
 # ---- generated chains -------------------------------------------------------------------------------------
 
 _UNARY = [torch.tanh, torch.sigmoid, torch.relu, torch.neg, torch.abs, lambda t: t * 0.75, lambda t: t + 0.5,
-          lambda t: F.gelu(t, approximate="tanh"), lambda t: torch.erf(t), lambda t: t ** 2 * 0.1,
+          lambda t: F.gelu(t, approximate="tanh"), lambda t: F.gelu(t), lambda t: torch.erf(t), lambda t: t ** 2 * 0.1,
           lambda t: torch.sin(t), lambda t: 1 - t, lambda t: F.silu(t)]
 _BINARY = [operator.add, operator.sub, operator.mul, torch.maximum, torch.minimum,
            lambda a, b: a / (b.abs() + 1), lambda a, b: torch.where(a > b, a, b * 0.5)]
