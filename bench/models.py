@@ -87,6 +87,88 @@ class HFStep(nn.Module):
         return [t for layer in self.cache.layers for t in (layer.keys, layer.values)]
 
 
+# -- nine transformers families, from configs ---------------------------------------------------------
+HF_FAMILIES = ("llama", "qwen2", "mistral", "phi3", "gemma2", "gpt2", "gpt_neox", "falcon", "bloom")
+
+# "coverage": make fusion-coverage's size (seconds per family on 2 cores); "bench": bench.families' size.
+FAMILY_SIZE = {"coverage": dict(vocab=128, hidden=64, layers=2, heads=4, intermediate=128, positions=64),
+               "bench": dict(vocab=4096, hidden=256, layers=4, heads=4, intermediate=1024, positions=512)}
+
+
+def hf_family(arch: str, size: str = "bench", dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A causal LM of one of HF_FAMILIES from its config, random weights, in `dtype`, eval mode. Grouped-query
+    families get 2 key/value heads; Mistral full attention (7B v0.2 on); Falcon the multi-query layout of 7B;
+    families without an SDPA path in transformers (Gemma2, Bloom) their own attention."""
+    import transformers as tf
+
+    _quiet_transformers()
+    z = FAMILY_SIZE[size]
+    torch.manual_seed(0)
+    small = dict(vocab_size=z["vocab"], hidden_size=z["hidden"], num_hidden_layers=z["layers"],
+                 num_attention_heads=z["heads"])
+    if arch in ("llama", "qwen2", "mistral", "phi3", "gemma2"):
+        cfg_cls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig,
+                   "phi3": tf.Phi3Config, "gemma2": tf.Gemma2Config}[arch]
+        extra: dict[str, Any] = dict(intermediate_size=z["intermediate"], num_key_value_heads=2,
+                                     max_position_embeddings=z["positions"])
+        if arch == "mistral":
+            extra.update(sliding_window=None)  # Mistral 7B v0.2 and later: full attention
+        if arch == "gemma2":
+            extra.update(head_dim=z["hidden"] // z["heads"], sliding_window=z["positions"] // 2)
+        if arch == "phi3":
+            extra.update(pad_token_id=0)
+        cfg = cfg_cls(**small, **extra)
+    elif arch == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=z["vocab"], n_embd=z["hidden"], n_layer=z["layers"], n_head=z["heads"],
+                            n_positions=z["positions"])
+    elif arch == "gpt_neox":
+        cfg = tf.GPTNeoXConfig(**small, intermediate_size=z["intermediate"], max_position_embeddings=z["positions"])
+    elif arch == "falcon":
+        cfg = tf.FalconConfig(**small, new_decoder_architecture=False, multi_query=True)
+    elif arch == "bloom":
+        cfg = tf.BloomConfig(vocab_size=z["vocab"], hidden_size=z["hidden"], n_layer=z["layers"], n_head=z["heads"])
+    else:
+        raise ValueError(f"unknown family {arch!r}; one of {', '.join(HF_FAMILIES)}")
+    try:
+        model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    except ValueError:  # transformers has no SDPA path for this architecture (Gemma2, Bloom): its own attention
+        model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    return model.to(dtype).eval()
+
+
+class FamilyStep(nn.Module):
+    """One decode step of any transformers causal LM over a StaticCache, like HFStep without knowing the family's
+    cache layout: an eager 8-token prefill creates the cache's tensors, which are then filled with random keys
+    and values and registered as buffers. forward(input_ids [1, 1], position []) sets every layer's length to
+    `position` and returns the last token's logits, so repeated calls rewrite the same slot. A sliding-window
+    layer (Gemma2's) counts its length in a Python int, which Dynamo specializes on: it is set to `position`
+    given here, so the step must be called at that position."""
+
+    def __init__(self, model: nn.Module, max_cache_len: int, position: int, seed: int = 1) -> None:
+        super().__init__()
+        from transformers import StaticCache
+
+        self.model = model
+        self.position = position
+        self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            model(input_ids=torch.arange(8).view(1, 8) + 3, cache=self.cache, use_cache=True)
+            for i, layer in enumerate(self.cache.layers):
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)
+                    t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
+                    self.register_buffer(f"cache_{name}_{i}", t, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        for layer in self.cache.layers:
+            if isinstance(layer.cumulative_length, torch.Tensor):
+                layer.cumulative_length.copy_(position)
+            if hasattr(layer, "cumulative_length_int"):
+                layer.cumulative_length_int = self.position
+        return self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits
+
+
 class ExplicitCacheStep(nn.Module):
     """HFStep with the cache as explicit inputs and outputs, for exporters without in-place inputs (ONNX).
 

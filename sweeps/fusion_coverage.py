@@ -32,10 +32,11 @@ from typing import Any, Callable
 
 import torch
 
+from bench.models import HF_FAMILIES as HF_MODELS  # the nine families, defined once
+
 from . import coverage_decoder as cd
 
 STEPS = 16
-HF_MODELS = ("llama", "qwen2", "mistral", "phi3", "gemma2", "gpt2", "gpt_neox", "falcon", "bloom")
 
 
 @dataclasses.dataclass
@@ -117,37 +118,9 @@ def run_variant(spelling: cd.Spelling, steps: int = STEPS) -> Row:
 
 
 def _hf_model(arch: str, dtype: torch.dtype) -> Any:
-    import transformers as tf
+    from bench.models import hf_family
 
-    torch.manual_seed(0)
-    small = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
-    if arch in ("llama", "qwen2", "mistral", "phi3", "gemma2"):
-        cfg_cls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig,
-                   "phi3": tf.Phi3Config, "gemma2": tf.Gemma2Config}[arch]
-        extra = dict(intermediate_size=128, num_key_value_heads=2, max_position_embeddings=64)
-        if arch == "mistral":
-            extra.update(sliding_window=None)  # Mistral 7B v0.2 and later: full attention
-        if arch == "gemma2":
-            extra.update(head_dim=16, sliding_window=32)
-        if arch == "phi3":
-            extra.update(pad_token_id=0)
-        cfg = cfg_cls(**small, **extra)
-    elif arch == "gpt2":
-        cfg = tf.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64)
-    elif arch == "gpt_neox":
-        cfg = tf.GPTNeoXConfig(**small, intermediate_size=128, max_position_embeddings=64)
-    elif arch == "falcon":
-        cfg = tf.FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                              new_decoder_architecture=False, multi_query=True)
-    elif arch == "bloom":
-        cfg = tf.BloomConfig(vocab_size=128, hidden_size=64, n_layer=2, n_head=4)
-    else:
-        raise ValueError(arch)
-    try:
-        model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
-    except ValueError:  # transformers has no SDPA path for this architecture (Gemma2, Bloom): its own attention
-        model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    return model.to(dtype).eval()
+    return hf_family(arch, "coverage", dtype)
 
 
 def run_hf(arch: str, dtype: torch.dtype, steps: int = STEPS) -> Row:
