@@ -92,6 +92,10 @@ def _key(value: Any) -> Any:
         return ("dict", tuple(sorted((k, _key(v)) for k, v in value.items())))
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return ("sym", id(value.node))
-    if isinstance(value, float) and value != value:
-        return ("nan",)  # nan != nan: two nan arguments are still the same argument
+    if isinstance(value, float):
+        # by its bits: 0.0 == -0.0 (and they hash alike), so keyed by value `a / 0.0` and `a / -0.0` were one node,
+        # the second computed as the first (+inf for -inf); nan != nan: two nan arguments are still one argument
+        return (float, "nan" if value != value else value.hex())
+    if isinstance(value, complex):
+        return (complex, _key(value.real), _key(value.imag))
     return (type(value), value)

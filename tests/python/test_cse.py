@@ -80,3 +80,23 @@ def test_custom_ops_are_never_merged():
     assert_same(compiled(x), f(x))
     assert calls["n"] - before == 4  # two in the replay, two in eager
     assert _targets().count("gx_cse::noisy.default") == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_a_number_and_its_negative_zero_are_not_merged(dtype):
+    """0.0 == -0.0 and both hash alike: keyed by value, `a / 0.0` and `a / -0.0` were one node and the second result
+    was the first's (+inf for -inf), in exact and fused mode (found by a helper trying to break fused mode). Numbers
+    are keyed by their bits."""
+    def f(a):
+        return ((a / 0.0) * 1, (a / -0.0) * 1, (0.0 - a) * 1, (-0.0 - a) * 1,
+                1 / torch.full_like(a, 0.0) + a, 1 / torch.full_like(a, -0.0) + a, a * float("nan"), a * float("nan"))
+
+    def bits(t):  # the sign of every zero and infinity counts; a NaN is a NaN
+        t = torch.where(t.isnan(), torch.full_like(t, float("nan")), t)
+        return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+
+    a = torch.tensor([1.0, -2.0, 0.0, -0.0] * 8).to(dtype)
+    for options in ({}, {"pattern_fusion_pass": True}):
+        torch._dynamo.reset()
+        for i, (got, want) in enumerate(zip(compile_graphex(f, **options)(a), f(a))):
+            assert got.dtype == want.dtype and torch.equal(bits(got), bits(want)), (options, i, got[:4], want[:4])
