@@ -12,6 +12,8 @@
 
 #include "fused/vec.h"
 
+#include <ATen/Context.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/ops/empty.h>
@@ -54,6 +56,30 @@ int32_t arity(PwOp op) {
     case PwOp::kCount: break;
   }
   return 0;
+}
+
+// Whether this process's oneDNN takes a dtype (ATen's mkldnn_bf16_device_check / mkldnn_fp16_device_check, through
+// the ops Python calls them by): asked once.
+bool onednn_supports(const char* op) {
+  auto handle = c10::Dispatcher::singleton().findSchema({op, ""});
+  return handle.has_value() && handle->typed<bool()>().call();
+}
+
+// Note [The erf GELU as eager's kernels give it] (pointwise_kernels.h): each erf GELU runs the kernel eager would
+// pick now: oneDNN's while it is switched on and takes the dtype, else ATen's.
+void choose_gelu_kernels(std::vector<PwInstr>& code) {
+  static const bool bf16 = onednn_supports("mkldnn::_is_mkldnn_bf16_supported");
+  static const bool f16 = onednn_supports("mkldnn::_is_mkldnn_fp16_supported");
+  const bool on = at::globalContext().userEnabledMkldnn() && at::hasMKLDNN();
+  for (PwInstr& ins : code) {
+    const auto op = static_cast<PwOp>(ins.op);
+    bool onednn;
+    if (op == PwOp::gelu_erf) onednn = on;
+    else if (op == PwOp::gelu_erf_bf16) onednn = on && bf16;
+    else if (op == PwOp::gelu_erf_f16) onednn = on && f16;
+    else continue;
+    ins.op = static_cast<int32_t>(onednn ? PwOp::gelu_erf : PwOp::gelu_erf_aten);
+  }
 }
 
 Checked check_program(at::TensorList inputs, at::IntArrayRef code, at::ArrayRef<double> constants,
@@ -159,7 +185,8 @@ void store(char* p, int64_t stride, const float* src, int64_t n, at::ScalarType 
 
 std::vector<at::Tensor> pointwise_cpu(at::TensorList inputs, at::IntArrayRef code, at::ArrayRef<double> constants,
                                       at::IntArrayRef outputs) {
-  const Checked prog = check_program(inputs, code, constants, outputs);
+  Checked prog = check_program(inputs, code, constants, outputs);
+  choose_gelu_kernels(prog.code);
   for (size_t i = 0; i < inputs.size(); ++i) {
     TORCH_CHECK(inputs[i].device().is_cpu() && (reads_float(inputs[i].scalar_type()) || inputs[i].scalar_type() == at::kBool),
                 "graphex_fused::pointwise: input ", i, " is ", inputs[i].scalar_type(), " on ", inputs[i].device(),

@@ -26,7 +26,8 @@
   _(add, 2) _(sub, 2) _(mul, 2) _(div, 2) _(maximum, 2) _(minimum, 2) _(pow, 2) _(neg, 1) _(abs, 1)          \
   _(exp, 1) _(log, 1) _(tanh, 1) _(sigmoid, 1) _(silu, 1) _(relu, 1) _(gelu_tanh, 1) _(erf, 1)         \
   _(sqrt, 1) _(rsqrt, 1) _(reciprocal, 1) _(sin, 1) _(cos, 1) _(square, 1) _(cube, 1) _(where, 3)             \
-  _(round_bf16, 1) _(round_f16, 1) _(gelu_erf, 1)
+  _(round_bf16, 1) _(round_f16, 1) _(gelu_erf, 1) _(gelu_erf_aten, 1) \
+  _(gelu_erf_bf16, 1) _(gelu_erf_f16, 1)
 
 #define GRAPHEX_POINTWISE_DTYPES(_) _(float32, at::kFloat) _(bfloat16, at::kBFloat16) _(float16, at::kHalf)
 

@@ -104,15 +104,27 @@ inline void pointwise_tile(const PwInstr* code, int64_t n_code, float* const* sl
       }
       case PwOp::erf: pw::unary(a, d, n, [](V x) { return x.erf(); }); break;
       case PwOp::gelu_erf: {
-        // Note [The erf GELU as eager's oneDNN kernel gives it]: eager's CPU gelu of more than one element is
-        // oneDNN's, in every float dtype: NaN at +-inf, and x * (1 + erf(x / sqrt 2)) formed before the halving
-        // (2e38 overflows to inf). The values in between differ by oneDNN's erf, within the per-op tolerance.
+        // Note [The erf GELU as eager's kernels give it]: eager's CPU gelu is oneDNN's where ATen's use_mkldnn says so
+        // (oneDNN enabled, a contiguous input of more than one element, a dtype oneDNN takes on this CPU): NaN at
+        // +-inf, and x * (1 + erf(x / sqrt 2)) formed before the halving (2e38 overflows to inf). Elsewhere it is
+        // ATen's own kernel, gelu_erf_aten: (x * 0.5) * (1 + erf(x / sqrt 2)), +inf gives +inf. chains.py picks
+        // gelu_erf_aten where the input is not contiguous or has one element, else gelu_erf (float32), gelu_erf_bf16
+        // or gelu_erf_f16; pointwise.cpp turns each of those into gelu_erf or gelu_erf_aten per call, from what this
+        // process's oneDNN takes (switched on, and the dtype supported on this CPU: a program exported on one
+        // machine follows eager on the one it runs on). Values in between differ by the erf, within the tolerance.
         const V r(static_cast<float>(M_SQRT1_2)), inf(std::numeric_limits<float>::infinity()),
             nan(std::numeric_limits<float>::quiet_NaN());
         pw::unary(a, d, n, [&](V x) {
           const V y = (x * (one + (x * r).erf())) * half;
           return V::blendv(y, nan, x.abs() == inf);
         });
+        break;
+      }
+      case PwOp::gelu_erf_bf16:  // turned into gelu_erf or gelu_erf_aten before the tiles run (pointwise.cpp)
+      case PwOp::gelu_erf_f16:
+      case PwOp::gelu_erf_aten: {
+        const V r(static_cast<float>(M_SQRT1_2));
+        pw::unary(a, d, n, [&](V x) { return x * half * (one + (x * r).erf()); });
         break;
       }
       case PwOp::sqrt: pw::unary(a, d, n, [](V x) { return x.sqrt(); }); break;

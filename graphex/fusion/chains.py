@@ -11,7 +11,7 @@ csrc/fused/pointwise.h) runs the group's ops on each tile of the inputs while it
 
 What a node must be to join (ELEMENTWISE is the one table of the ops, _admits the one rule):
 - an op of ELEMENTWISE, with only the arguments the table reads (add's alpha = 1, div without a
-  rounding mode, _to_copy with only a dtype; gelu either way, the erf one of more than one element);
+  rounding mode, _to_copy with only a dtype; gelu either way);
 - its result and every tensor argument float32, bfloat16 or float16 on the CPU (a bool condition for
   where), of static shape; a bfloat16/float16 result only from arguments of that same dtype (eager's
   type promotion is then the identity; a float32 result reads any of them exactly);
@@ -111,8 +111,8 @@ ELEMENTWISE: dict[Any, Elementwise] = {
     aten.reciprocal.default: _e("reciprocal"),
     aten.sin.default: _e("sin"),
     aten.cos.default: _e("cos"),
-    # approximate='tanh': gelu_tanh; the erf GELU as gelu_erf (build_program; Note [The erf GELU as eager's oneDNN
-    # kernel gives it], csrc/fused/pointwise_kernels.h)
+    # approximate='tanh': gelu_tanh; the erf GELU as gelu_erf or gelu_erf_aten, as eager picks its kernel
+    # (build_program; Note [The erf GELU as eager's kernels give it], csrc/fused/pointwise_kernels.h)
     aten.gelu.default: _e("gelu_tanh", kwargs=(("approximate", None),)),
     aten.pow.Tensor_Scalar: _e("pow", 2, rounds_number=True),
     aten.where.self: _e("where", 3, exact=True),
@@ -150,12 +150,8 @@ def _admits(node: torch.fx.Node) -> str:
         allowed = dict(spec.kwargs)
         if key not in allowed or (allowed[key] is not None and value != allowed[key]):
             return f"argument {key}={value!r} is not what the kernel computes"
-    if node.target is aten.gelu.default:
-        if node.kwargs.get("approximate", "none") not in ("none", "tanh"):
-            return f"gelu's approximate={node.kwargs['approximate']!r}"
-        if node.kwargs.get("approximate", "none") == "none" and out.numel() <= 1:
-            # eager's single-element erf GELU is not oneDNN's: +inf gives inf there, not NaN
-            return "an erf GELU of one element (eager's kernel for it is not the oneDNN one gelu_erf follows)"
+    if node.target is aten.gelu.default and node.kwargs.get("approximate", "none") not in ("none", "tanh"):
+        return f"gelu's approximate={node.kwargs['approximate']!r}"
     if node.target is aten._to_copy.default and node.kwargs.get("dtype") not in _FLOATS:
         return "a cast to another dtype than float32, bfloat16 or float16"
     args = list(node.args)
@@ -241,12 +237,34 @@ def find_groups(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
 _GELU_ALONE_MAX = 8192
 
 
+def _gelu_erf_opcode(node: torch.fx.Node) -> str:
+    """The erf GELU's opcode (Note [The erf GELU as eager's kernels give it], csrc/fused/pointwise_kernels.h): ATen's
+    use_mkldnn never takes a non-contiguous input or one of a single element (gelu_erf_aten); otherwise the kernel
+    asks per call whether oneDNN is on and takes the dtype on the CPU it runs on."""
+    x = _val(node.args[0])
+    if not isinstance(x, torch.Tensor) or not x.is_contiguous() or x.numel() <= 1:
+        return "gelu_erf_aten"
+    return {torch.bfloat16: "gelu_erf_bf16", torch.float16: "gelu_erf_f16"}.get(x.dtype, "gelu_erf")
+
+
+def _onednn_runs(node: torch.fx.Node) -> bool:
+    """Whether eager's erf GELU at `node` is oneDNN's in this process (the kernel's per-call choice)."""
+    opcode = _gelu_erf_opcode(node)
+    if opcode == "gelu_erf_aten" or not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled:
+        return False
+    if opcode == "gelu_erf_bf16":
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if opcode == "gelu_erf_f16":
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return True
+
+
 def _worth_alone(node: torch.fx.Node) -> bool:
     """A group of one runs eager's kernel, except a small erf GELU: eager's is oneDNN's, whose per-call cost dominates
     a decode step's vector. Measured 2026-12-03, one thread, float32 [1, 1, n] (median us, eager / pointwise): 1024:
     10.3 / 5.2, 8192: 14.4 / 11.0, 16384: 22.1 / 25.1, 131072: 77.7 / 131.4 (oneDNN's erf is faster per element)."""
     return (node.target is aten.gelu.default and node.kwargs.get("approximate", "none") == "none"
-            and _val(node).numel() <= _GELU_ALONE_MAX)
+            and _val(node).numel() <= _GELU_ALONE_MAX and _onednn_runs(node))
 
 
 def _can_join(node: torch.fx.Node, groups: list[_Group], pos: dict[torch.fx.Node, int], writes: list[int]) -> bool:
@@ -323,7 +341,7 @@ def build_program(members: list[torch.fx.Node]) -> Program:
                 (float(m.args[1]) in (2.0, 3.0) or dtype != torch.float16):
             result = emit(_POW[float(m.args[1])], operand(m.args[0]))
         elif m.target is aten.gelu.default and m.kwargs.get("approximate", "none") == "none":
-            result = emit("gelu_erf", operand(m.args[0]))
+            result = emit(_gelu_erf_opcode(m), operand(m.args[0]))
         else:
             args = [operand(a) for a in m.args]
             result = emit(spec.opcode, *(args[::-1] if spec.swap else args))

@@ -202,9 +202,6 @@ NEAR_MISSES = [
     ("rounding_mode", lambda x, y: torch.div(x, y, rounding_mode="floor") * 2, torch.float32, "aten.div.Tensor_mode"),
     ("float64", lambda x, y: torch.tanh(x * y + 1), torch.float64, "aten.tanh.default"),
     ("integers", lambda x, y: (x * y + 1) * 3, torch.int32, "aten.mul.Tensor"),
-    # eager's erf GELU of one element is not oneDNN's (+inf gives inf there): it stays eager's
-    ("erf_gelu_of_one_element", lambda x, y: F.gelu((x + y)[:1, :1].reshape(1)) * 2, torch.float32,
-     "aten.gelu.default"),
 ]
 
 
@@ -226,7 +223,7 @@ def test_near_misses_keep_eagers_op(name, fn, dtype, stays):
 def test_an_erf_gelu_alone_is_fused_where_it_pays(dtype):
     """chains._worth_alone: a lone erf GELU of a decode step's size runs gelu_erf (eager's oneDNN call costs more at
     that size, NaN at +-inf as eager's); one above _GELU_ALONE_MAX elements keeps eager's kernel (faster per element);
-    one of a single element keeps eager's (+inf gives inf there)."""
+    one of a single element keeps eager's (not oneDNN's there: nothing to gain)."""
     from graphex.fusion.chains import _GELU_ALONE_MAX
 
     small = torch.randn(1, 1, 1024).to(dtype)
@@ -239,6 +236,29 @@ def test_an_erf_gelu_alone_is_fused_where_it_pays(dtype):
         got = _compile(F.gelu)(x)
         assert _pointwise_calls() == 0
         assert torch.equal(got, F.gelu(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_erf_gelu_follows_the_kernel_eager_picks(dtype):
+    """Note [The erf GELU as eager's kernels give it]: eager's gelu is oneDNN's only for a contiguous input of more
+    than one element while oneDNN is on (NaN at +-inf, 2e38 overflows), else ATen's (+inf stays +inf). A strided and an
+    expanded input, one element, and oneDNN switched off after compiling and back on: each as eager's (found by a
+    helper: the chain always gave oneDNN's NaN)."""
+    x = torch.randn(4, 16) * 3
+    x[0, :8] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0, 2e38, -2e38, 3e38, 1e-40])
+    x = x.to(dtype)
+    cases = [("strided", lambda t: F.gelu(t[:, ::2]) * 2, x), ("expanded", lambda t: F.gelu(t[:1].expand(4, 16)) * 2, x),
+             ("contiguous", lambda t: F.gelu(t + 0.0) * 2, x), ("one_element", lambda t: F.gelu(t + 0.0) * 2, x[0, :1])]
+    for name, fn, inp in cases:
+        torch._dynamo.reset()
+        compiled = _compile(fn)
+        for enabled in (True, False, True):
+            with torch.backends.mkldnn.flags(enabled=enabled):
+                got, want = compiled(inp), fn(inp)
+                assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()), (
+                    name, enabled, got.view(-1)[:8], want.view(-1)[:8])
+                _close(got, want, fused_op_tol(dtype))
+        assert _pointwise_calls() >= 1, name
 
 
 def test_a_reduced_result_from_a_float32_operand_is_declined():
