@@ -124,3 +124,17 @@ def test_what_reads_the_indices_or_another_layout_keeps_eagers_kernel():
     assert "max_pool2d" not in fired
     got, fired = _fired(pool, x.double())
     assert "max_pool2d" not in fired and torch.equal(got, pool(x.double()))
+
+
+def test_a_channels_last_input_of_one_channel_keeps_eagers_layout():
+    """[2, 1, 8, 8] in channels_last is also contiguous, but eager's result is channels_last (its size-1 channel
+    dimension strided 1, not 16): the kernel writes row-major memory, so the pool keeps eager's kernel there and the
+    strides are eager's (found by a helper). The same shape in row-major memory still fuses."""
+    pool = torch.nn.MaxPool2d(2)
+    x = torch.randn(2, 1, 8, 8)
+    for inp, fuses in ((x.to(memory_format=torch.channels_last), False), (x, True)):
+        torch._dynamo.reset()
+        got, fired = _fired(pool, inp)
+        want = pool(inp)
+        assert ("max_pool2d" in fired) == fuses
+        assert torch.equal(got, want) and got.stride() == want.stride(), (got.stride(), want.stride())
