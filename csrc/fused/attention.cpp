@@ -10,6 +10,8 @@
 // +inf score makes the row NaN either way (Note [A row's edge cases are eager's]). Not eager's: masked
 // positions are skipped, so a NaN or inf in v at a masked position does not reach the output (eager's
 // matmul gives 0 * NaN = NaN there).
+// decode_attention_softcap: the scaled scores capped first, softcap * tanh(score / softcap), before the mask (Gemma2's
+// attn_logit_softcapping, as transformers writes it).
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp): the dot products, the
 // softmax sum and the weighted sum add in another order than eager's bmm and softmax.
 #include "fused/rows.h"
@@ -24,7 +26,9 @@
 #include <ATen/ops/masked_fill.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mul.h>
+#include <ATen/ops/div.h>
 #include <ATen/ops/softmax.h>
+#include <ATen/ops/tanh.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -48,11 +52,12 @@ void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 at::Tensor attention_eager(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                           double scale, bool zero_masked_rows) {
+                           double scale, double softcap, bool zero_masked_rows) {
   const int64_t group = q.size(1) / k.size(1);
   at::Tensor kk = group == 1 ? k : k.repeat_interleave(group, 1);
   at::Tensor vv = group == 1 ? v : v.repeat_interleave(group, 1);
   at::Tensor scores = at::mul(at::matmul(q, kk.transpose(2, 3)), scale);
+  if (softcap != 0) scores = at::mul(at::tanh(at::div(scores, softcap)), softcap);
   const bool additive = mask.scalar_type() != at::kBool;
   scores = additive ? at::add(scores, mask) : at::masked_fill(scores, at::bitwise_not(mask), -INFINITY);
   at::Tensor out = at::matmul(at::softmax(scores, -1), vv);
@@ -66,7 +71,7 @@ at::Tensor attention_eager(const at::Tensor& q, const at::Tensor& k, const at::T
 // (Note [Reduced precision runs the float32 rows], rows.h).
 template <typename E>
 at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                          const at::Tensor& mask_in, double scale, bool zero_masked_rows) {
+                          const at::Tensor& mask_in, double scale, double softcap, bool zero_masked_rows) {
   const bool additive = mask_in.scalar_type() != at::kBool;
   const int64_t B = q_in.size(0), H = q_in.size(1), T = q_in.size(2), D = q_in.size(3);
   const int64_t Hkv = k_in.size(1), S = k_in.size(2), group = H / Hkv;
@@ -81,7 +86,7 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
   const bool* mb = additive ? nullptr : mask.const_data_ptr<bool>();
   const E* mf = additive ? mask.const_data_ptr<E>() : nullptr;
   E* op = out.mutable_data_ptr<E>();
-  const float fscale = static_cast<float>(scale);
+  const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
   const RowKernels& K = row_kernels();
   const int64_t rows = B * H * T;
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), qs2 = q.stride(2);
@@ -112,7 +117,8 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
         const float add = additive ? static_cast<float>(mf[mrow + s * ms3]) : 0.f;
         if (additive ? add != kNegInf : mb[mrow + s * ms3]) {
           ++attended;
-          p[s] = K.dot(qr, f.in(1, kb + s * ks2, D), D) * fscale + add;
+          const float score = K.dot(qr, f.in(1, kb + s * ks2, D), D) * fscale;
+          p[s] = (fcap != 0.f ? std::tanh(score / fcap) * fcap : score) + add;
           nan_score |= std::isnan(p[s]);
           mx = std::max(mx, p[s]);
         } else {
@@ -157,15 +163,27 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
   return out;
 }
 
-at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                                double scale, bool zero_masked_rows) {
+at::Tensor softcap_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                 double scale, double softcap, bool zero_masked_rows) {
   check_attention(q, k, v, mask);
   const bool additive = mask.scalar_type() != at::kBool;
   if (!all_cpu_one_float_dtype(q, k, v) || (additive && !all_cpu_one_float_dtype(q, mask)))
-    return attention_eager(q, k, v, mask, scale, zero_masked_rows);
+    return attention_eager(q, k, v, mask, scale, softcap, zero_masked_rows);
   return dispatch_float(q.scalar_type(), [&](auto t) {
-    return attention_rows<decltype(t)>(q, k, v, mask, scale, zero_masked_rows);
+    return attention_rows<decltype(t)>(q, k, v, mask, scale, softcap, zero_masked_rows);
   });
+}
+
+at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                double scale, bool zero_masked_rows) {
+  return softcap_attention_cpu(q, k, v, mask, scale, /*softcap=*/0.0, zero_masked_rows);
+}
+
+at::Tensor softcap_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& mask, double /*scale*/, double /*softcap*/,
+                                  bool /*zero_masked_rows*/) {
+  check_attention(q, k, v, mask);
+  return at::empty(q.sizes(), q.options());
 }
 
 at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
@@ -177,6 +195,12 @@ at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const
 }  // namespace
 }  // namespace graphex::fused
 
-TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) { m.impl("decode_attention", &graphex::fused::decode_attention_cpu); }
+TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) {
+  m.impl("decode_attention", &graphex::fused::decode_attention_cpu);
+  m.impl("decode_attention_softcap", &graphex::fused::softcap_attention_cpu);
+}
 
-TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) { m.impl("decode_attention", &graphex::fused::decode_attention_meta); }
+TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) {
+  m.impl("decode_attention", &graphex::fused::decode_attention_meta);
+  m.impl("decode_attention_softcap", &graphex::fused::softcap_attention_meta);
+}

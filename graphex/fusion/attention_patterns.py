@@ -136,6 +136,44 @@ def _written_form(gqa: str, divide: bool, mask_kind: str, upcast: bool = False) 
     return search
 
 
+def _softcapped_form(gqa: str, mask_kind: str, upcast: bool) -> Callable[..., Any]:
+    """Gemma2's attention as transformers writes it (eager_attention_forward): the scaled scores capped,
+    tanh(s / softcap) * softcap, before the mask; the softmax in float32 in a bfloat16/float16 model (`upcast`)."""
+    rep = _GQA[gqa]
+
+    def attend(q, k, v, mask, scale, softcap):
+        n = q.shape[1] // k.shape[1]
+        scores = torch.matmul(q, rep(k, n).transpose(2, 3)) * scale
+        scores = torch.tanh(scores / softcap) * softcap
+        if mask is not None:
+            scores = scores + mask
+        # softmax(s, dtype=torch.float32) is this graph after Note [Arguments are matched in one spelling]
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype) if upcast else torch.softmax(scores, dim=-1)
+        return torch.matmul(probs, rep(v, n))
+
+    if mask_kind == "none":
+        def search(q, k, v, scale, softcap):
+            return attend(q, k, v, None, scale, softcap)
+    else:
+        def search(q, k, v, mask, scale, softcap):
+            return attend(q, k, v, mask, scale, softcap)
+    search.__qualname__ = search.__name__ = f"softcapped_attention_{gqa}_{mask_kind}_mask{'_upcast' if upcast else ''}"
+    return search
+
+
+def softcapped_attention_fused(q, k, v, mask, scale, softcap):
+    return fused.decode_attention_softcap(q, k, v, mask, scale, softcap)  # a row masked everywhere: NaN, as softmax
+
+
+def unmasked_softcapped_attention_fused(q, k, v, scale, softcap):
+    return fused.decode_attention_softcap(q, k, v, _all_attended(q, k), scale, softcap)
+
+
+def _a_cap(match: Match) -> bool:  # softcap 0 (or inf, NaN) is not a cap: eager's 0 / 0 and inf / inf give NaN
+    cap = match.kwargs.get("softcap")
+    return type(cap) in (float, int) and cap != 0 and math.isfinite(cap)
+
+
 def _math_form(mask_kind: str, upcast: bool) -> Callable[..., Any]:
     """SDPA's math path as ATen writes it (at::_scaled_dot_product_attention_math), which torch takes where no fused
     CPU kernel applies (Falcon's multi-query attention: one key/value head broadcast to every query head): q and
@@ -251,6 +289,13 @@ def _register_written_attention(dtype: torch.dtype | None) -> None:
                            unmasked_attention_fused if unmasked else written_attention_fused,
                            cast([q, k, k.clone(), *masks[kind]]), extra_check=all_of(written_ok, number("scale")),
                            scalar_workaround={"scale": 0.3125}, builtin=True)
+    for gqa in ("repeat_kv", "none"):
+        for kind in ("additive", "none"):  # Gemma2's capped scores
+            register_named("decode_attention", _softcapped_form(gqa, kind, dtype is not None),
+                           unmasked_softcapped_attention_fused if kind == "none" else softcapped_attention_fused,
+                           cast([q, keys[gqa], keys[gqa].clone(), *masks[kind]]),
+                           extra_check=all_of(float_cpu("q", "k", "v"), _one_token(kind), number("scale"), _a_cap),
+                           scalar_workaround={"scale": 0.3125, "softcap": 7.5}, builtin=True)
     for kind in ("additive", "none"):  # SDPA's math path: a bool mask reaches it as an additive one
         unmasked = kind == "none"
         k = keys["broadcast"]

@@ -537,6 +537,17 @@ def _mqa_row_masked_everywhere() -> tuple[Any, ...]:
     return t(2, 4, 1, 8), t(2, 1, 6, 8), t(2, 1, 6, 8), mask
 
 
+def attn_softcapped(q, k, v, mask, cap=50.0, after_mask=False):  # Gemma2's (attention_patterns._softcapped_form)
+    n = q.shape[1] // k.shape[1]
+    scores = torch.matmul(q, repeat_kv(k, n).transpose(2, 3)) * 0.125
+    if after_mask:
+        scores = scores + mask
+    scores = torch.tanh(scores / cap) * cap
+    if not after_mask:
+        scores = scores + mask
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), repeat_kv(v, n))
+
+
 ATT_CANON = {"decode_attention": (attn, ATT_IN), "written_mul": (attn_mul, ATT_IN),
              "written_repeat_interleave": (attn_gqa_interleave, GQA_IN), "sdpa": (sdpa, ATT_IN),
              "sdpa_repeat_kv": (sdpa_gqa, GQA_IN), "sdpa_no_mask": (sdpa_no_mask, ATT_IN),
@@ -545,7 +556,8 @@ ATT_CANON = {"decode_attention": (attn, ATT_IN), "written_mul": (attn_mul, ATT_I
              "written_upcast": (attn_upcast, ATT_IN),
              "sdpa_additive_repeat_kv": (sdpa_additive_gqa, GQA_ADDITIVE_IN),
              "sdpa_one_kv_head": (sdpa, MQA_IN), "sdpa_one_kv_head_additive": (sdpa_default_scale, MQA_ADDITIVE_IN),
-             "sdpa_one_kv_head_no_mask": (sdpa_no_mask, MQA_IN)}
+             "sdpa_one_kv_head_no_mask": (sdpa_no_mask, MQA_IN),
+             "softcapped_repeat_kv": (attn_softcapped, GQA_ADDITIVE_IN)}
 
 
 def _attn_with(scores_fn: Callable[..., Any] = lambda q, k: torch.matmul(q, k.transpose(2, 3)) / 2.8284271247461903,
@@ -623,7 +635,18 @@ ATT_MUTATIONS = {
     "q_and_k_scaled_apart_then_safe_softmax": (
         lambda q, k, v, mask: torch.matmul(torch.ops.aten._safe_softmax(
             torch.matmul(q * 0.5, k.transpose(2, 3) * 0.7) + mask, -1), v), MQA_ADDITIVE_IN),
+    "softcapped_large_scores": (attn_softcapped, lambda: (t(1, 4, 1, 8) * 40, *GQA_ADDITIVE_IN()[1:])),
+    "softcapped_cap_negative": (lambda q, k, v, mask: attn_softcapped(q, k, v, mask, cap=-30.0), GQA_ADDITIVE_IN),
+    "softcapped_inf_score": (attn_softcapped, _with_value(GQA_ADDITIVE_IN, 0, float("inf"))),
     # another meaning
+    "softcapped_cap_0": (lambda q, k, v, mask: attn_softcapped(q, k, v, mask, cap=0.0), GQA_ADDITIVE_IN),
+    "softcapped_cap_inf": (lambda q, k, v, mask: attn_softcapped(q, k, v, mask, cap=float("inf")), GQA_ADDITIVE_IN),
+    "softcapped_after_the_mask": (lambda q, k, v, mask: attn_softcapped(q, k, v, mask, after_mask=True),
+                                  GQA_ADDITIVE_IN),
+    "softcap_without_the_multiply_back": (
+        lambda q, k, v, mask: torch.matmul(torch.softmax(torch.tanh(torch.matmul(q, repeat_kv(k, 2).transpose(2, 3))
+                                                                   * 0.125 / 50.0) + mask, dim=-1), repeat_kv(v, 2)),
+        GQA_ADDITIVE_IN),
     "softmax_over_dim_-2": (_attn_with(softmax=lambda s: torch.softmax(s, dim=-2)), ATT_IN),
     "softmax_over_dim_1": (_attn_with(softmax=lambda s: torch.softmax(s, dim=1)), ATT_IN),
     "softmax_in_float64": (_attn_with(softmax=lambda s: torch.softmax(s, dim=-1, dtype=torch.float64).float()), ATT_IN),
@@ -809,7 +832,8 @@ _EAGER_SDPA_DIES_ON_ZERO_HEADS = compat.TORCH_VERSION < (2, 13)
 def _generate() -> None:
     for family, (canon, pattern, mutations) in FAMILIES.items():
         for k, (name, (fn, make)) in enumerate(canon.items()):
-            must = "decode_attention" if family == "attention" else pattern
+            must = ("decode_attention_softcap" if "softcap" in name else "decode_attention") if family == "attention" \
+                else pattern
             variant(f"{family}/{name}", fn, make, fire=(must,))
             # dtypes: float32, bfloat16 and float16 are fused, float64 is not (float16 on the first spelling of a
             # family only: time)
