@@ -108,6 +108,11 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
       // NaN, as eager's softmax makes it, whatever zero_masked_rows says. A row with no position at all (S = 0)
       // is 0, as eager's matmul with an empty value gives. A row whose attended scores are all -inf is what a row
       // masked everywhere is (eager's SDPA adds its mask as -inf: 0 there, NaN for a written-out softmax).
+      // Where eager adds the mask to the scores (an additive mask, and every SDPA form, whose bool mask becomes
+      // -inf added: zero_masked_rows), a masked position's score is computed too: NaN or +inf plus -inf is NaN,
+      // which makes the row NaN in eager, masked everywhere or not (found by a helper). A written-out
+      // masked_fill replaces the masked scores, so there they are not read.
+      const bool masked_scores_count = additive || zero_masked_rows;
       float mx = kNegInf;
       int64_t attended = 0;
       bool nan_score = false;
@@ -115,27 +120,34 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
         // bool: attended where true; additive: masked where -inf, else added to the scaled score (a NaN or +inf
         // there makes the score NaN or +inf, and the row NaN below, as in eager)
         const float add = additive ? static_cast<float>(mf[mrow + s * ms3]) : 0.f;
-        if (additive ? add != kNegInf : mb[mrow + s * ms3]) {
-          ++attended;
-          const float score = K.dot(qr, f.in(1, kb + s * ks2, D), D) * fscale;
-          p[s] = (fcap != 0.f ? std::tanh(score / fcap) * fcap : score) + add;
-          nan_score |= std::isnan(p[s]);
-          mx = std::max(mx, p[s]);
-        } else {
+        const bool attend = additive ? add != kNegInf : mb[mrow + s * ms3];
+        if (!attend && !masked_scores_count) {
           p[s] = kNegInf;
+          continue;
         }
+        const float dot = K.dot(qr, f.in(1, kb + s * ks2, D), D) * fscale;
+        const float score = fcap != 0.f ? std::tanh(dot / fcap) * fcap : dot;
+        if (!attend) {  // score + (-inf): NaN for a NaN or +inf score, else -inf
+          nan_score |= std::isnan(score) || score == std::numeric_limits<float>::infinity();
+          p[s] = kNegInf;
+          continue;
+        }
+        ++attended;
+        p[s] = score + add;
+        nan_score |= std::isnan(p[s]);
+        mx = std::max(mx, p[s]);
       }
       E* const out_row = op + row * D;
       float* orow = f.out(2, out_row, D);
       std::fill(orow, orow + D, 0.f);
       [&] {  // the row into orow; then rounded into out_row (a no-op for float32)
         constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-        if (attended == 0) {  // every position masked: NaN, as eager's softmax over all -inf (or zeros, as SDPA)
-          if (!zero_masked_rows && S > 0) std::fill(orow, orow + D, kNaN);
-          return;
-        }
         if (nan_score) {
           std::fill(orow, orow + D, kNaN);
+          return;
+        }
+        if (attended == 0) {  // every position masked: NaN, as eager's softmax over all -inf (or zeros, as SDPA)
+          if (!zero_masked_rows && S > 0) std::fill(orow, orow + D, kNaN);
           return;
         }
         float sum = 0.f;

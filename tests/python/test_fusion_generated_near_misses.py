@@ -537,6 +537,26 @@ def _mqa_row_masked_everywhere() -> tuple[Any, ...]:
     return t(2, 4, 1, 8), t(2, 1, 6, 8), t(2, 1, 6, 8), mask
 
 
+def _masked_key_is(make: Callable[[], tuple[Any, ...]], value: float, everywhere: bool = False):
+    """k's last position masked (every position, `everywhere`) and one of its entries `value`: eager adds the mask to
+    the score where the mask is additive or the form is SDPA's (NaN or +inf plus -inf is NaN: the row is NaN), while
+    a written masked_fill replaces it (found by a helper: the kernel skipped masked positions)."""
+    def fn():
+        q, k, v, mask = make()
+        k, mask = k.clone(), mask.clone()
+        k[..., -1, 0] = value
+        if mask.dtype == torch.bool:
+            mask[..., -1] = False
+            if everywhere:
+                mask[...] = False
+        else:
+            mask[..., -1] = float("-inf")
+            if everywhere:
+                mask[...] = float("-inf")
+        return q, k, v, mask
+    return fn
+
+
 def attn_softcapped(q, k, v, mask, cap=50.0, after_mask=False):  # Gemma2's (attention_patterns._softcapped_form)
     n = q.shape[1] // k.shape[1]
     scores = torch.matmul(q, repeat_kv(k, n).transpose(2, 3)) * 0.125
@@ -638,6 +658,12 @@ ATT_MUTATIONS = {
     "softcapped_large_scores": (attn_softcapped, lambda: (t(1, 4, 1, 8) * 40, *GQA_ADDITIVE_IN()[1:])),
     "softcapped_cap_negative": (lambda q, k, v, mask: attn_softcapped(q, k, v, mask, cap=-30.0), GQA_ADDITIVE_IN),
     "softcapped_inf_score": (attn_softcapped, _with_value(GQA_ADDITIVE_IN, 0, float("inf"))),
+    **{f"{name}_{what}_key_at_a_masked_position{'_row_masked_everywhere' if everywhere else ''}":
+       (fn, _masked_key_is(make, value, everywhere))
+       for name, (fn, make) in {"written": (attn, ATT_IN), "written_additive": (attn_additive, ATT_ADDITIVE_IN),
+                                "sdpa": (sdpa, ATT_IN), "sdpa_one_kv_head": (sdpa, MQA_IN),
+                                "softcapped": (attn_softcapped, GQA_ADDITIVE_IN)}.items()
+       for what, value in (("nan", float("nan")), ("inf", float("inf"))) for everywhere in (False, True)},
     # another meaning
     "softcapped_cap_0": (lambda q, k, v, mask: attn_softcapped(q, k, v, mask, cap=0.0), GQA_ADDITIVE_IN),
     "softcapped_cap_inf": (lambda q, k, v, mask: attn_softcapped(q, k, v, mask, cap=float("inf")), GQA_ADDITIVE_IN),
