@@ -10,8 +10,10 @@
 // +inf score makes the row NaN either way (Note [A row's edge cases are eager's]). Not eager's: masked
 // positions are skipped, so a NaN or inf in v at a masked position does not reach the output (eager's
 // matmul gives 0 * NaN = NaN there).
-// decode_attention_softcap: the scaled scores capped first, softcap * tanh(score / softcap), before the mask (Gemma2's
-// attn_logit_softcapping, as transformers writes it).
+// one_token_attention, the general form (decode_attention is it with q_scale 1 and no cap): the score is
+// (q * q_scale) . k * scale, as SDPA's math path scales q and k^T apart (q_scale = scale = sqrt of SDPA's scale: an
+// unscaled q . k may overflow where eager's scaled one does not), then capped when softcap != 0,
+// softcap * tanh(score / softcap), before the mask (Gemma2's attn_logit_softcapping, as transformers writes it).
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp): the dot products, the
 // softmax sum and the weighted sum add in another order than eager's bmm and softmax.
 #include "fused/rows.h"
@@ -51,8 +53,9 @@ void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               mask.scalar_type());
 }
 
-at::Tensor attention_eager(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                           double scale, double softcap, bool zero_masked_rows) {
+at::Tensor attention_eager(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                           double q_scale, double scale, double softcap, bool zero_masked_rows) {
+  const at::Tensor q = q_scale == 1.0 ? q_in : at::mul(q_in, q_scale);
   const int64_t group = q.size(1) / k.size(1);
   at::Tensor kk = group == 1 ? k : k.repeat_interleave(group, 1);
   at::Tensor vv = group == 1 ? v : v.repeat_interleave(group, 1);
@@ -71,7 +74,8 @@ at::Tensor attention_eager(const at::Tensor& q, const at::Tensor& k, const at::T
 // (Note [Reduced precision runs the float32 rows], rows.h).
 template <typename E>
 at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                          const at::Tensor& mask_in, double scale, double softcap, bool zero_masked_rows) {
+                          const at::Tensor& mask_in, double q_scale, double scale, double softcap,
+                          bool zero_masked_rows) {
   const bool additive = mask_in.scalar_type() != at::kBool;
   const int64_t B = q_in.size(0), H = q_in.size(1), T = q_in.size(2), D = q_in.size(3);
   const int64_t Hkv = k_in.size(1), S = k_in.size(2), group = H / Hkv;
@@ -86,7 +90,8 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
   const bool* mb = additive ? nullptr : mask.const_data_ptr<bool>();
   const E* mf = additive ? mask.const_data_ptr<E>() : nullptr;
   E* op = out.mutable_data_ptr<E>();
-  const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
+  const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap),
+              fqscale = static_cast<float>(q_scale);
   const RowKernels& K = row_kernels();
   const int64_t rows = B * H * T;
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), qs2 = q.stride(2);
@@ -95,11 +100,15 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
   const int64_t ms0 = mask.stride(0), ms1 = mask.stride(1), ms2 = mask.stride(2), ms3 = mask.stride(3);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, S * D)), [&](int64_t begin, int64_t end) {
-    std::vector<float> p(static_cast<size_t>(S));
+    std::vector<float> p(static_cast<size_t>(S)), q_scaled(fqscale != 1.f ? static_cast<size_t>(D) : 0);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t t = row % T, h = (row / T) % H, b = row / (T * H), hk = h / group;
       FloatRows<E>& f = float_rows<E>(D);
       const float* qr = f.in(0, qp + b * qs0 + h * qs1 + t * qs2, D);
+      if (fqscale != 1.f) {  // q * q_scale, each element rounded to float32 as eager's scaled q
+        for (int64_t i = 0; i < D; ++i) q_scaled[i] = qr[i] * fqscale;
+        qr = q_scaled.data();
+      }
       const E* kb = kp + b * ks0 + hk * ks1;
       const E* vb = vp + b * vs0 + hk * vs1;
       const int64_t mrow = b * ms0 + h * ms1 + t * ms2;
@@ -175,25 +184,26 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
   return out;
 }
 
-at::Tensor softcap_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                                 double scale, double softcap, bool zero_masked_rows) {
+at::Tensor one_token_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& mask, double q_scale, double scale, double softcap,
+                                   bool zero_masked_rows) {
   check_attention(q, k, v, mask);
   const bool additive = mask.scalar_type() != at::kBool;
   if (!all_cpu_one_float_dtype(q, k, v) || (additive && !all_cpu_one_float_dtype(q, mask)))
-    return attention_eager(q, k, v, mask, scale, softcap, zero_masked_rows);
+    return attention_eager(q, k, v, mask, q_scale, scale, softcap, zero_masked_rows);
   return dispatch_float(q.scalar_type(), [&](auto t) {
-    return attention_rows<decltype(t)>(q, k, v, mask, scale, softcap, zero_masked_rows);
+    return attention_rows<decltype(t)>(q, k, v, mask, q_scale, scale, softcap, zero_masked_rows);
   });
 }
 
 at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                                 double scale, bool zero_masked_rows) {
-  return softcap_attention_cpu(q, k, v, mask, scale, /*softcap=*/0.0, zero_masked_rows);
+  return one_token_attention_cpu(q, k, v, mask, /*q_scale=*/1.0, scale, /*softcap=*/0.0, zero_masked_rows);
 }
 
-at::Tensor softcap_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& mask, double /*scale*/, double /*softcap*/,
-                                  bool /*zero_masked_rows*/) {
+at::Tensor one_token_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& mask, double /*q_scale*/, double /*scale*/, double /*softcap*/,
+                                    bool /*zero_masked_rows*/) {
   check_attention(q, k, v, mask);
   return at::empty(q.sizes(), q.options());
 }
@@ -209,10 +219,10 @@ at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const
 
 TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) {
   m.impl("decode_attention", &graphex::fused::decode_attention_cpu);
-  m.impl("decode_attention_softcap", &graphex::fused::softcap_attention_cpu);
+  m.impl("one_token_attention", &graphex::fused::one_token_attention_cpu);
 }
 
 TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) {
   m.impl("decode_attention", &graphex::fused::decode_attention_meta);
-  m.impl("decode_attention_softcap", &graphex::fused::softcap_attention_meta);
+  m.impl("one_token_attention", &graphex::fused::one_token_attention_meta);
 }

@@ -10,8 +10,8 @@
 //   rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor                        rotary.cpp
 //   decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale,
 //                    bool zero_masked_rows=False) -> Tensor                  attention.cpp
-//   decode_attention_softcap(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, float softcap,
-//                    bool zero_masked_rows=False) -> Tensor                  attention.cpp
+//   one_token_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float q_scale, float scale,
+//                    float softcap, bool zero_masked_rows) -> Tensor          attention.cpp
 //   matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor            matvec.cpp
 //   pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs)
 //                                      -> Tensor[]                            pointwise.cpp
@@ -75,8 +75,8 @@ TORCH_LIBRARY(graphex_fused, m) {
   m.def("gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, bool zero_masked_rows=False) -> Tensor");
-  m.def("decode_attention_softcap(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, float softcap, "
-        "bool zero_masked_rows=False) -> Tensor");
+  m.def("one_token_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float q_scale, float scale, float softcap, "
+        "bool zero_masked_rows) -> Tensor");
   m.def("matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   m.def("pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs) -> Tensor[]");
   m.def("pointwise_table() -> str", &pointwise_table);

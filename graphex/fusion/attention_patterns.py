@@ -162,11 +162,11 @@ def _softcapped_form(gqa: str, mask_kind: str, upcast: bool) -> Callable[..., An
 
 
 def softcapped_attention_fused(q, k, v, mask, scale, softcap):
-    return fused.decode_attention_softcap(q, k, v, mask, scale, softcap)  # a row masked everywhere: NaN, as softmax
+    return fused.one_token_attention(q, k, v, mask, 1.0, scale, softcap, False)  # a row masked everywhere: NaN
 
 
 def unmasked_softcapped_attention_fused(q, k, v, scale, softcap):
-    return fused.decode_attention_softcap(q, k, v, _all_attended(q, k), scale, softcap)
+    return fused.one_token_attention(q, k, v, _all_attended(q, k), 1.0, scale, softcap, False)
 
 
 def _a_cap(match: Match) -> bool:  # softcap 0 (or inf, NaN) is not a cap: eager's 0 / 0 and inf / inf give NaN
@@ -199,12 +199,20 @@ def _math_form(mask_kind: str, upcast: bool) -> Callable[..., Any]:
     return search
 
 
-def math_attention_fused(q, k, v, mask, sq, sk):
-    return fused.decode_attention(q, k, v, mask, sq * sk, zero_masked_rows=True)
+def _sdpa_scales(match: Match) -> bool:
+    """SDPA's math path scales q and k^T by the same sqrt(|scale|) (q's negated for a negative scale); another pair,
+    written by hand, may overflow one side where the kernel's product k . (q * sq) * sk does not (sq 1e-40 and sk
+    1e40: eager's k * 1e40 is inf), so it stays eager's (found by a helper)."""
+    sq, sk = match.kwargs.get("sq"), match.kwargs.get("sk")
+    return type(sq) in (float, int) and type(sk) in (float, int) and abs(sq) == abs(sk) and math.isfinite(sq)
+
+
+def math_attention_fused(q, k, v, mask, sq, sk):  # q scaled first, as the math path scales it (Note in attention.cpp)
+    return fused.one_token_attention(q, k, v, mask, sq, sk, 0.0, True)
 
 
 def unmasked_math_attention_fused(q, k, v, sq, sk):
-    return fused.decode_attention(q, k, v, _all_attended(q, k), sq * sk, zero_masked_rows=True)
+    return fused.one_token_attention(q, k, v, _all_attended(q, k), sq, sk, 0.0, True)
 
 
 def decode_attention_fused(q, k, v, mask, inv_scale):
@@ -302,7 +310,7 @@ def _register_written_attention(dtype: torch.dtype | None) -> None:
         register_named("decode_attention", _math_form(kind, dtype is not None),
                        unmasked_math_attention_fused if unmasked else math_attention_fused,
                        cast([q, k, k.clone(), *masks[kind]]),
-                       extra_check=all_of(float_cpu("q", "k", "v"), _one_token(kind), number("sq"), number("sk")),
+                       extra_check=all_of(float_cpu("q", "k", "v"), _one_token(kind), _sdpa_scales),
                        scalar_workaround={"sq": 0.3125, "sk": 0.4375}, builtin=True)
 
 

@@ -652,6 +652,12 @@ ATT_MUTATIONS = {
                                                          _mask(1, 1, 2, 6))),
     "sdpa_one_kv_head_two_batches_one_kv_batch": (sdpa, lambda: (t(2, 4, 1, 8), t(1, 1, 6, 8), t(1, 1, 6, 8),
                                                                  _mask(1, 1, 1, 6))),
+    "sdpa_one_kv_head_tiny_scale_large_inputs": (  # the unscaled q . k overflows float32, eager's scaled one not
+        _sdpa_with(scale=1e-30), lambda: tuple(a * 1e20 if a.is_floating_point() else a for a in MQA_IN())),
+    "q_and_k_scaled_1e-40_and_1e40_then_safe_softmax": (  # eager's k * 1e40 is inf: NaN rows
+        lambda q, k, v, mask: torch.matmul(torch.ops.aten._safe_softmax(
+            torch.matmul(torch.ops.aten.mul.Scalar(q, 1e-40), torch.ops.aten.mul.Scalar(k.transpose(2, 3), 1e40))
+            + mask, -1), v), MQA_ADDITIVE_IN),
     "q_and_k_scaled_apart_then_safe_softmax": (
         lambda q, k, v, mask: torch.matmul(torch.ops.aten._safe_softmax(
             torch.matmul(q * 0.5, k.transpose(2, 3) * 0.7) + mask, -1), v), MQA_ADDITIVE_IN),
@@ -858,7 +864,7 @@ _EAGER_SDPA_DIES_ON_ZERO_HEADS = compat.TORCH_VERSION < (2, 13)
 def _generate() -> None:
     for family, (canon, pattern, mutations) in FAMILIES.items():
         for k, (name, (fn, make)) in enumerate(canon.items()):
-            must = ("decode_attention_softcap" if "softcap" in name else "decode_attention") if family == "attention" \
+            must = ("one_token_attention" if "softcap" in name or "one_kv_head" in name else "decode_attention") if family == "attention" \
                 else pattern
             variant(f"{family}/{name}", fn, make, fire=(must,))
             # dtypes: float32, bfloat16 and float16 are fused, float64 is not (float16 on the first spelling of a
