@@ -14,6 +14,10 @@
 // (q * q_scale) . k * scale, as SDPA's math path scales q and k^T apart (q_scale = scale = sqrt of SDPA's scale: an
 // unscaled q . k may overflow where eager's scaled one does not), then capped when softcap != 0,
 // softcap * tanh(score / softcap), before the mask (Gemma2's attn_logit_softcapping, as transformers writes it).
+// round_scores (a written-out attention in bfloat16/float16, whose scores eager computes in that dtype): each step of
+// the score (q . k, the scale, the cap's three ops, the mask's add) and each probability are rounded to the dtype as
+// eager rounds them, so a row of scores near the dtype's range (an additive mask of finfo.min everywhere, a huge cap)
+// is eager's, not float32's (found by a helper).
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp): the dot products, the
 // softmax sum and the weighted sum add in another order than eager's bmm and softmax.
 #include "fused/rows.h"
@@ -35,6 +39,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace graphex::fused {
@@ -55,6 +60,7 @@ void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 at::Tensor attention_eager(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                            double q_scale, double scale, double softcap, bool zero_masked_rows) {
+  // (round_scores needs nothing here: these are eager's ops in q's dtype, rounded as eager rounds them)
   const at::Tensor q = q_scale == 1.0 ? q_in : at::mul(q_in, q_scale);
   const int64_t group = q.size(1) / k.size(1);
   at::Tensor kk = group == 1 ? k : k.repeat_interleave(group, 1);
@@ -75,7 +81,10 @@ at::Tensor attention_eager(const at::Tensor& q_in, const at::Tensor& k, const at
 template <typename E>
 at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                           const at::Tensor& mask_in, double q_scale, double scale, double softcap,
-                          bool zero_masked_rows) {
+                          bool zero_masked_rows, bool round_scores) {
+  // each score step rounded to E where eager computes it in E (round_scores), else kept in float32
+  const bool rounding = round_scores && !std::is_same_v<E, float>;
+  auto r = [rounding](float x) { return rounding ? static_cast<float>(static_cast<E>(x)) : x; };
   const bool additive = mask_in.scalar_type() != at::kBool;
   const int64_t B = q_in.size(0), H = q_in.size(1), T = q_in.size(2), D = q_in.size(3);
   const int64_t Hkv = k_in.size(1), S = k_in.size(2), group = H / Hkv;
@@ -134,15 +143,15 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
           p[s] = kNegInf;
           continue;
         }
-        const float dot = K.dot(qr, f.in(1, kb + s * ks2, D), D) * fscale;
-        const float score = fcap != 0.f ? std::tanh(dot / fcap) * fcap : dot;
+        const float dot = r(r(K.dot(qr, f.in(1, kb + s * ks2, D), D)) * fscale);
+        const float score = fcap != 0.f ? r(r(std::tanh(r(dot / fcap))) * fcap) : dot;
         if (!attend) {  // score + (-inf): NaN for a NaN or +inf score, else -inf
           nan_score |= std::isnan(score) || score == std::numeric_limits<float>::infinity();
           p[s] = kNegInf;
           continue;
         }
         ++attended;
-        p[s] = score + add;
+        p[s] = r(score + add);
         nan_score |= std::isnan(p[s]);
         mx = std::max(mx, p[s]);
       }
@@ -175,7 +184,7 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
         const float inv_sum = 1.f / sum;
         for (int64_t s = 0; s < S; ++s) {
           if (p[s] == 0.f) continue;  // masked, or too small to count
-          K.axpy(p[s] * inv_sum, f.in(1, vb + s * vs2, D), orow, D);
+          K.axpy(r(p[s] * inv_sum), f.in(1, vb + s * vs2, D), orow, D);
         }
       }();
       f.store(orow, out_row, D);
@@ -186,24 +195,25 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
 
 at::Tensor one_token_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& mask, double q_scale, double scale, double softcap,
-                                   bool zero_masked_rows) {
+                                   bool zero_masked_rows, bool round_scores) {
   check_attention(q, k, v, mask);
   const bool additive = mask.scalar_type() != at::kBool;
   if (!all_cpu_one_float_dtype(q, k, v) || (additive && !all_cpu_one_float_dtype(q, mask)))
     return attention_eager(q, k, v, mask, q_scale, scale, softcap, zero_masked_rows);
   return dispatch_float(q.scalar_type(), [&](auto t) {
-    return attention_rows<decltype(t)>(q, k, v, mask, q_scale, scale, softcap, zero_masked_rows);
+    return attention_rows<decltype(t)>(q, k, v, mask, q_scale, scale, softcap, zero_masked_rows, round_scores);
   });
 }
 
 at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                                 double scale, bool zero_masked_rows) {
-  return one_token_attention_cpu(q, k, v, mask, /*q_scale=*/1.0, scale, /*softcap=*/0.0, zero_masked_rows);
+  return one_token_attention_cpu(q, k, v, mask, /*q_scale=*/1.0, scale, /*softcap=*/0.0, zero_masked_rows,
+                                 /*round_scores=*/false);
 }
 
 at::Tensor one_token_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& mask, double /*q_scale*/, double /*scale*/, double /*softcap*/,
-                                    bool /*zero_masked_rows*/) {
+                                    bool /*zero_masked_rows*/, bool /*round_scores*/) {
   check_attention(q, k, v, mask);
   return at::empty(q.sizes(), q.options());
 }

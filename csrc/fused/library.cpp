@@ -11,7 +11,7 @@
 //   decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale,
 //                    bool zero_masked_rows=False) -> Tensor                  attention.cpp
 //   one_token_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float q_scale, float scale,
-//                    float softcap, bool zero_masked_rows) -> Tensor          attention.cpp
+//                    float softcap, bool zero_masked_rows, bool round_scores) -> Tensor   attention.cpp
 //   matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor            matvec.cpp
 //   pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs)
 //                                      -> Tensor[]                            pointwise.cpp
@@ -76,7 +76,7 @@ TORCH_LIBRARY(graphex_fused, m) {
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, bool zero_masked_rows=False) -> Tensor");
   m.def("one_token_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float q_scale, float scale, float softcap, "
-        "bool zero_masked_rows) -> Tensor");
+        "bool zero_masked_rows, bool round_scores) -> Tensor");
   m.def("matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   m.def("pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs) -> Tensor[]");
   m.def("pointwise_table() -> str", &pointwise_table);

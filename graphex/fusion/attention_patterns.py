@@ -162,11 +162,11 @@ def _softcapped_form(gqa: str, mask_kind: str, upcast: bool) -> Callable[..., An
 
 
 def softcapped_attention_fused(q, k, v, mask, scale, softcap):
-    return fused.one_token_attention(q, k, v, mask, 1.0, scale, softcap, False)  # a row masked everywhere: NaN
+    return _written(q, k, v, mask, scale, softcap)
 
 
 def unmasked_softcapped_attention_fused(q, k, v, scale, softcap):
-    return fused.one_token_attention(q, k, v, _all_attended(q, k), 1.0, scale, softcap, False)
+    return _written(q, k, v, _all_attended(q, k), scale, softcap)
 
 
 def _a_cap(match: Match) -> bool:  # softcap 0 (or inf, NaN) is not a cap: eager's 0 / 0 and inf / inf give NaN
@@ -208,19 +208,27 @@ def _sdpa_scales(match: Match) -> bool:
 
 
 def math_attention_fused(q, k, v, mask, sq, sk):  # q scaled first, as the math path scales it (Note in attention.cpp)
-    return fused.one_token_attention(q, k, v, mask, sq, sk, 0.0, True)
+    return fused.one_token_attention(q, k, v, mask, sq, sk, 0.0, True, False)
 
 
 def unmasked_math_attention_fused(q, k, v, sq, sk):
-    return fused.one_token_attention(q, k, v, _all_attended(q, k), sq, sk, 0.0, True)
+    return fused.one_token_attention(q, k, v, _all_attended(q, k), sq, sk, 0.0, True, False)
+
+
+def _written(q, k, v, mask, scale, softcap=0.0):
+    """A written-out form's kernel call: a row masked everywhere is NaN, as softmax gives; in bfloat16/float16 the
+    scores and probabilities are rounded as eager computes them, in that dtype (round_scores, attention.cpp)."""
+    if q.dtype == torch.float32 and softcap == 0.0:
+        return fused.decode_attention(q, k, v, mask, scale)  # nothing to round: the op float32 programs always had
+    return fused.one_token_attention(q, k, v, mask, 1.0, scale, softcap, False, q.dtype != torch.float32)
 
 
 def decode_attention_fused(q, k, v, mask, inv_scale):
-    return fused.decode_attention(q, k, v, mask, 1.0 / inv_scale)  # a row masked everywhere: NaN, as softmax gives
+    return _written(q, k, v, mask, 1.0 / inv_scale)
 
 
 def written_attention_fused(q, k, v, mask, scale):
-    return fused.decode_attention(q, k, v, mask, scale)
+    return _written(q, k, v, mask, scale)
 
 
 def _all_attended(q, k):  # no mask: every cached position is attended (as SDPA without attn_mask does)
@@ -228,11 +236,11 @@ def _all_attended(q, k):  # no mask: every cached position is attended (as SDPA 
 
 
 def unmasked_attention_fused_div(q, k, v, inv_scale):
-    return fused.decode_attention(q, k, v, _all_attended(q, k), 1.0 / inv_scale)
+    return _written(q, k, v, _all_attended(q, k), 1.0 / inv_scale)
 
 
 def unmasked_attention_fused(q, k, v, scale):
-    return fused.decode_attention(q, k, v, _all_attended(q, k), scale)
+    return _written(q, k, v, _all_attended(q, k), scale)
 
 
 def _one_token(mask_kind: str) -> Callable[[Match], bool]:
