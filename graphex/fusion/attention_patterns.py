@@ -46,9 +46,7 @@ def _no_repeat(x, n_rep):
     return x
 
 
-# "broadcast": one key/value head that the matmuls (or SDPA's math path, which torch takes for it) broadcast to every
-# query head: Falcon's multi-query attention. The kernel reads head h // n of k for query head h, n = heads of q.
-_GQA = {"repeat_kv": _repeat_kv, "repeat_interleave": _repeat_interleave, "broadcast": _no_repeat, "none": _no_repeat}
+_GQA = {"repeat_kv": _repeat_kv, "repeat_interleave": _repeat_interleave, "none": _no_repeat}
 
 
 _MASKS = ("bool", "additive", "none")  # the mask kinds; a bool mask attends where true, an additive one is added
@@ -276,7 +274,8 @@ def _one_token_with(match: Match, mask_kind: str) -> bool:
 
 
 def _attention_examples() -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, list[torch.Tensor]]]:
-    """q, the keys per GQA form (2 heads repeated, 1 head broadcast, 4 heads as q has), the masks per kind."""
+    """q, the keys per GQA form (2 heads repeated, 4 heads as q has; "broadcast": one key/value head that matmul or
+    SDPA's math path broadcasts to every query head, Falcon's multi-query attention), the masks per kind."""
     t = torch.randn
     masks = {"bool": [torch.ones(1, 1, 1, 6, dtype=torch.bool)], "additive": [torch.zeros(1, 1, 1, 6)], "none": []}
     kv = t(1, 2, 6, 8)
@@ -292,7 +291,7 @@ def _register_written_attention(dtype: torch.dtype | None) -> None:
     def cast(ts: list[torch.Tensor]) -> list[torch.Tensor]:
         return [x.to(dtype) if dtype is not None and x.is_floating_point() else x for x in ts]
 
-    for gqa in ("repeat_kv", "repeat_interleave", "none"):  # "none" also matches "broadcast": matmul expands both sides
+    for gqa in _GQA:  # "none" also matches a broadcast key/value head: matmul expands both sides
         k = keys[gqa]
         for kind in _MASKS:
             written_ok = all_of(float_cpu("q", "k", "v"), _one_token(kind))
