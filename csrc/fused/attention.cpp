@@ -37,6 +37,9 @@
 #include <ATen/ops/tanh.h>
 #include <torch/library.h>
 
+#include <cstring>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -74,6 +77,26 @@ at::Tensor attention_eager(const at::Tensor& q_in, const at::Tensor& k, const at
   const at::Tensor none_attended = additive ? at::all(at::eq(mask, -INFINITY), -1, /*keepdim=*/true)
                                             : at::bitwise_not(at::any(mask, -1, /*keepdim=*/true));  // [.., T, 1]
   return at::masked_fill(out, none_attended, 0);
+}
+
+// The largest exponent of a row, as float32's biased exponent (255: the row holds a NaN or an infinity): read from
+// the bits, without converting the row. Bounds a masked position's score (Note [A row's edge cases are eager's]).
+template <typename E>
+int max_exponent(const E* x, int64_t n) {
+  int m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<E, float>) {
+      uint32_t u;
+      std::memcpy(&u, x + i, sizeof(u));
+      m = std::max(m, static_cast<int>((u >> 23) & 0xFF));
+    } else if constexpr (std::is_same_v<E, c10::BFloat16>) {
+      m = std::max(m, static_cast<int>((x[i].x >> 7) & 0xFF));
+    } else {  // c10::Half: 5 exponent bits, bias 15
+      const int e = (x[i].x >> 10) & 0x1F;
+      m = std::max(m, e == 0x1F ? 255 : e == 0 ? 0 : e - 15 + 127);
+    }
+  }
+  return m;
 }
 
 // q, k, v (and an additive mask) of one dtype E: float32 rows, or bfloat16/float16 rows read as float32
@@ -131,6 +154,15 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
       // which makes the row NaN in eager, masked everywhere or not (found by a helper). A written-out
       // masked_fill replaces the masked scores, so there they are not read.
       const bool masked_scores_count = additive || zero_masked_rows;
+      // A masked position's score needs computing only if it may be NaN or +inf: a NaN or an infinity in q or in
+      // that key, or a product that may overflow (float32's range, or the dtype's where the score is rounded to
+      // it). |score| < D * 2^(eq + ek + 2) * |scale| with eq, ek the unbiased largest exponents; below the limit
+      // the score is finite and the position is skipped without converting its key (bfloat16/float16; measured, one
+      // thread, 4 heads x 256 positions, 101 attended: 60.2 -> 42.0 us; a float32 key is cheaper to dot than to scan).
+      const int q_exp = masked_scores_count && !std::is_same_v<E, float> ? max_exponent(qr, D) : 0;
+      const int limit = rounding && std::is_same_v<E, c10::Half> ? 15 : 127;
+      const double log_room = std::log2(static_cast<double>(std::max<int64_t>(D, 1))) + 2.0 +
+                              (fscale != 0.f ? std::log2(std::fabs(static_cast<double>(fscale))) : -1000.0);
       float mx = kNegInf;
       int64_t attended = 0;
       bool nan_score = false;
@@ -142,6 +174,15 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
         if (!attend && !masked_scores_count) {
           p[s] = kNegInf;
           continue;
+        }
+        if constexpr (!std::is_same_v<E, float>) {  // float32: the vectorized dot costs no more than the scan
+          if (!attend) {
+            const int k_exp = max_exponent(kb + s * ks2, D);
+            if (q_exp < 255 && k_exp < 255 && (q_exp - 127) + (k_exp - 127) + log_room < limit - 1) {
+              p[s] = kNegInf;  // a finite score plus -inf
+              continue;
+            }
+          }
         }
         const float dot = r(r(K.dot(qr, f.in(1, kb + s * ks2, D), D)) * fscale);
         const float score = fcap != 0.f ? r(r(std::tanh(r(dot / fcap))) * fcap) : dot;

@@ -677,6 +677,12 @@ ATT_MUTATIONS = {
                                    lambda: tuple(a.half() for a in GQA_ADDITIVE_IN())),
     "softcapped_bfloat16_cap_1e30": (lambda q, k, v, mask: attn_softcapped(q, k, v, mask, cap=1e30),
                                      lambda: tuple(a.bfloat16() for a in GQA_ADDITIVE_IN())),
+    # finite keys whose score overflows at a masked position: inf + -inf is NaN in eager (the kernel's bound on a
+    # masked position's score must not skip it)
+    "sdpa_large_finite_key_at_a_masked_position": (sdpa, lambda: (lambda a: (a[0].abs() * 1e20, *a[1:]))(
+        _masked_key_is(ATT_IN, 3e19)())),
+    "written_additive_float16_score_overflowing_at_a_masked_position": (attn_additive, lambda: tuple(
+        x.half() for x in (lambda a: (a[0].abs() * 200, *a[1:]))(_masked_key_is(ATT_ADDITIVE_IN, 3000.0)()))),
     # another meaning
     "softcapped_cap_0": (lambda q, k, v, mask: attn_softcapped(q, k, v, mask, cap=0.0), GQA_ADDITIVE_IN),
     "softcapped_cap_inf": (lambda q, k, v, mask: attn_softcapped(q, k, v, mask, cap=float("inf")), GQA_ADDITIVE_IN),
