@@ -6,6 +6,11 @@ Prints medians over N rounds of 2000 calls each: the engine's executor called on
 generated guard + binding function alone (Note [One function checks the guards and binds the inputs]), the
 cache_compile call, and the cache_compile call with the engine replaced by a stub that returns the same
 outputs at once (what cache_compile adds per call, measured directly); one thread.
+
+Those rows are warm: nothing evicts the caches between calls. A real step streams its weights through them first
+(Note [Per-call costs are measured after a real engine run], bench/per_call.py), so the last row is measured as a
+call runs: each cache_compile call is paired with a bare engine call right after it, each preceded by an engine
+run, and the median of (cache_compile call - engine call) is what cache_compile adds after a real step.
 """
 import argparse
 import statistics
@@ -25,11 +30,32 @@ def per_call_us(fn, calls=2000):
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.cache_call_cost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=7)
-    args = p.parse_args()
+    p.add_argument("--calls", type=int, default=2000, help="calls per round and row (pairs: a quarter of it)")
+    args = p.parse_args(argv)
+    medians, guard_count, inputs = measure(args.rounds, args.calls)
+    print(f"shipped decoder, {guard_count} guard records, {inputs} inputs, 1 thread, "
+          f"median of {args.rounds} rounds x {args.calls} calls")
+    for name, us in medians.items():
+        print(f"  {name:52s} {us:8.1f} us")
+    print(f"  {'cache_compile over engine (warm)':52s} {medians['cache_compile call'] - medians['engine (executor.try_run)']:8.1f} us"
+          "  (difference of two medians; the stubbed row is the direct measure)")
+
+
+def measure(rounds: int, calls: int) -> tuple[dict[str, float], int, int]:
+    """The rows' medians in us, the entry's guard record count and its program's input count (one thread)."""
+    saved = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        return _measure(rounds, calls)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _measure(rounds: int, calls: int) -> tuple[dict[str, float], int, int]:
     model = build_decoder()
     cached = graphex.inference.cache_compile(model.forward, cache_dir=tempfile.mkdtemp(prefix="graphex-cost-"))
     k, v = model.new_cache()
@@ -39,36 +65,55 @@ def main() -> None:
         cached(*flat)
         cached(*flat)
         (loaded,) = [e for entries in cached._by_call.values() for e in entries]
-        inputs = loaded.bind(flat, cached._func)
+        held = loaded.bind(flat, cached._func)  # the tensors the guards' function reads (parameters, buffers)
+        inputs = loaded.program.bind(flat, held)  # the program's inputs, as cache_compile hands them to the engine
+        if held is None or inputs is None or loaded.executor.try_run(inputs) is None:
+            raise RuntimeError("the cache entry does not fit its own call: the rows below would time a refusal")
         rows = {"engine (executor.try_run)": lambda: loaded.executor.try_run(inputs),
-                "guards + bindings": lambda: loaded.bind(flat, cached._func),
+                "guards + bindings": lambda: loaded.program.bind(flat, loaded.bind(flat, cached._func)),
                 "cache_compile call": lambda: cached(*flat)}
-        outs = loaded.executor.try_run(inputs)
+        leaves = loaded.program.try_run(flat, held)
         results = {name: [] for name in rows}
         results["cache_compile, engine stubbed"] = []
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             for name, fn in rows.items():
-                results[name].append(per_call_us(fn))
-            real, loaded.executor = loaded.executor, _Stub(outs)  # what cache_compile adds, without the engine
-            results["cache_compile, engine stubbed"].append(per_call_us(lambda: cached(*flat)))
-            loaded.executor = real
+                results[name].append(per_call_us(fn, calls))
+            real, loaded.program = loaded.program, _StubProgram(leaves)  # what cache_compile adds, without the engine
+            try:
+                results["cache_compile, engine stubbed"].append(per_call_us(lambda: cached(*flat), calls))
+            finally:
+                loaded.program = real
+        results["cache_compile over the engine, after an engine run"] = [
+            statistics.median(_paired_after_engine(lambda: cached(*flat), lambda: loaded.executor.try_run(inputs),
+                                                   max(calls // 4, 5)))
+            for _ in range(rounds)]
     medians = {name: statistics.median(r) for name, r in results.items()}
-    print(f"shipped decoder, {loaded.guard_set.count} guard records, {len(inputs)} inputs, 1 thread, "
-          f"median of {args.rounds} rounds x 2000 calls")
-    for name, us in medians.items():
-        print(f"  {name:28s} {us:8.1f} us")
-    print(f"  {'cache_compile over engine':28s} {medians['cache_compile call'] - medians['engine (executor.try_run)']:8.1f} us"
-          "  (difference of two medians; the stubbed row is the direct measure)")
+    return medians, loaded.guard_set.count, len(inputs)
 
 
-class _Stub:
-    """An executor that returns the same outputs at once: what remains of a call is cache_compile's own."""
+def _paired_after_engine(call, engine, pairs=500):
+    """Per pair, (call - engine) in us, each timed right after an engine run: the call's cost over the engine with the
+    caches as a real step leaves them."""
+    out = []
+    for _ in range(pairs):
+        engine()
+        t0 = time.perf_counter_ns()
+        call()
+        t1 = time.perf_counter_ns()
+        engine()
+        t2 = time.perf_counter_ns()
+        out.append(((t1 - t0) - (t2 - t1)) / 1e3)
+    return out
 
-    def __init__(self, outs):
-        self.outs = outs
 
-    def try_run(self, inputs):
-        return list(self.outs)
+class _StubProgram:
+    """A bound program whose run returns the same results at once: what remains of a call is cache_compile's own."""
+
+    def __init__(self, leaves):
+        self.leaves = leaves
+
+    def try_run(self, flat, held):
+        return list(self.leaves)
 
 
 if __name__ == "__main__":

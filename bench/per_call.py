@@ -2,23 +2,35 @@
 
     python -m bench.per_call [--only NAME[,NAME]] [--threads N] [--rounds N] [--json PATH]
 
-Each layer is timed alone on the same arguments, innermost first, in interleaved rounds (bench/measure.py).
-The layers around the engine are timed with the engine stubbed (the graph's runner returns the outputs of
-one real run), so that each difference is between small numbers and the VM's drift in a step of
-milliseconds does not swamp it (the way bench/cache_call_cost.py times cache_compile):
+Note [Per-call costs are measured after a real engine run]
+A call's cost outside the engine depends on what the engine left in the CPU's caches. A step of milliseconds
+streams its weights through them, so Dynamo's guards, its frame evaluation and the wrappers then run on cold
+memory: on the shipped decoder Dynamo's guard check takes 11 us hot and about 85 us right after the engine ran.
+Timing the layers around a stubbed engine (the first method below, and this bench's only one before
+2026-12-03) measures them warm and understated the real cost 4-6 times. So each layer is measured twice:
+
+  after a real run   the headline: the layer called with the real engine, which is timed inside the call
+                     (graph.runner wrapped by this bench); per call, the layer's time minus the engine's time
+                     inside it; the median of those differences. The guard check alone is timed right after
+                     an engine run.
+  warm               each layer timed alone around a stubbed engine (the graph's runner returns the outputs of
+                     one real run), so nothing evicts the caches between calls: what the layers cost when
+                     nothing else runs, the floor of the figures above.
+
+The layers, innermost first:
 
   engine   CompiledGraph.executor(args)   the bare C++ engine on the flat arguments AOTAutograd passes it
-  stub     the stubbed engine             returns the outputs of one real run (a list copy)
   runner   CompiledGraph(args)            graphex's Python runner around it (phase, options, watchers)
   aot      the backend's callable         what graphex's backend handed Dynamo: AOTAutograd's runtime wrapper
   call     compiled(*inputs)              the user's call: Dynamo's frame evaluation and guards, then `aot`
   guards   Dynamo's guard check alone     the frame's GuardManager (`check` on the frame's locals), with the
                                           number of leaf guards and their kinds
 
-so graphex Python = runner - stub, AOTAutograd wrapper = aot - runner, Dynamo = call - aot (of which
-`guards` is the guard evaluation), outside the engine = call - stub. The guard manager and the frame's locals come from Dynamo's own testing
-hook (torch._dynamo.guards.guard_manager_testing_hook_fn, set for the compile only): bench code, never the
-library's. The call's outputs are compared with eager's (bitwise), so a layer that would skip work is caught.
+so graphex Python = runner, AOTAutograd wrapper = aot - runner, Dynamo = call - aot (of which `guards` is
+the guard evaluation), outside the engine = call (each counted outside the engine). The guard manager and the
+frame's locals come from Dynamo's own testing hook (torch._dynamo.guards.guard_manager_testing_hook_fn, set for
+the compile only): bench code, never the library's. The call's outputs are compared with eager's (bitwise), so a
+layer that would skip work is caught.
 
 With each of torch's guard filters (GUARD_FILTERS: `torch.compile(..., options={"guard_filter_fn": f})`) the
 workload is compiled again and its call timed the same way: what dropping those guards would buy, and what
@@ -32,7 +44,8 @@ import collections
 import contextlib
 import json
 import sys
-from typing import Any, Iterator
+import time
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.utils._pytree as pytree
@@ -40,7 +53,8 @@ import torch.utils._pytree as pytree
 from . import cases as cases_mod
 from . import measure
 
-LAYERS = ("engine", "stub", "runner", "aot", "call", "guards")
+LAYERS = ("engine", "stub", "runner", "aot", "call", "guards")  # warm: around the stubbed engine
+REAL_LAYERS = ("runner", "aot", "call", "guards")  # after a real engine run (Note [Per-call costs are measured after a real engine run])
 # torch.compiler's guard filters (2.11-2.15), weakest first; each trades re-checks for speed (docs/exact-mode.md, Guard filters).
 GUARD_FILTERS = ("skip_guard_on_all_nn_modules_unsafe", "keep_tensor_guards_unsafe", "skip_all_guards_unsafe")
 
@@ -106,9 +120,6 @@ def measure_case(case: cases_mod.Case, rounds: int, round_s: float, options: dic
     aot_fn, aot_inputs = handed["fn"], handed["inputs"]
     kinds = _leaf_guards(manager.root)
 
-    def timed(fn: Any) -> measure.Runner:
-        return measure.call_runner(fn, ())
-
     root = manager.root
     real_runner = graph.runner
     with torch.no_grad():
@@ -120,35 +131,83 @@ def measure_case(case: cases_mod.Case, rounds: int, round_s: float, options: dic
 
     # Every layer under no_grad, as the capture was: the engine writing a KV cache with grad on would make it
     # require grad, and Dynamo would recompile the next call for that.
-    runners = {
-        "engine": timed(lambda: graph.executor(list(engine_args))),
-        "stub": timed(lambda: stub(list(engine_args))),
-        "runner": timed(lambda: graph(list(engine_args))),
-        "aot": timed(lambda: aot_fn(list(aot_inputs)) if getattr(aot_fn, "_boxed_call", False)
-                     else aot_fn(*aot_inputs)),
-        "call": timed(lambda: compiled(*args)),
-        "guards": timed(lambda: root.check(scope)),
+    layers: dict[str, Callable[[], Any]] = {
+        "engine": lambda: graph.executor(list(engine_args)),
+        "stub": lambda: stub(list(engine_args)),
+        "runner": lambda: graph(list(engine_args)),
+        "aot": lambda: aot_fn(list(aot_inputs)) if getattr(aot_fn, "_boxed_call", False) else aot_fn(*aot_inputs),
+        "call": lambda: compiled(*args),
+        "guards": lambda: root.check(scope),
     }
+    runners = {name: measure.call_runner(layer, ()) for name, layer in layers.items()}
+    # After a real engine run (Note [Per-call costs are measured after a real engine run]): the real runner, timed
+    # inside each call; a sample is the layer's time minus the engine's time inside it, in the same call.
+    inside: list[float] = []
+
+    def timed_engine(a: list[Any]) -> list[Any]:
+        t0 = time.perf_counter_ns()
+        try:
+            return real_runner(a)
+        finally:
+            inside.append((time.perf_counter_ns() - t0) / 1e3)
+
+    def outside_of(layer: Callable[[], Any]) -> measure.Runner:
+        def run(seconds: float) -> list[float]:
+            samples: list[float] = []
+            deadline = time.perf_counter_ns() + int(seconds * 1e9)
+            while len(samples) < 5 or time.perf_counter_ns() < deadline:
+                inside.clear()
+                t0 = time.perf_counter_ns()
+                layer()
+                total = (time.perf_counter_ns() - t0) / 1e3
+                if len(inside) != 1:
+                    raise RuntimeError(f"{case.name}: the engine ran {len(inside)} times in one call")
+                samples.append(total - inside[0])
+            return samples
+
+        return run
+
+    def guards_after_engine(seconds: float) -> list[float]:
+        samples: list[float] = []
+        deadline = time.perf_counter_ns() + int(seconds * 1e9)
+        while len(samples) < 5 or time.perf_counter_ns() < deadline:
+            graph.executor(list(engine_args))
+            t0 = time.perf_counter_ns()
+            root.check(scope)
+            samples.append((time.perf_counter_ns() - t0) / 1e3)
+        return samples
+
+    real_runners = {**{name: outside_of(layers[name]) for name in ("runner", "aot", "call")},
+                    "guards": guards_after_engine}
     with torch.no_grad():
         engine_samples = measure.interleaved({"engine": runners.pop("engine")}, rounds, round_s / 2)
-        graph.runner = stub  # every layer below runs around the stubbed engine
+        graph.runner = stub  # every warm layer runs around the stubbed engine
         try:
             for run in runners.values():  # warm up each layer
                 run(0.02)
             samples = measure.interleaved(runners, rounds, round_s)
+            graph.runner = timed_engine
+            real_samples = measure.interleaved(real_runners, rounds, round_s)
         finally:
             graph.runner = real_runner
     if len(measure.graphex_graphs()) != compiles:  # a layer's call recompiled: its figure is not this graph's
         raise RuntimeError(f"{case.name}: Dynamo compiled again while the layers were timed")
     med = {name: measure.summarize(s)["median_us"] for name, s in {**engine_samples, **samples}.items()}
+    real = {name: measure.summarize(s)["median_us"] for name, s in real_samples.items()}
     return {
         "case": case.name, "guard_filter": guard_filter, "threads": torch.get_num_threads(),
         "bitwise_equal_eager": _equal(got, expected),
-        "median_us": med,
+        "median_us": med,  # warm, around the stubbed engine
         "graphex_python_us": med["runner"] - med["stub"],
         "aot_wrapper_us": med["aot"] - med["runner"],
         "dynamo_us": med["call"] - med["aot"],
         "outside_engine_us": med["call"] - med["stub"],
+        # after a real engine run: each layer's time outside the engine, and the guard check alone
+        "real_us": real,
+        "real_graphex_python_us": real["runner"],
+        "real_aot_wrapper_us": real["aot"] - real["runner"],
+        "real_dynamo_us": real["call"] - real["aot"],
+        "real_outside_engine_us": real["call"],
         "guards": {"count": sum(kinds.values()), "kinds": dict(kinds.most_common())},
     }
 
@@ -182,36 +241,40 @@ def markdown_lines(section: dict[str, Any] | None) -> list[str]:
     """The bench report's section (bench/report.py)."""
     if not section:
         return []
-    lines = ["", f"Per call, outside the engine (medians in us, {section['threads']} thread; bench/per_call.py: "
-             "each layer timed alone, innermost first; a difference is what that layer adds):", "",
+    lines = ["", f"Per call, outside the engine (medians in us, {section['threads']} thread; bench/per_call.py): each "
+             "layer timed after a real engine run, as a call runs (a difference is what that layer adds), and the "
+             "whole outside warm, around a stubbed engine (Note [Per-call costs are measured after a real engine "
+             "run]):", "",
              markdown([r for r in section["rows"] if not r.get("guard_filter")])]
     filtered = [r for r in section["rows"] if r.get("guard_filter")]
     if filtered:
         base = {r["case"]: r for r in section["rows"] if not r.get("guard_filter")}
         lines += ["", "With torch's guard filters (`options={\"guard_filter_fn\": torch.compiler.<filter>}`; what each "
-                  "gives up: docs/exact-mode.md, Guard filters):", "",
-                  "| workload | guard filter | guards | Dynamo guard check | outside engine | vs no filter | == eager |",
-                  "|---|---|---:|---:|---:|---:|---|"]
+                  "gives up: docs/exact-mode.md, Guard filters), after a real engine run:", "",
+                  "| workload | guard filter | guards | Dynamo guard check | outside engine | vs no filter "
+                  "| outside engine, warm | == eager |",
+                  "|---|---|---:|---:|---:|---:|---:|---|"]
         for r in filtered:
             b = base.get(r["case"])
-            delta = f"{r['outside_engine_us'] - b['outside_engine_us']:+.1f}" if b else "-"
+            delta = f"{r['real_outside_engine_us'] - b['real_outside_engine_us']:+.1f}" if b else "-"
             lines.append(f"| {r['case']} | {r['guard_filter']} | {r['guards']['count']} | "
-                         f"{r['median_us']['guards']:.1f} | {r['outside_engine_us']:.1f} | {delta} | "
-                         f"{'bitwise' if r['bitwise_equal_eager'] else 'NO'} |")
+                         f"{r['real_us']['guards']:.1f} | {r['real_outside_engine_us']:.1f} | {delta} | "
+                         f"{r['outside_engine_us']:.1f} | {'bitwise' if r['bitwise_equal_eager'] else 'NO'} |")
     lines += [f"- {name}: not measured ({why})" for name, why in section.get("skipped", {}).items()]
     return lines
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| workload | threads | engine | outside engine | Dynamo (guards) | AOTAutograd wrapper "
-             "| graphex Python | guards: count, top kinds | == eager |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| graphex Python | outside engine, warm | guards: count, top kinds | == eager |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
-        m = r["median_us"]
+        m, real = r["median_us"], r["real_us"]
         top = ", ".join(f"{k.removesuffix('_GUARD').lower()} {n}" for k, n in list(r["guards"]["kinds"].items())[:3])
         lines.append(f"| {r['case']} | {r['threads']} | {m['engine']:.1f} | "
-                     f"{r['outside_engine_us']:.1f} | {r['dynamo_us']:.1f} ({m['guards']:.1f}) | "
-                     f"{r['aot_wrapper_us']:.1f} | {r['graphex_python_us']:.1f} | {r['guards']['count']}: {top} | "
+                     f"{r['real_outside_engine_us']:.1f} | {r['real_dynamo_us']:.1f} ({real['guards']:.1f}) | "
+                     f"{r['real_aot_wrapper_us']:.1f} | {r['real_graphex_python_us']:.1f} | "
+                     f"{r['outside_engine_us']:.1f} | {r['guards']['count']}: {top} | "
                      f"{'bitwise' if r['bitwise_equal_eager'] else 'NO'} |")
     return "\n".join(lines)
 

@@ -113,7 +113,8 @@ def test_cpp_runner_step_and_load_to_first_output_next_to_the_python_engine(tmp_
 
 def test_per_call_layers_outside_the_engine(tmp_path):
     """make bench's per-call section (bench/per_call.py): each layer of one torch.compile call timed alone on the
-    same arguments, the guard count and kinds from Dynamo's own guard manager, the output bitwise equal to eager."""
+    same arguments, warm and after a real engine run, the guard count and kinds from Dynamo's own guard manager, the
+    output bitwise equal to eager."""
     from bench import per_call
 
     module_case = Case(name="tiny_module", description="a Linear and a ReLU",
@@ -132,6 +133,13 @@ def test_per_call_layers_outside_the_engine(tmp_path):
         assert r["bitwise_equal_eager"] is True and r["threads"] == 1
         assert r["outside_engine_us"] == med["call"] - med["stub"]
         assert abs(r["dynamo_us"] + r["aot_wrapper_us"] + r["graphex_python_us"] - r["outside_engine_us"]) < 1e-6
+        # after a real engine run (Note [Per-call costs are measured after a real engine run]): the engine's own time
+        # is taken out of each call, so what is left is positive and the layers add up to the whole
+        real = r["real_us"]
+        assert set(real) == set(per_call.REAL_LAYERS) and all(v > 0 for v in real.values()), r
+        assert r["real_outside_engine_us"] == real["call"]
+        assert abs(r["real_dynamo_us"] + r["real_aot_wrapper_us"] + r["real_graphex_python_us"]
+                   - r["real_outside_engine_us"]) < 1e-6
         assert r["guards"]["count"] == sum(r["guards"]["kinds"].values())
         assert r["guards"]["count"] > 0 or r["guard_filter"] == "skip_all_guards_unsafe"
     by = {(r["case"], r["guard_filter"]): r for r in section["rows"]}
@@ -140,6 +148,20 @@ def test_per_call_layers_outside_the_engine(tmp_path):
     text = report.markdown(results)
     assert "Per call, outside the engine" in text and "| tiny_module | 1 |" in text
     assert "| tiny_module | keep_tensor_guards_unsafe |" in text
+
+
+def test_cache_call_cost_times_the_engine_and_a_stubbed_call():
+    """bench/cache_call_cost.py: the engine row runs the real program (a refusal would take microseconds), the
+    stubbed row leaves the engine out, and the after-an-engine-run row is there. It once timed a refusal and a real
+    run as its two rows, unnoticed, after cache_compile's call moved to the bound program."""
+    from bench import cache_call_cost
+
+    medians, guards, inputs = cache_call_cost.measure(rounds=1, calls=20)
+    assert guards > 0 and inputs == 46
+    engine, stubbed = medians["engine (executor.try_run)"], medians["cache_compile, engine stubbed"]
+    assert engine > 20 * stubbed, medians  # the shipped decoder's step is about a millisecond, the stubbed call us
+    assert medians["cache_compile call"] > engine
+    assert "cache_compile over the engine, after an engine run" in medians
 
 
 def test_device_graph_cost_section_splits_the_runner_around_a_replay(tmp_path):
