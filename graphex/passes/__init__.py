@@ -18,7 +18,8 @@
                                      graphex_fused::pointwise, graphex/fusion/chains.py; after CSE, so a
                                      repeated op is computed once inside its chain)
   4. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
-  5. operator packets resolved, torch.sym_sum as adds, dead code elimination
+  5. operator packets resolved, torch.sym_sum as adds, read-only copies of constants dropped
+     (fresh_constants.py), dead code elimination
   6. options.post_grad_custom_post_pass (the user's)
 
 Steps 1-6 are PIPELINE, each with the options that switch it: run_passes runs that table, and
@@ -41,6 +42,7 @@ from ..lowering.streams import annotated_stream, set_stream
 from ..options import Options
 from .noop import remove_noop_ops_keeping_snapshots
 from .cse import eliminate_common_subexpressions
+from .fresh_constants import read_constants_in_place
 from .grouped_heads import read_grouped_heads_directly
 from .keep_whole import restore_kept_kernels
 from .overloads import resolve_packets
@@ -136,6 +138,7 @@ def _reinplace(r: _Run) -> None:
 def _resolve_and_clean(r: _Run) -> None:
     resolve_packets(r.gm.graph)
     expand_sym_sums(r.gm.graph)  # Note [sym_sum is a chain of adds]
+    read_constants_in_place(r.gm)  # Note [A constant only read is not copied]: after reinplacing, which may write one
     r.gm.graph.eliminate_dead_code()
 
 
@@ -161,7 +164,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("common subexpression elimination", ("cse",), _cse),
     Pass("element-wise chains, max pooling", ("pointwise_fusion",), _fused_rules, gated=False),
     Pass("reinplacing", ("inplace_pass", "input_inplace_pass"), _reinplace, gated=False),
-    Pass("packets, sym_sum, dead code", (), _resolve_and_clean, gated=False, inherits_source=False),
+    Pass("packets, sym_sum, read-only constants, dead code", (), _resolve_and_clean, gated=False, inherits_source=False),
     Pass("the user's post pass", ("post_grad_custom_post_pass",), _user_post_pass, inherits_source=False),
 )
 
