@@ -69,8 +69,10 @@ std::string pointwise_table() {
 }  // namespace
 
 TORCH_LIBRARY(graphex_fused, m) {
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
-  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  // weight_offset: the norm multiplies by (weight_offset + weight), Gemma's (1 + w); 0 (the default, and every
+  // program exported before it) multiplies by the weight itself.
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, float weight_offset=0.0) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, float weight_offset=0.0) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");

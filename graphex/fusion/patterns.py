@@ -8,7 +8,8 @@ order: a pattern that contains another comes first (Note in manager.py).
 
     add_rms_norm   (x + residual, rms_norm(x + residual) * w)           2 forms (x*r*w, w*(x*r))
     rms_norm       x * rsqrt(mean(x^2, -1) + eps) * w                   2 forms, and Llama's float32 upcast in
-                                                                        bfloat16 / float16 models
+                                                                        bfloat16 / float16 models; Gemma's
+                                                                        factor (1 + w), with or without the add
     gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x
     silu_mul       silu(gate) * up, or up * silu(gate) (Phi3's fused gate_up projection, chunked)
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms
@@ -50,8 +51,16 @@ def rms_norm_upcast(x, weight, eps):  # transformers' LlamaRMSNorm on bfloat16/f
     return weight * h.to(x.dtype)
 
 
+def rms_norm_gemma(x, weight, eps):  # transformers' Gemma/Gemma2 RMSNorm on float32: the factor is (1 + w)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight)
+
+
 def rms_norm_fused(x, weight, eps):
     return fused.rms_norm(x, weight, eps)
+
+
+def rms_norm_gemma_fused(x, weight, eps):
+    return fused.rms_norm(x, weight, eps, 1.0)
 
 
 def add_rms_norm(x, residual, weight, eps):
@@ -69,8 +78,18 @@ def add_rms_norm_upcast(x, residual, weight, eps):
     return rms_norm_upcast(h, weight, eps), h
 
 
+def add_rms_norm_gemma(x, residual, weight, eps):
+    h = x + residual
+    return rms_norm_gemma(h, weight, eps), h
+
+
 def add_rms_norm_fused(x, residual, weight, eps):
     h, y = fused.add_rms_norm(x, residual, weight, eps)
+    return y, h
+
+
+def add_rms_norm_gemma_fused(x, residual, weight, eps):
+    h, y = fused.add_rms_norm(x, residual, weight, eps, 1.0)
     return y, h
 
 
@@ -198,11 +217,15 @@ def register_common() -> None:
     t = torch.randn
     x3, r3, w = t(2, 3, 16), t(2, 3, 16), t(16)
     norm_ok, add_ok = _norm_checks()
-    for search in (add_rms_norm, add_rms_norm_llama):
-        register_named("add_rms_norm", search, add_rms_norm_fused, [x3, r3, w], extra_check=add_ok,
+    # Gemma's (1 + w) forms first: each contains a plain form whose weight would be the `1 + w` node, computed
+    # by eager's add on every call
+    for search, replacement in ((add_rms_norm_gemma, add_rms_norm_gemma_fused), (add_rms_norm, add_rms_norm_fused),
+                                (add_rms_norm_llama, add_rms_norm_fused)):
+        register_named("add_rms_norm", search, replacement, [x3, r3, w], extra_check=add_ok,
                        scalar_workaround=_EPS, builtin=True)
-    for search in (rms_norm, rms_norm_llama):
-        register_named("rms_norm", search, rms_norm_fused, [x3, w], extra_check=norm_ok, scalar_workaround=_EPS,
+    for search, replacement in ((rms_norm_gemma, rms_norm_gemma_fused), (rms_norm, rms_norm_fused),
+                                (rms_norm_llama, rms_norm_fused)):
+        register_named("rms_norm", search, replacement, [x3, w], extra_check=norm_ok, scalar_workaround=_EPS,
                        builtin=True)
 
     wg, wu, wd = t(32, 16), t(32, 16), t(16, 32)

@@ -76,6 +76,36 @@ def test_rms_norm_strided_and_broadcast_inputs():
     close(y, rms_norm_eager(x + r, w, 1e-6))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_rms_norm_weight_offset_multiplies_by_offset_plus_weight(dtype):
+    """Gemma's factor (1 + w), each element in float32 as `1.0 + w.float()` computes it; 0 is the weight itself
+    (-0.0 weights keep their sign: the offset is not added at all)."""
+    g = torch.Generator().manual_seed(5)
+    x, w = (torch.randn(2, 3, 64, generator=g) * 3).to(dtype), (torch.randn(64, generator=g) * 0.1).to(dtype)
+
+    def gemma(x, w, eps, c):
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * (c + w.float())).to(x.dtype)
+
+    tol = fused_op_tol(dtype)
+    for c in (1.0, -0.5):
+        torch.testing.assert_close(fused.rms_norm(x, w, 1e-6, c), gemma(x, w, 1e-6, c), rtol=tol, atol=tol)
+        s, y = fused.add_rms_norm(x, x.flip(-1), w, 1e-6, c)
+        torch.testing.assert_close(s, x + x.flip(-1), atol=0, rtol=0)
+        torch.testing.assert_close(y, gemma(x + x.flip(-1), w, 1e-6, c), rtol=tol, atol=tol)
+    w1 = torch.randn(1, generator=g).to(dtype)  # one weight for the whole row
+    torch.testing.assert_close(fused.rms_norm(x, w1, 1e-6, 1.0), gemma(x, w1, 1e-6, 1.0), rtol=tol, atol=tol)
+    zeros = torch.full((64,), -0.0, dtype=dtype)
+    assert torch.equal(fused.rms_norm(x, zeros, 1e-6).signbit(), (-x).signbit() | (x == 0))  # -0.0 * x, not 0 * x
+
+
+def test_rms_norm_weight_offset_with_a_weight_per_row_runs_eager_math():
+    """An offset weight is computed once per call, so a weight that differs between rows takes eager's ops."""
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(3, 16, generator=g), torch.randn(3, 16, generator=g)
+    close(fused.rms_norm(x, w, 1e-6, 1.0), rms_norm_eager(x, 1.0 + w, 1e-6))
+
+
 def test_float64_runs_eager_math():
     """Not a fused dtype: the same math with ATen ops (the pattern pass never uses them there)."""
     x, w = torch.randn(3, 32).double(), torch.randn(32).double()

@@ -145,7 +145,48 @@ def causal_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25)
 
 
+def _gemma_norm(x, w, c=1.0, spell=lambda c, w: c + w):
+    h = x.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * spell(c, w.float())).type_as(x)
+
+
+def gemma_norm(x, w):  # transformers' GemmaRMSNorm: (1 + w)
+    return _gemma_norm(x, w)
+
+
+def gemma_add_norm(x, r, w):
+    h = x + r
+    return _gemma_norm(h, w), h
+
+
+def norm_two_plus_w(x, w):  # another offset: the plain norm, its weight the `2 + w` eager computes
+    return _gemma_norm(x, w, 2.0)
+
+
+def norm_one_minus_w(x, w):
+    return _gemma_norm(x, w, spell=lambda c, w: c - w)
+
+
+def norm_one_plus_w_alpha(x, w):  # torch.add(w, 1.0, alpha=3.0) is w + 3
+    return _gemma_norm(x, w, spell=lambda c, w: torch.add(w, c, alpha=3.0))
+
+
+def norm_w_plus_one_tensor(x, w):  # 1 + w written with a 0-d tensor: not the number the kernel takes
+    return _gemma_norm(x, w, spell=lambda c, w: w + torch.ones((), dtype=w.dtype))
+
+
+def _norm_args() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(1, 3, 64) * 2, torch.randn(64) * 0.1
+
+
 CASES = {
+    "gemma_norm": (gemma_norm, _norm_args, set(), {"rms_norm"}),
+    "gemma_add_norm": (gemma_add_norm, lambda: (torch.randn(1, 3, 64), torch.randn(1, 3, 64), torch.randn(64) * 0.1),
+                       set(), {"add_rms_norm"}),
+    "norm_two_plus_w": (norm_two_plus_w, _norm_args, set(), set()),
+    "norm_one_minus_w": (norm_one_minus_w, _norm_args, set(), set()),
+    "norm_one_plus_w_alpha": (norm_one_plus_w_alpha, _norm_args, set(), set()),
+    "norm_w_plus_one_tensor": (norm_w_plus_one_tensor, _norm_args, set(), set()),
     "add_alpha_then_rms_norm": (add_alpha_then_rms_norm, lambda: (torch.randn(2, 3, 64), torch.randn(2, 3, 64),
                                                                    torch.randn(64)), {"add_rms_norm"}, set()),
     "rotary_added_with_alpha": (rotary_added_with_alpha, lambda: (torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8),
