@@ -366,9 +366,14 @@ def copy_bandwidth_gbs(megabytes: int = 256, repeat: int = 5) -> float:
     return 2 * a.numel() * 4 / best / 1e9
 
 
+def weight_bytes(module: torch.nn.Module) -> int:
+    """The bytes of `module`'s parameters (each counted once): what a decode step reads at least once."""
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
 def weight_floor_us(module: torch.nn.Module, gbs: float) -> tuple[int, float]:
     """(bytes of `module`'s parameters, the time to read them once at `gbs` GB/s in us): a decode step's floor."""
-    nbytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    nbytes = weight_bytes(module)
     return nbytes, nbytes / (gbs * 1e9) * 1e6
 
 

@@ -224,6 +224,7 @@ def markdown(results: dict[str, Any]) -> str:
     for n in thread_counts(results):
         lines += ["", f"### {_thread_word(n)}" + (" (ONNX Runtime: intra-op threads the same, inter-op 1)" if n else ""),
                   "", *step_table(results, n)]
+    lines += floor_table(results)
     lines += ["", "| target | workload | threads | value | goal | result |", "|---|---|---:|---:|---:|:---:|"]
     for row in results.get("targets", []):
         goal = f"<= {row['limit']} us" if row["unit"] == "us" else f"<= {row['limit']}x"
@@ -300,6 +301,34 @@ def markdown(results: dict[str, Any]) -> str:
     if notes:
         lines += [""] + [f"- {_one_line(note)}" for note in notes]
     return "\n".join(lines) + "\n"
+
+
+def floor_table(results: dict[str, Any]) -> list[str]:
+    """Each workload with weights against its weight-streaming floor: the parameters' bytes over this machine's copy
+    bandwidth at that thread count (what a decode step bound by reading its weights cannot beat)."""
+    gbs = results["meta"].get("copy_bandwidth_gbs") or {}
+    rows = []
+    for case in results["cases"]:
+        nbytes, n = case.get("weight_bytes") or 0, case.get("threads")
+        bandwidth = gbs.get(str(n))
+        if nbytes <= 0 or not bandwidth or case.get("skipped"):
+            continue
+        floor = nbytes / (bandwidth * 1e9) * 1e6
+        exact = case["results"].get("graphex", {}).get("median_us")
+        fused = case["results"].get("graphex_fused", {}).get("median_us")
+
+        def times(step: float | None) -> str:
+            return f"{_us(step)} ({step / floor:.1f}x)" if step else "-"
+
+        rows.append(f"| {case['name']} | {n} | {nbytes / 1e6:.2f} MB | {bandwidth:.1f} GB/s | {_us(floor)} "
+                    f"| {times(exact)} | {times(fused)} |")
+    if not rows:
+        return []
+    return ["", "Weight-streaming floor: the parameters' bytes read once at one copy's bandwidth (bench/measure.py "
+            "copy_bandwidth_gbs, at each thread count); a step's median over it is how far it is from reading its "
+            "weights and nothing else (meaningful for decode steps; prefills and encoders are bound by compute).", "",
+            "| workload | threads | weights | copy bandwidth | floor | graphex exact (/ floor) | graphex fused (/ floor) |",
+            "|---|---:|---:|---:|---:|---:|---:|", *rows]
 
 
 def plot(results: dict[str, Any], path: str) -> None:

@@ -210,6 +210,9 @@ def run_case(case: Case, backends: list[str], settings: Settings, *, isolate: bo
     if why:
         log(f"{case.name}: skipped ({why})")
         return [{**base, "threads": n, "results": {}, "notes": [f"skipped: {why}"], "skipped": why} for n in threads]
+    built = case.build()  # the weight-streaming floor's numerator (report.floor_table)
+    base["weight_bytes"] = measure.weight_bytes(built) if isinstance(built, torch.nn.Module) else 0
+    del built
     saved_threads = torch.get_num_threads()
     results: dict[str, dict[str, Any]] = {b: {} for b in backends}
     notes: list[str] = []
@@ -333,7 +336,9 @@ def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, iso
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
         shutil.rmtree(scratch, ignore_errors=True)
     results = {"meta": {**machine_info(settings, backends), "load_before": load_before,
-                        "threads": threads or [torch.get_num_threads()]}, "cases": entries}
+                        "threads": threads or [torch.get_num_threads()],
+                        "copy_bandwidth_gbs": _copy_bandwidths(threads or [torch.get_num_threads()])},
+               "cases": entries}
     if warm_start:
         from . import warm_start as warm_start_mod
 
@@ -367,6 +372,20 @@ def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, iso
             results["device_graph_cost"] = {"error": f"{type(e).__name__}: {e}"}
     results["targets"] = report.derive(results)
     return results
+
+
+def _copy_bandwidths(threads: list[int]) -> dict[str, float]:
+    """This machine's copy bandwidth in GB/s at each thread count (measure.copy_bandwidth_gbs): the denominator of
+    the weight-streaming floor. Keys are strings, as JSON writes them."""
+    saved = torch.get_num_threads()
+    try:
+        out = {}
+        for n in threads:
+            torch.set_num_threads(n)
+            out[str(n)] = measure.copy_bandwidth_gbs()
+        return out
+    finally:
+        torch.set_num_threads(saved)
 
 
 def cpp_runner_cases(selected: list[Case]) -> list[Case]:

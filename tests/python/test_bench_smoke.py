@@ -150,6 +150,26 @@ def test_per_call_layers_outside_the_engine(tmp_path):
     assert "| tiny_module | keep_tensor_guards_unsafe |" in text
 
 
+def test_a_workload_with_weights_is_set_against_its_weight_streaming_floor(tmp_path):
+    """make bench's floor table (issue 21 point 6): a module's parameter bytes over the copy bandwidth measured at each
+    thread count, each graphex median as a multiple of it; a workload without weights has no row."""
+    linear = Case(name="one_linear", description="a Linear(256, 1024) on one row",
+                  build=lambda: torch.nn.Linear(256, 1024).eval(), inputs=lambda _m: (torch.randn(1, 256),))
+    results = run.run_suite([TINY, linear], ["eager", "graphex"], SMOKE, isolate=False, bin_dir=str(tmp_path),
+                            log=lambda _m: None)
+    gbs = results["meta"]["copy_bandwidth_gbs"]
+    assert set(gbs) == {str(torch.get_num_threads())} and all(v > 0 for v in gbs.values())
+    by = {c["name"]: c for c in results["cases"]}
+    assert by["one_linear"]["weight_bytes"] == (256 * 1024 + 1024) * 4 and by["tiny"]["weight_bytes"] == 0
+    lines = report.floor_table(results)
+    rows = [line for line in lines if line.startswith("| one_linear |")]
+    assert len(rows) == 1 and "1.05 MB" in rows[0] and not any(line.startswith("| tiny |") for line in lines)
+    floor = (256 * 1024 + 1024) * 4 / (gbs[str(torch.get_num_threads())] * 1e9) * 1e6
+    step = by["one_linear"]["results"]["graphex"]["median_us"]
+    assert f"({step / floor:.1f}x)" in rows[0]
+    assert "Weight-streaming floor" in report.markdown(results)
+
+
 def test_cache_call_cost_times_the_engine_and_a_stubbed_call():
     """bench/cache_call_cost.py: the engine row runs the real program (a refusal would take microseconds), the
     stubbed row leaves the engine out, and the after-an-engine-run row is there. It once timed a refusal and a real
