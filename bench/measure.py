@@ -367,8 +367,30 @@ def copy_bandwidth_gbs(megabytes: int = 256, repeat: int = 5) -> float:
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
-    """The bytes of `module`'s parameters (each counted once): what a decode step reads at least once."""
-    return sum(p.numel() * p.element_size() for p in module.parameters())
+    """The bytes of `module`'s parameters that a decode step reads whole (each counted once): an embedding table's
+    weight is left out, since a step reads one row of it, unless another module (a tied output head) uses it too."""
+    embedding_only = {id(p) for m in module.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    embedding_only -= {id(p) for m in module.modules() if not isinstance(m, torch.nn.Embedding)
+                       for p in m.parameters(recurse=False)}
+    return sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in embedding_only)
+
+
+def gemv_floor_us(nbytes: int, calls: int = 20) -> float:
+    """The median time of one float32 matrix-vector product (ATen's torch.mv, at the current thread count) over a
+    matrix of `nbytes`: what reading that many weight bytes costs on this machine, in whatever cache they fit, with
+    the fastest product ATen has. A decode step's matrix products read at least its weights once, so it is the
+    floor a step is measured against (its other work comes on top)."""
+    cols = 1024
+    w = torch.randn(max(nbytes // 4 // cols, 1), cols)
+    x = torch.randn(cols)
+    for _ in range(3):
+        torch.mv(w, x)
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter_ns()
+        torch.mv(w, x)
+        samples.append((time.perf_counter_ns() - t0) / 1e3)
+    return float(np.median(samples))
 
 
 def weight_floor_us(module: torch.nn.Module, gbs: float) -> tuple[int, float]:

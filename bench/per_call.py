@@ -5,17 +5,17 @@
 Note [Per-call costs are measured after a real engine run]
 A call's cost outside the engine depends on what the engine left in the CPU's caches. A step of milliseconds
 streams its weights through them, so Dynamo's guards, its frame evaluation and the wrappers then run on cold
-memory: on the shipped decoder Dynamo's guard check takes 11 us hot and about 85 us right after the engine ran.
+memory: on the shipped decoder Dynamo's guard check takes 11 us hot and 95 us right after the engine ran.
 Timing the layers around a stubbed engine (the first method below, and this bench's only one before
-2026-12-03) measures them warm and understated the real cost 4-6 times. So each layer is measured twice:
+2026-12-03) measures them warm and understated the real cost 4-10 times. So each layer is measured twice:
 
   after a real run   the headline: the layer called with the real engine, which is timed inside the call
                      (graph.runner wrapped by this bench); per call, the layer's time minus the engine's time
                      inside it; the median of those differences. The guard check alone is timed right after
                      an engine run.
-  warm               each layer timed alone around a stubbed engine (the graph's runner returns the outputs of
-                     one real run), so nothing evicts the caches between calls: what the layers cost when
-                     nothing else runs, the floor of the figures above.
+  warm               each layer timed alone around a stubbed engine (`stub`: the graph's runner returns the
+                     outputs of one real run), so nothing evicts the caches between calls: what the layers cost
+                     when nothing else runs, the floor of the figures above; outside the engine = call - stub.
 
 The layers, innermost first:
 

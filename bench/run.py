@@ -210,7 +210,7 @@ def run_case(case: Case, backends: list[str], settings: Settings, *, isolate: bo
     if why:
         log(f"{case.name}: skipped ({why})")
         return [{**base, "threads": n, "results": {}, "notes": [f"skipped: {why}"], "skipped": why} for n in threads]
-    built = case.build()  # the weight-streaming floor's numerator (report.floor_table)
+    built = case.build()  # the weights a step reads (report.floor_table)
     base["weight_bytes"] = measure.weight_bytes(built) if isinstance(built, torch.nn.Module) else 0
     del built
     saved_threads = torch.get_num_threads()
@@ -270,6 +270,8 @@ def run_case(case: Case, backends: list[str], settings: Settings, *, isolate: bo
                 timed["handwritten"] = hand
             for runner in timed.values():  # at the new thread count: thread pools, ONNX Runtime's session
                 runner(0.0)
+            if base["weight_bytes"]:  # the floor at this thread count (report.floor_table)
+                entry["weight_floor_us"] = measure.gemv_floor_us(base["weight_bytes"])
             log(f"{case.name}: timing {', '.join(timed)} at {n} thread{'s' if n > 1 else ''} "
                 f"in {settings.rounds} interleaved rounds")
             for name, samples in measure.interleaved(timed, settings.rounds, settings.round_s).items():
@@ -336,9 +338,7 @@ def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, iso
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
         shutil.rmtree(scratch, ignore_errors=True)
     results = {"meta": {**machine_info(settings, backends), "load_before": load_before,
-                        "threads": threads or [torch.get_num_threads()],
-                        "copy_bandwidth_gbs": _copy_bandwidths(threads or [torch.get_num_threads()])},
-               "cases": entries}
+                        "threads": threads or [torch.get_num_threads()]}, "cases": entries}
     if warm_start:
         from . import warm_start as warm_start_mod
 
@@ -372,20 +372,6 @@ def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, iso
             results["device_graph_cost"] = {"error": f"{type(e).__name__}: {e}"}
     results["targets"] = report.derive(results)
     return results
-
-
-def _copy_bandwidths(threads: list[int]) -> dict[str, float]:
-    """This machine's copy bandwidth in GB/s at each thread count (measure.copy_bandwidth_gbs): the denominator of
-    the weight-streaming floor. Keys are strings, as JSON writes them."""
-    saved = torch.get_num_threads()
-    try:
-        out = {}
-        for n in threads:
-            torch.set_num_threads(n)
-            out[str(n)] = measure.copy_bandwidth_gbs()
-        return out
-    finally:
-        torch.set_num_threads(saved)
 
 
 def cpp_runner_cases(selected: list[Case]) -> list[Case]:

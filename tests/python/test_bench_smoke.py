@@ -150,24 +150,35 @@ def test_per_call_layers_outside_the_engine(tmp_path):
     assert "| tiny_module | keep_tensor_guards_unsafe |" in text
 
 
-def test_a_workload_with_weights_is_set_against_its_weight_streaming_floor(tmp_path):
-    """make bench's floor table (issue 21 point 6): a module's parameter bytes over the copy bandwidth measured at each
-    thread count, each graphex median as a multiple of it; a workload without weights has no row."""
+def test_a_workload_with_weights_is_set_against_its_weight_floor(tmp_path):
+    """make bench's floor table (issue 21 point 6): one GEMV over as many bytes as a module's weights (an embedding
+    read one row at a time left out, a tied one kept), timed at each thread count, each graphex median as a multiple
+    of it; a workload without weights has no row."""
     linear = Case(name="one_linear", description="a Linear(256, 1024) on one row",
                   build=lambda: torch.nn.Linear(256, 1024).eval(), inputs=lambda _m: (torch.randn(1, 256),))
     results = run.run_suite([TINY, linear], ["eager", "graphex"], SMOKE, isolate=False, bin_dir=str(tmp_path),
                             log=lambda _m: None)
-    gbs = results["meta"]["copy_bandwidth_gbs"]
-    assert set(gbs) == {str(torch.get_num_threads())} and all(v > 0 for v in gbs.values())
     by = {c["name"]: c for c in results["cases"]}
     assert by["one_linear"]["weight_bytes"] == (256 * 1024 + 1024) * 4 and by["tiny"]["weight_bytes"] == 0
+    floor = by["one_linear"]["weight_floor_us"]
+    assert floor > 0 and "weight_floor_us" not in by["tiny"]
     lines = report.floor_table(results)
     rows = [line for line in lines if line.startswith("| one_linear |")]
     assert len(rows) == 1 and "1.05 MB" in rows[0] and not any(line.startswith("| tiny |") for line in lines)
-    floor = (256 * 1024 + 1024) * 4 / (gbs[str(torch.get_num_threads())] * 1e9) * 1e6
     step = by["one_linear"]["results"]["graphex"]["median_us"]
     assert f"({step / floor:.1f}x)" in rows[0]
-    assert "Weight-streaming floor" in report.markdown(results)
+    assert "Weight floor" in report.markdown(results)
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.norm = torch.nn.Embedding(100, 8), torch.nn.LayerNorm(8)
+            self.head = torch.nn.Linear(8, 100, bias=False)
+
+    untied = Tied()
+    assert measure.weight_bytes(untied) == (16 + 800) * 4  # the norm and the head, not the table
+    untied.head.weight = untied.embed.weight
+    assert measure.weight_bytes(untied) == (16 + 800) * 4  # tied: the head reads the table whole, counted once
 
 
 def test_cache_call_cost_times_the_engine_and_a_stubbed_call():
