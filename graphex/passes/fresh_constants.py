@@ -8,8 +8,10 @@ write it without changing the constant. Where nothing can, the copy is waste (Fa
 each, to index with). Reading the constant instead gives every reader the same bytes, in the same layout, so the
 result is bitwise eager's. A copy is read only when, after reinplacing (which may turn a reader into a writer):
 - it is not an output of the graph (the caller could write it);
-- every user is an ATen op whose schema neither writes that argument nor returns an alias of it (no view that could
-  be written or returned later; a list argument such as `index`'s indices counts as its element);
+- every user is an ATen op (`aten::`: a custom op's schema is its author's word, and one that writes an argument
+  it does not declare would write the constant for every later call) whose schema neither writes that argument nor
+  returns an alias of it (no view that could be written or returned later; a list argument such as `index`'s
+  indices counts as its element);
 - the constant has the copy's dtype, sizes and strides (a copy of a non-dense constant is dense, and a kernel may
   take another path on other strides);
 - no node of the graph writes the constant itself.
@@ -56,10 +58,10 @@ def _same_tensor_layout(constant: object, copy: object) -> bool:
 
 
 def _only_reads(user: torch.fx.Node, value: torch.fx.Node) -> bool:
-    """Whether `user` reads `value` and nothing more: an ATen op whose schema marks no argument holding `value` as
+    """Whether `user` reads `value` and nothing more: an `aten::` op whose schema marks no argument holding `value` as
     written or aliased to an output."""
     target = user.target
-    if user.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+    if user.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
         return False
     schema = target._schema
     for position, arg in enumerate(schema.arguments):

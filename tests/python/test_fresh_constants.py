@@ -108,3 +108,17 @@ def test_a_constant_of_each_dtype_is_read_bitwise():
             return x * c.to(x.dtype) if dtype is not torch.bool else torch.where(c, x, -x)
 
         assert LIFT not in _twice(f, torch.randn(3))
+
+
+def test_a_constant_given_to_a_custom_op_is_still_copied():
+    """A custom op's schema is its author's: one that writes an argument it declares read-only would write the constant
+    for every later call, so the copy stays (eager writes the copy too, and each call starts from the constant)."""
+    lib = torch.library.Library("graphex_test_fresh", "FRAGMENT")  # noqa: TOR901
+    lib.define("scale_in_place_undeclared(Tensor x) -> Tensor")
+    lib.impl("scale_in_place_undeclared", lambda x: x.mul_(2).clone(), "CPU")
+    lib.impl("scale_in_place_undeclared", lambda x: torch.empty_like(x), "Meta")
+
+    def f(x):
+        return torch.ops.graphex_test_fresh.scale_in_place_undeclared(torch.tensor([1.0, 2.0])) + x
+
+    assert LIFT in _twice(f, torch.randn(2))
