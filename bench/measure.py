@@ -352,20 +352,6 @@ def interleaved(runners: dict[str, Runner], rounds: int, round_s: float) -> dict
     return samples
 
 
-def copy_bandwidth_gbs(megabytes: int = 256, repeat: int = 5) -> float:
-    """This machine's memory bandwidth as one thread's torch copy sees it (bytes read + written per second, best
-    of `repeat`), in GB/s: the floor a decode step bound by reading its weights is measured against."""
-    a = torch.empty(megabytes * (1 << 20) // 4)
-    b = torch.empty_like(a)
-    b.copy_(a)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        b.copy_(a)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * a.numel() * 4 / best / 1e9
-
-
 def weight_bytes(module: torch.nn.Module) -> int:
     """The bytes of `module`'s parameters that a decode step reads whole (each counted once): an embedding table's
     weight is left out, since a step reads one row of it, unless another module (a tied output head) uses it too."""
@@ -391,12 +377,6 @@ def gemv_floor_us(nbytes: int, calls: int = 20) -> float:
         torch.mv(w, x)
         samples.append((time.perf_counter_ns() - t0) / 1e3)
     return float(np.median(samples))
-
-
-def weight_floor_us(module: torch.nn.Module, gbs: float) -> tuple[int, float]:
-    """(bytes of `module`'s parameters, the time to read them once at `gbs` GB/s in us): a decode step's floor."""
-    nbytes = weight_bytes(module)
-    return nbytes, nbytes / (gbs * 1e9) * 1e6
 
 
 def summarize(samples_us: list[float]) -> dict[str, float]:

@@ -30,10 +30,13 @@ def read_constants_in_place(gm: torch.fx.GraphModule) -> int:
     """Replace each read-only `lift_fresh_copy(constant)` by the constant (Note [A constant only read is not copied]);
     returns how many were replaced. The dead copies are left for dead code elimination."""
     graph = gm.graph
+    copies = list(graph.find_nodes(op="call_function", target=torch.ops.aten.lift_fresh_copy.default))
+    if not copies:
+        return 0  # most graphs: no alias analysis to pay for
     outputs = {a for n in graph.find_nodes(op="output") for a in n.all_input_nodes}
     written = written_nodes(graph)  # through views too (Note [One alias analysis])
     replaced = 0
-    for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.lift_fresh_copy.default)):
+    for node in copies:
         (source,) = node.args
         if (not isinstance(source, torch.fx.Node) or source.op != "get_attr" or source in written or node in outputs
                 or not _same_tensor_layout(_attr(gm, source), node.meta.get("val"))
