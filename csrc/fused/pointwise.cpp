@@ -17,11 +17,14 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <utility>
 #include <cstring>
 #include <vector>
 
@@ -78,8 +81,31 @@ void choose_gelu_kernels(std::vector<PwInstr>& code) {
     else if (op == PwOp::gelu_erf_bf16) onednn = on && bf16;
     else if (op == PwOp::gelu_erf_f16) onednn = on && f16;
     else continue;
-    ins.op = static_cast<int32_t>(onednn ? PwOp::gelu_erf : PwOp::gelu_erf_aten);
+    if (!onednn) ins.op = static_cast<int32_t>(PwOp::gelu_erf_aten);  // else kept: its dtype names oneDNN's call
   }
+}
+
+// Note [An erf GELU's special inputs are eager's own] (pointwise.h): eager's gelu on the one value x, through the
+// kernel eager picks for the opcode's input: oneDNN's on a contiguous tensor of two elements in the input's dtype
+// (x, then 0), ATen's on a tensor of one element (use_mkldnn takes no tensor of one). Remembered per thread by the
+// value's bits and the opcode, so a tile full of one special value makes one eager call.
+float gelu_special(float x, int32_t opcode) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(opcode)) << 32) | bits;
+  thread_local std::vector<std::pair<uint64_t, float>> seen;
+  for (const auto& [k, v] : seen)
+    if (k == key) return v;
+  const auto op = static_cast<PwOp>(opcode);
+  const at::ScalarType dtype = op == PwOp::gelu_erf_bf16 ? at::kBFloat16 : op == PwOp::gelu_erf_f16 ? at::kHalf
+                                                                                                   : at::kFloat;
+  const bool onednn = op != PwOp::gelu_erf_aten;
+  at::Tensor t = at::zeros({onednn ? 2 : 1}, at::TensorOptions().dtype(dtype));
+  t.select(0, 0).fill_(static_cast<double>(x));  // x is the input's value in its dtype (the chain rounds as eager)
+  const float y = at::gelu(t).select(0, 0).item<float>();
+  if (seen.size() >= 64) seen.erase(seen.begin());
+  seen.emplace_back(key, y);
+  return y;
 }
 
 Checked check_program(at::TensorList inputs, at::IntArrayRef code, at::ArrayRef<double> constants,
@@ -231,7 +257,7 @@ std::vector<at::Tensor> pointwise_cpu(at::TensorList inputs, at::IntArrayRef cod
           }
         }
         K.pointwise_tile(prog.code.data(), static_cast<int64_t>(prog.code.size()), slot.data(), prog.consts.data(),
-                         padded);
+                         padded, &gelu_special);
         for (int64_t o = 0; o < n_out; ++o)
           store(ptr[o] + start * strides[o], strides[o], slot[outputs[2 * o]], len, out_types[o]);
       }

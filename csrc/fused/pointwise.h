@@ -53,4 +53,19 @@ struct PwOperand {
 // Elements per tile: each slot is a buffer of this many floats (a multiple of every vector width).
 constexpr int64_t kPointwiseTile = 512;
 
+// Note [An erf GELU's special inputs are eager's own]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// At +-inf, NaN and near float32's overflow the erf GELU's kernels disagree with each other: oneDNN's JIT gives NaN
+// at +inf on one CPU (avx512_core) and +inf on another (avx2, as on AMD EPYC), forms x * (1 + erf) before or after
+// the halving (2e38 overflows, or not), and ATen's own kernel differs again. No formula of ours can follow every one,
+// so the tile kernel computes ordinary inputs (|x| < 2^32: no intermediate of any formula overflows there, and the
+// formulas agree within fused mode's tolerance) and hands every other input (an infinity, a NaN, |x| >= 2^32) to
+// GeluSpecial: eager's own gelu on that one value, in the kernel eager would pick for the chain's input (oneDNN's on a
+// contiguous tensor of two elements, in the input's dtype; ATen's on a tensor of one), so those results are eager's
+// by construction, on whatever CPU and oneDNN the program runs (found on an AMD EPYC, where the first version's NaN at
+// +inf was Intel's oneDNN's). Inputs of a real model never get there; a tile that has one pays an eager call per
+// distinct value.
+constexpr float kGeluOrdinaryLimit = 4294967296.f;  // 2^32
+using GeluSpecial = float (*)(float x, int32_t opcode);
+
 }  // namespace graphex::fused

@@ -59,6 +59,20 @@ inline void round_bf16(PwOperand a, float* d, int64_t n) {
   }
 }
 
+// Note [An erf GELU's special inputs are eager's own] (pointwise.h): each element of the tile whose input is not
+// ordinary (|x| < kGeluOrdinaryLimit, false for a NaN) is replaced by eager's own result for it.
+inline void specials(PwOperand a, float* d, int64_t n, GeluSpecial special, int32_t opcode) {
+  const V limit(kGeluOrdinaryLimit);
+  for (int64_t i = 0; i < n; i += V::size()) {
+    const V x = V::loadu(a.p + i * a.inc);
+    if (at::vec::Vectorized<float>(x.abs() < limit).zero_mask() == 0) continue;  // every lane ordinary (all ones)
+    for (int64_t j = i; j < i + V::size(); ++j) {
+      const float v = a.p[j * a.inc];
+      if (!(std::fabs(v) < kGeluOrdinaryLimit)) d[j] = special(v, opcode);
+    }
+  }
+}
+
 template <typename F>
 inline void binary(PwOperand a, PwOperand b, float* d, int64_t n, F f) {
   for (int64_t i = 0; i < n; i += V::size()) f(V::loadu(a.p + i * a.inc), V::loadu(b.p + i * b.inc)).store(d + i);
@@ -68,7 +82,7 @@ inline void binary(PwOperand a, PwOperand b, float* d, int64_t n, F f) {
 // Runs `code` over one tile of n elements (n a multiple of twice the vector width; slots hold kPointwiseTile
 // floats). `consts` holds each constant 16 times over, so a constant loads as a vector like a slot.
 inline void pointwise_tile(const PwInstr* code, int64_t n_code, float* const* slots, const float* consts,
-                           int64_t n) {
+                           int64_t n, GeluSpecial special) {
   using pw::V;
   const V one(1.f), half(0.5f), zero(0.f);
   auto operand = [&](int32_t r) -> PwOperand {
@@ -103,28 +117,26 @@ inline void pointwise_tile(const PwInstr* code, int64_t n_code, float* const* sl
         break;
       }
       case PwOp::erf: pw::unary(a, d, n, [](V x) { return x.erf(); }); break;
-      case PwOp::gelu_erf: {
+      case PwOp::gelu_erf:  // oneDNN's erf GELU (float32, bfloat16, float16 input): chosen per call, pointwise.cpp
+      case PwOp::gelu_erf_bf16:
+      case PwOp::gelu_erf_f16: {
         // Note [The erf GELU as eager's kernels give it]: eager's CPU gelu is oneDNN's where ATen's use_mkldnn says so
-        // (oneDNN enabled, a contiguous input of more than one element, a dtype oneDNN takes on this CPU): NaN at
-        // +-inf, and x * (1 + erf(x / sqrt 2)) formed before the halving (2e38 overflows to inf). Elsewhere it is
-        // ATen's own kernel, gelu_erf_aten: (x * 0.5) * (1 + erf(x / sqrt 2)), +inf gives +inf. chains.py picks
-        // gelu_erf_aten where the input is not contiguous or has one element, else gelu_erf (float32), gelu_erf_bf16
-        // or gelu_erf_f16; pointwise.cpp turns each of those into gelu_erf or gelu_erf_aten per call, from what this
-        // process's oneDNN takes (switched on, and the dtype supported on this CPU: a program exported on one
-        // machine follows eager on the one it runs on). Values in between differ by the erf, within the tolerance.
-        const V r(static_cast<float>(M_SQRT1_2)), inf(std::numeric_limits<float>::infinity()),
-            nan(std::numeric_limits<float>::quiet_NaN());
-        pw::unary(a, d, n, [&](V x) {
-          const V y = (x * (one + (x * r).erf())) * half;
-          return V::blendv(y, nan, x.abs() == inf);
-        });
+        // (oneDNN enabled, a contiguous input of more than one element, a dtype oneDNN takes on this CPU), else ATen's
+        // own kernel, gelu_erf_aten. chains.py picks gelu_erf_aten where the input is not contiguous or has one
+        // element, else gelu_erf, gelu_erf_bf16 or gelu_erf_f16 by the input's dtype; pointwise.cpp turns those into
+        // gelu_erf_aten per call where this process's oneDNN does not take them now (switched off, or the dtype not
+        // supported on this CPU: a program exported on one machine follows eager on the one it runs on). Ordinary
+        // values: x * (1 + erf(x / sqrt 2)) halved, as oneDNN orders it, within the tolerance of every kernel's; the
+        // rest are eager's own (Note [An erf GELU's special inputs are eager's own], pointwise.h).
+        const V r(static_cast<float>(M_SQRT1_2));
+        pw::unary(a, d, n, [&](V x) { return (x * (one + (x * r).erf())) * half; });
+        pw::specials(a, d, n, special, ins.op);
         break;
       }
-      case PwOp::gelu_erf_bf16:  // turned into gelu_erf or gelu_erf_aten before the tiles run (pointwise.cpp)
-      case PwOp::gelu_erf_f16:
       case PwOp::gelu_erf_aten: {
         const V r(static_cast<float>(M_SQRT1_2));
         pw::unary(a, d, n, [&](V x) { return x * half * (one + (x * r).erf()); });
+        pw::specials(a, d, n, special, ins.op);
         break;
       }
       case PwOp::sqrt: pw::unary(a, d, n, [](V x) { return x.sqrt(); }); break;

@@ -44,7 +44,9 @@ struct RowKernels {
   void (*max_pool_half)(const c10::Half* in, c10::Half* o, const MaxPool& p, int64_t H, int64_t W, int64_t OH,
                         int64_t OW);
   // one tile of a graphex_fused::pointwise program (pointwise_kernels.h)
-  void (*pointwise_tile)(const PwInstr* code, int64_t n_code, float* const* slots, const float* consts, int64_t n);
+  // (special: Note [An erf GELU's special inputs are eager's own], pointwise.h)
+  void (*pointwise_tile)(const PwInstr* code, int64_t n_code, float* const* slots, const float* consts, int64_t n,
+                         GeluSpecial special);
   const char* capability;
 };
 

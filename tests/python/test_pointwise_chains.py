@@ -219,17 +219,26 @@ def test_near_misses_keep_eagers_op(name, fn, dtype, stays):
         _close(got, want, fused_op_tol(dtype) * 2)
 
 
+def _onednn_takes(dtype) -> bool:
+    """Whether eager's erf GELU of a contiguous tensor of this dtype is oneDNN's on this CPU (ATen's use_mkldnn)."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return False
+    return {torch.bfloat16: bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+            torch.float16: bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())}.get(dtype, True)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_an_erf_gelu_alone_is_fused_where_it_pays(dtype):
-    """chains._worth_alone: a lone erf GELU of a decode step's size runs gelu_erf (eager's oneDNN call costs more at
-    that size, NaN at +-inf as eager's); one above _GELU_ALONE_MAX elements keeps eager's kernel (faster per element);
-    one of a single element keeps eager's (not oneDNN's there: nothing to gain)."""
+    """chains._worth_alone: a lone erf GELU of a decode step's size runs gelu_erf where eager's is oneDNN's (whose
+    per-call cost dominates at that size; which dtypes oneDNN takes depends on the CPU: bfloat16 is not oneDNN's on an
+    AMD EPYC), its special values eager's own; one above _GELU_ALONE_MAX elements keeps eager's kernel (faster per
+    element); one of a single element keeps eager's (not oneDNN's there: nothing to gain)."""
     from graphex.fusion.chains import _GELU_ALONE_MAX
 
     small = torch.randn(1, 1, 1024).to(dtype)
     small.view(-1)[:4] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0])
     got = _compile(F.gelu)(small)
-    assert _pointwise_calls() == 1
+    assert _pointwise_calls() == (1 if _onednn_takes(dtype) else 0)
     _close(got, F.gelu(small), fused_op_tol(dtype))
     for x in (torch.randn(_GELU_ALONE_MAX + 1).to(dtype), torch.tensor([float("inf")]).to(dtype)):
         torch._dynamo.reset()
@@ -239,9 +248,38 @@ def test_an_erf_gelu_alone_is_fused_where_it_pays(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "one_element"])
+def test_an_erf_gelus_special_inputs_are_eagers_own(dtype, layout):
+    """Note [An erf GELU's special inputs are eager's own] (csrc/fused/pointwise.h): infinities, NaN, signed zeros and
+    inputs at and past 2^32 up to float32's overflow, anywhere in a tile (first lane, a vector's last lane, the tail of a
+    tile that is not a multiple of the vector width), each as eager's kernel gives it on this CPU, with oneDNN on and
+    off: the first version gave Intel's oneDNN's NaN at +inf where this AMD EPYC's oneDNN (avx2) gives +inf."""
+    specials = [float("inf"), -float("inf"), float("nan"), -0.0, 2.0 ** 32, -(2.0 ** 32), 1e20, -1e20, 1.7e38, -1.7e38,
+                2e38, -2e38, 3e38, -3.4e38, 1e-40, 4294967040.0]
+    x = torch.randn(2, 600) * 3
+    for i, v in enumerate(specials):
+        for j in (i, 15 + i, 31 - i % 16, 511 - i, 599 - i):
+            x.view(-1)[j] = v
+    x = x.to(dtype)
+    fn = {"contiguous": lambda t: F.gelu(t + 0.0) * 2, "strided": lambda t: F.gelu(t[:, ::3] + 0.0) * 2,
+          "one_element": lambda t: F.gelu(t.reshape(-1)[1:2] + 0.0) * 2}[layout]
+    compiled = _compile(fn)
+    for enabled in (True, False):
+        with torch.backends.mkldnn.flags(enabled=enabled):
+            for _ in range(2):
+                got, want = compiled(x), fn(x)
+                assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()), (
+                    layout, enabled, got.view(-1)[:16], want.view(-1)[:16])
+                assert torch.equal(got.isinf() & (got > 0), want.isinf() & (want > 0))  # the infinity's sign too
+                _close(got, want, fused_op_tol(dtype))
+    assert _pointwise_calls() >= 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_erf_gelu_follows_the_kernel_eager_picks(dtype):
     """Note [The erf GELU as eager's kernels give it]: eager's gelu is oneDNN's only for a contiguous input of more
-    than one element while oneDNN is on (NaN at +-inf, 2e38 overflows), else ATen's (+inf stays +inf). A strided and an
+    than one element while oneDNN is on (its specials differ by CPU: NaN at +-inf on Intel's avx512_core JIT, +inf at
+    +inf on AMD's avx2 JIT), else ATen's (+inf stays +inf). A strided and an
     expanded input, one element, and oneDNN switched off after compiling and back on: each as eager's (found by a
     helper: the chain always gave oneDNN's NaN)."""
     x = torch.randn(4, 16) * 3
