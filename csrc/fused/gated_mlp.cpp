@@ -1,8 +1,12 @@
-// The SiLU-gated MLP of Llama-style decoders: down(silu(gate(x)) * up(x)).
+// The gated MLP of Llama-style decoders: down(act(gate(x)) * up(x)), act SiLU (Llama) or a GELU (Gemma's tanh GELU,
+// the erf GELU).
 //   silu_mul(gate, up) = silu(gate) * up in one pass (eager: silu, then mul).
-//   gated_mlp(x, w_gate, w_up, w_down): the whole block as one op: the three matmuls are eager's
+//   gated_mlp(x, w_gate, w_up, w_down, activation): the whole block as one op: the three matmuls are eager's
 //   own at::mm on the same operands as the linear layers' decomposition (so bitwise equal), with
-//   silu * up done in place between them; one op where the graph has about 13 (t, view, mm, ...).
+//   act * up done in place between them; one op where the graph has about 13 (t, view, mm, ...).
+//   activation "silu": silu * up in one pass of ours; "gelu" / "gelu_tanh": eager's own gelu kernel (oneDNN's or
+//   ATen's, as eager picks it) and mul, in place, so a float32 GELU-gated MLP is eager's bit for bit and its edge
+//   cases are eager's (Note [An erf GELU's special inputs are eager's own], pointwise.h, for why no formula of ours).
 //   One row in bfloat16 / float16 (a decode step) runs matvec (matvec.cpp) for the three products.
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp); only exp differs from eager's.
 #include "fused/matvec.h"
@@ -10,6 +14,7 @@
 #include "fused/vec.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
@@ -72,9 +77,15 @@ at::DimVector mlp_shape(const at::Tensor& x, const at::Tensor& w_down) {
   return shape;
 }
 
+void check_activation(c10::string_view activation) {
+  TORCH_CHECK(activation == "silu" || activation == "gelu" || activation == "gelu_tanh",
+              "graphex_fused::gated_mlp: activation must be 'silu', 'gelu' or 'gelu_tanh', got '", activation, "'");
+}
+
 at::Tensor gated_mlp_cpu(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
-                         const at::Tensor& w_down) {
+                         const at::Tensor& w_down, c10::string_view activation) {
   check_mlp(x, w_gate, w_up, w_down);
+  check_activation(activation);
   at::Tensor x2 = x.reshape({-1, x.size(-1)});
   // one row in bfloat16 / float16 (a decode step): the matrix products read the weights at their own width
   // (matvec.cpp); otherwise eager's mm on the operands the linear layers' decomposition has
@@ -84,7 +95,9 @@ at::Tensor gated_mlp_cpu(const at::Tensor& x, const at::Tensor& w_gate, const at
   };
   at::Tensor gate = linear(x2, w_gate);
   at::Tensor up = linear(x2, w_up);
-  if (all_cpu_one_float_dtype(gate, up) && gate.is_contiguous() && up.is_contiguous()) {
+  if (activation != "silu") {  // eager's kernels, in place on the fresh product (the same values as eager's out of place)
+    at::gelu_(gate, activation == "gelu" ? "none" : "tanh").mul_(up);
+  } else if (all_cpu_one_float_dtype(gate, up) && gate.is_contiguous() && up.is_contiguous()) {
     silu_mul_into(gate, up, gate);  // row by row, each element read before it is written
   } else {
     gate = at::mul(at::silu(gate), up);
@@ -93,8 +106,9 @@ at::Tensor gated_mlp_cpu(const at::Tensor& x, const at::Tensor& w_gate, const at
 }
 
 at::Tensor gated_mlp_meta(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
-                          const at::Tensor& w_down) {
+                          const at::Tensor& w_down, c10::string_view activation) {
   check_mlp(x, w_gate, w_up, w_down);
+  check_activation(activation);
   return at::empty(mlp_shape(x, w_down), x.options().dtype(at::result_type(x, w_down)));
 }
 

@@ -6,8 +6,9 @@
 //   add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps)
 //                                      -> (Tensor sum, Tensor normed)         rms_norm.cpp
 //   silu_mul(Tensor gate, Tensor up) -> Tensor                                gated_mlp.cpp
-//   gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor  gated_mlp.cpp
-//   rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor                        rotary.cpp
+//   gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down,
+//             str activation="silu") -> Tensor                               gated_mlp.cpp
+//   rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor   rotary.cpp
 //   decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale,
 //                    bool zero_masked_rows=False) -> Tensor                  attention.cpp
 //   one_token_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float q_scale, float scale,
@@ -74,8 +75,11 @@ TORCH_LIBRARY(graphex_fused, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, float weight_offset=0.0) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, float weight_offset=0.0) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
-  m.def("gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor");
-  m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  // activation: "silu" (the default, and every program exported before it), "gelu" (erf) or "gelu_tanh"
+  m.def("gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, str activation=\"silu\") -> Tensor");
+  // interleaved: rotate the pairs (x[2i], x[2i + 1]) (GPT-J), cos/sin per element or per pair; False (the default, and
+  // every program exported before it): the two halves (rotate_half)
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, bool zero_masked_rows=False) -> Tensor");
   m.def("one_token_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float q_scale, float scale, float softcap, "
         "bool zero_masked_rows, bool round_scores) -> Tensor");

@@ -3,6 +3,9 @@
 // Each element sees eager's operations in eager's order ((x * c) + ((-x2) * s)), with FMA
 // contraction off, so on float32 the result is bitwise eager's (tested against the stated
 // tolerance all the same: Note [Fused kernels are close, not bitwise], library.cpp).
+// interleaved: the pairs (x[2i], x[2i + 1]) are rotated instead (GPT-J's rotate_every_two, or the pairs written out
+// with a stack): out[2i] = x[2i] c - x[2i + 1] s, out[2i + 1] = x[2i + 1] c' + x[2i] s', with cos and sin of x's
+// last dimension (one entry per element, GPT-J's duplicated tables) or of half of it (one entry per pair).
 #include "fused/rows.h"
 #include "fused/vec.h"
 
@@ -12,20 +15,45 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/neg.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/sub.h>
 #include <torch/library.h>
 
 namespace graphex::fused {
 namespace {
 
-at::DimVector rotary_shape(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "graphex_fused::rotary: x's last dimension must be even, got x ",
-              x.sizes());
-  return at::infer_size_dimvector(at::infer_size_dimvector(x.sizes(), cos.sizes()), sin.sizes());
+// The tables' last dimension for interleaved pairs: x's (one entry per element) or half of it (one per pair).
+bool half_tables(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t n = x.size(-1);
+  TORCH_CHECK(cos.dim() >= 1 && sin.dim() >= 1 && cos.size(-1) == sin.size(-1) &&
+                  (cos.size(-1) == n || 2 * cos.size(-1) == n),
+              "graphex_fused::rotary(interleaved=True): cos and sin must have x's last dimension (", n,
+              ", one entry per element) or half of it (one per pair), got ", cos.sizes(), " and ", sin.sizes());
+  return 2 * cos.size(-1) == n;
 }
 
-at::Tensor rotary_eager(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  auto halves = x.chunk(2, -1);
-  return at::add(at::mul(x, cos), at::mul(at::cat({at::neg(halves[1]), halves[0]}, -1), sin));
+at::DimVector rotary_shape(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "graphex_fused::rotary: x's last dimension must be even, got x ",
+              x.sizes());
+  if (!interleaved) return at::infer_size_dimvector(at::infer_size_dimvector(x.sizes(), cos.sizes()), sin.sizes());
+  half_tables(x, cos, sin);
+  auto lead = [](const at::Tensor& t) { return t.sizes().slice(0, t.dim() - 1); };
+  at::DimVector shape = at::infer_size_dimvector(at::infer_size_dimvector(lead(x), lead(cos)), lead(sin));
+  shape.push_back(x.size(-1));
+  return shape;
+}
+
+at::Tensor rotary_eager(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+  if (!interleaved) {
+    auto halves = x.chunk(2, -1);
+    return at::add(at::mul(x, cos), at::mul(at::cat({at::neg(halves[1]), halves[0]}, -1), sin));
+  }
+  const at::Tensor x0 = x.slice(-1, 0, x.size(-1), 2), x1 = x.slice(-1, 1, x.size(-1), 2);
+  const bool half = half_tables(x, cos, sin);
+  auto table = [&](const at::Tensor& t, int64_t start) { return half ? t : t.slice(-1, start, t.size(-1), 2); };
+  const at::Tensor even = at::sub(at::mul(x0, table(cos, 0)), at::mul(x1, table(sin, 0)));
+  const at::Tensor odd = at::add(at::mul(x1, table(cos, 1)), at::mul(x0, table(sin, 1)));
+  return at::stack({even, odd}, -1).flatten(-2);
 }
 
 // The output has x's memory layout when it has x's shape (as eager's mul/add give it, which later views
@@ -36,15 +64,19 @@ at::Tensor rotary_output(const at::Tensor& x, at::IntArrayRef shape, at::ScalarT
   return at::empty(shape, x.options().dtype(dtype));
 }
 
-at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const auto shape = rotary_shape(x, cos, sin);
+at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+  const auto shape = rotary_shape(x, cos, sin, interleaved);
   const int64_t n = shape.back();
+  const bool half = interleaved && half_tables(x, cos, sin);
+  const int64_t table_n = half ? n / 2 : n;
   // The fast path: one float dtype, x not broadcast along its rows, cos and sin full rows (or one value).
-  if (!all_cpu_one_float_dtype(x, cos, sin) || x.size(-1) != n || cos.size(-1) != n || sin.size(-1) != n)
-    return rotary_eager(x, cos, sin);
+  if (!all_cpu_one_float_dtype(x, cos, sin) || x.size(-1) != n || cos.size(-1) != table_n || sin.size(-1) != table_n)
+    return rotary_eager(x, cos, sin, interleaved);
   at::Tensor out = rotary_output(x, shape, x.scalar_type());
   if (out.numel() == 0) return out;
-  std::array<at::Tensor, 4> ops{rows_view(x, shape), rows_view(cos, shape), rows_view(sin, shape), out};
+  at::DimVector table_shape(shape.begin(), shape.end());
+  table_shape.back() = table_n;
+  std::array<at::Tensor, 4> ops{rows_view(x, shape), rows_view(cos, table_shape), rows_view(sin, table_shape), out};
   dispatch_float(x.scalar_type(), [&](auto t) {
     using T = decltype(t);
     const T* xp = ops[0].const_data_ptr<T>();
@@ -55,15 +87,20 @@ at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tens
     for_each_row(at::IntArrayRef(shape), ops, 4 * n, [&](int64_t row, const std::array<int64_t, 4>& off) {
       FloatRows<T>& f = float_rows<T>(n);
       float* o = f.out(3, op + off[3], n);
-      K.rotary(f.in(0, xp + off[0], n), f.in(1, cp + off[1], n), f.in(2, sp + off[2], n), o, n);
+      const float* xf = f.in(0, xp + off[0], n);
+      const float* cf = f.in(1, cp + off[1], table_n);
+      const float* sf = f.in(2, sp + off[2], table_n);
+      if (interleaved) K.rotary_pairs(xf, cf, sf, o, n, half);
+      else K.rotary(xf, cf, sf, o, n);
       f.store(o, op + off[3], n);
     });
   });
   return out;
 }
 
-at::Tensor rotary_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return rotary_output(x, rotary_shape(x, cos, sin), c10::promoteTypes(at::result_type(x, cos), sin.scalar_type()));
+at::Tensor rotary_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+  return rotary_output(x, rotary_shape(x, cos, sin, interleaved),
+                       c10::promoteTypes(at::result_type(x, cos), sin.scalar_type()));
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 
 namespace graphex::fused {
 namespace CPU_CAPABILITY {
@@ -64,6 +66,48 @@ inline void silu_mul_row(const float* g, const float* u, float* out, int64_t n) 
 }
 
 // n = 2h: out[j] = x[j]*c[j] + (-x[j+h])*s[j] (j < h); x[j]*c[j] + x[j-h]*s[j] (j >= h).
+// Interleaved pairs (x[2i], x[2i + 1]) rotated by (c0, s0) and (c1, s1): out[2i] = x[2i] * c0 - x[2i + 1] * s0,
+// out[2i + 1] = x[2i + 1] * c1 + x[2i] * s1, where the tables hold one entry per element (GPT-J's duplicated cos and
+// sin: c0 = c[2i], c1 = c[2i + 1]) or, with `half_tables`, one per pair (c0 = c1 = c[i]); in eager's order with no FMA,
+// so float32 is eager's bit for bit (a + (-b) is a - b, and x1 * s + x2 * c is x2 * c + x1 * s).
+// Written with explicit vectors (pairs split by deinterleave2, joined by interleave2), tail included (padded into a
+// local block): GCC's vectorizer takes the scalar loop for a complex multiplication and emits vfmaddsub, an FMA that
+// -ffp-contract=off does not stop (found by the bitwise test on AVX2).
+inline void rotary_pairs_block(const float* x, const float* c, const float* s, float* out, bool half_tables) {
+  // one block: 2 * Vec::size() elements of x and out, tables of as many (or half as many) entries
+  const auto [ev, od] = at::vec::deinterleave2(Vec::loadu(x), Vec::loadu(x + Vec::size()));
+  Vec c0, c1, s0, s1;
+  if (half_tables) {
+    c0 = c1 = Vec::loadu(c);
+    s0 = s1 = Vec::loadu(s);
+  } else {
+    std::tie(c0, c1) = at::vec::deinterleave2(Vec::loadu(c), Vec::loadu(c + Vec::size()));
+    std::tie(s0, s1) = at::vec::deinterleave2(Vec::loadu(s), Vec::loadu(s + Vec::size()));
+  }
+  const Vec even = ev * c0 - od * s0;
+  const Vec odd = od * c1 + ev * s1;
+  const auto [lo, hi] = at::vec::interleave2(even, odd);
+  lo.store(out);
+  hi.store(out + Vec::size());
+}
+
+inline void rotary_pairs_row(const float* x, const float* c, const float* s, float* out, int64_t n, bool half_tables) {
+  constexpr int64_t kBlock = 2 * Vec::size();
+  const int64_t table_step = half_tables ? Vec::size() : kBlock;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    rotary_pairs_block(x + i, c + i / kBlock * table_step, s + i / kBlock * table_step, out + i, half_tables);
+  if (i < n) {  // the tail, through the same block on zero-padded copies
+    float xb[kBlock] = {}, cb[kBlock] = {}, sb[kBlock] = {}, ob[kBlock];
+    const int64_t m = n - i, tm = half_tables ? m / 2 : m, t0 = half_tables ? i / 2 : i;
+    std::copy(x + i, x + n, xb);
+    std::copy(c + t0, c + t0 + tm, cb);
+    std::copy(s + t0, s + t0 + tm, sb);
+    rotary_pairs_block(xb, cb, sb, ob, half_tables);
+    std::copy(ob, ob + m, out + i);
+  }
+}
+
 inline void rotary_row(const float* x, const float* c, const float* s, float* out, int64_t n) {
   const int64_t h = n / 2;
   int64_t j = 0;
@@ -165,7 +209,7 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 #define GRAPHEX_STR(x) GRAPHEX_STR2(x)
 
 inline RowKernels table() {
-  return RowKernels{&rms_norm_row, &add_row,  &silu_mul_row, &rotary_row, &dot,
+  return RowKernels{&rms_norm_row, &add_row,  &silu_mul_row, &rotary_row, &rotary_pairs_row, &dot,
                     &dot_bf16,     &dot_half, &axpy,         &axpy4_bf16,  &axpy4_half, &max_pool_f32, &max_pool_bf16, &max_pool_half,
                     &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
 }

@@ -10,9 +10,11 @@ order: a pattern that contains another comes first (Note in manager.py).
     rms_norm       x * rsqrt(mean(x^2, -1) + eps) * w                   2 forms, and Llama's float32 upcast in
                                                                         bfloat16 / float16 models; Gemma's
                                                                         factor (1 + w), with or without the add
-    gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x
+    gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x; GELU-gated (erf, tanh:
+                                                                        eager's gelu and mul, in place)
     silu_mul       silu(gate) * up, or up * silu(gate) (Phi3's fused gate_up projection, chunked)
-    rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms
+    rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms; interleaved pairs
+                                                                        (GPT-J's rotate_every_two, the pairs stacked)
     matvec         F.linear(x, w[, b]) on one row of a bfloat16/float16 x (a decode step's projections)
     decode_attention  softmax(q k^T * s, masked) v for one query token: attention_patterns.py
     matvec         also x @ W and addmm(b, x, W) with W stored [K, N] (GPT-2's Conv1D)
@@ -113,6 +115,29 @@ def gated_mlp_fused(x, w_gate, w_up, w_down):
     return fused.gated_mlp(x, w_gate, w_up, w_down)
 
 
+def _gelu_gated_mlp(approximate: str, up_first: bool) -> Callable[..., torch.Tensor]:
+    """down(gelu(gate(x)) * up(x)) (Gemma's tanh GELU, or the erf GELU), the product either way round."""
+    if up_first:
+        def search(x, w_gate, w_up, w_down):
+            return F.linear(F.linear(x, w_up) * F.gelu(F.linear(x, w_gate), approximate=approximate), w_down)
+    else:
+        def search(x, w_gate, w_up, w_down):
+            return F.linear(F.gelu(F.linear(x, w_gate), approximate=approximate) * F.linear(x, w_up), w_down)
+    search.__qualname__ = search.__name__ = f"gelu{'_tanh' if approximate == 'tanh' else ''}_gated_mlp" + (
+        "_up_first" if up_first else "")
+    return search
+
+
+def _gelu_gated_mlp_fused(approximate: str) -> Callable[..., torch.Tensor]:
+    activation = "gelu_tanh" if approximate == "tanh" else "gelu"
+
+    def replace(x, w_gate, w_up, w_down):
+        return fused.gated_mlp(x, w_gate, w_up, w_down, activation)
+
+    replace.__qualname__ = replace.__name__ = f"{activation}_gated_mlp_fused"
+    return replace
+
+
 def linear(x, weight):  # a linear layer without bias (Llama's projections, an lm_head)
     return F.linear(x, weight)
 
@@ -201,6 +226,57 @@ def _rotary_shapes(match: Match) -> bool:
     return tuple(torch.broadcast_shapes(x.shape, cos.shape, sin.shape)) == tuple(x.shape)
 
 
+# Interleaved pairs: (x[2i], x[2i + 1]) rotated together (GPT-J, GLM, the pairs written out), one kernel for both
+# spellings (Note in csrc/fused/rotary.cpp): its float32 result is eager's bit for bit.
+
+def _rotate_every_two(x):  # transformers' GPT-J: stack((-x2, x1), -1).flatten(-2) of the odd and even elements
+    x1 = x[..., ::2]
+    x2 = x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+def rotary_every_two(x, cos, sin):  # GPT-J's apply_rotary_pos_emb: cos and sin duplicated per pair (x's width)
+    return (x * cos) + (_rotate_every_two(x) * sin)
+
+
+def rotary_pairs(x, cos, sin):  # the pairs written out, cos and sin one entry per pair (half of x's width)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+def rotary_pairs_swapped(x, cos, sin):  # the same with the second sum's terms the other way round
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+
+def rotary_interleaved_fused(x, cos, sin):
+    return fused.rotary(x, cos, sin, True)
+
+
+def rotary_pairs_fused(x, cos, sin):  # eager's stack writes a fresh contiguous tensor: the kernel's follows x's layout
+    return fused.rotary(x.contiguous(), cos, sin, True)
+
+
+def _rotary_pairs_shapes(per_pair: bool) -> Callable[[Match], bool]:
+    """Interleaved rotary's case: x's last dimension even; cos and sin of one shape with x's last dimension (GPT-J's
+    tables, an entry per element) or half of it (`per_pair`), their leading dimensions broadcasting to x's without
+    growing it."""
+    def check(match: Match) -> bool:
+        x, cos, sin = val(match, "x"), val(match, "cos"), val(match, "sin")
+        if x.dim() < 1 or x.shape[-1] % 2 or cos.dim() < 1 or sin.dim() < 1:
+            return False
+        width = x.shape[-1] // 2 if per_pair else x.shape[-1]
+        if cos.shape[-1] != width or sin.shape[-1] != width:
+            return False
+        try:
+            lead = torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1], sin.shape[:-1])
+        except RuntimeError:
+            return False
+        return tuple(lead) == tuple(x.shape[:-1])
+
+    return check
+
+
 # ---- One-token attention over a KV cache ---------------------------------------------------------
 #
 _EPS = {"eps": 1e-6}  # scalar_workaround values must differ from every other number in the pattern
@@ -232,6 +308,10 @@ def register_common() -> None:
     mlp_ok = float_cpu("x", "w_gate", "w_up", "w_down")
     for x in (x3, t(3, 16)):
         register_named("gated_mlp", gated_mlp, gated_mlp_fused, [x, wg, wu, wd], extra_check=mlp_ok, builtin=True)
+        for approximate in ("none", "tanh"):
+            for up_first in (False, True):
+                register_named("gated_mlp", _gelu_gated_mlp(approximate, up_first), _gelu_gated_mlp_fused(approximate),
+                               [x, wg, wu, wd], extra_check=mlp_ok, builtin=True)
     for search in (silu_mul, up_mul_silu):
         register_named("silu_mul", search, silu_mul_fused, [t(2, 3, 32), t(2, 3, 32)],
                        extra_check=all_of(float_cpu("gate", "up"), _same_shape("gate", "up")), builtin=True)
@@ -240,6 +320,11 @@ def register_common() -> None:
     for search in (rotary, rotary_slices):
         register_named("rotary", search, rotary_fused, [t(1, 2, 3, 8), t(1, 1, 3, 8), t(1, 1, 3, 8)],
                        extra_check=rot_ok, builtin=True)
+    register_named("rotary", rotary_every_two, rotary_interleaved_fused, [t(1, 3, 2, 8), t(1, 3, 1, 8), t(1, 3, 1, 8)],
+                   extra_check=all_of(float_cpu("x", "cos", "sin"), _rotary_pairs_shapes(False)), builtin=True)
+    for search in (rotary_pairs, rotary_pairs_swapped):
+        register_named("rotary", search, rotary_pairs_fused, [t(1, 2, 3, 8), t(1, 1, 3, 4), t(1, 1, 3, 4)],
+                       extra_check=all_of(float_cpu("x", "cos", "sin"), _rotary_pairs_shapes(True)), builtin=True)
 
     register_attention(None)  # Note [Attention forms are generated from one table]
 

@@ -219,6 +219,40 @@ def test_gated_mlp(x_shape):
     close(fused.gated_mlp(x, wg, wu, wd), F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd))
 
 
+@pytest.mark.default_isa
+@pytest.mark.parametrize("activation,approximate", [("gelu", "none"), ("gelu_tanh", "tanh")])
+@pytest.mark.parametrize("x_shape", [(1, 1, 64), (2, 3, 64), (4, 64), (0, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_a_gelu_gated_mlp_is_eagers_bit_for_bit(x_shape, activation, approximate):
+    """float32: eager's mm, gelu and mul (in place), so bitwise; specials at the GELU's input are eager's too."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(x_shape, generator=g)
+    wg, wu, wd = (torch.randn(s, generator=g) / 8 for s in ((96, 64), (96, 64), (48, 96)))
+    if x.numel():
+        wg[:4] = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e30]).unsqueeze(1)  # gate rows: specials
+    want = F.linear(F.gelu(F.linear(x, wg), approximate=approximate) * F.linear(x, wu), wd)
+    got = fused.gated_mlp(x, wg, wu, wd, activation)
+    assert got.shape == want.shape and torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("activation,approximate", [("gelu", "none"), ("gelu_tanh", "tanh")])
+def test_a_gelu_gated_mlp_in_reduced_precision(dtype, activation, approximate):
+    """One row (matvec for the products) and several rows (eager's mm): within the reduced dtypes' tolerance."""
+    g = torch.Generator().manual_seed(7)
+    wg, wu, wd = (torch.randn(s, generator=g).to(dtype) / 8 for s in ((96, 64), (96, 64), (48, 96)))
+    for rows in (1, 5):
+        x = torch.randn(rows, 64, generator=g).to(dtype)
+        want = F.linear(F.gelu(F.linear(x, wg), approximate=approximate) * F.linear(x, wu), wd)
+        eps = torch.finfo(dtype).eps
+        torch.testing.assert_close(fused.gated_mlp(x, wg, wu, wd, activation), want, atol=8 * eps, rtol=8 * eps)
+
+
+def test_gated_mlp_rejects_an_unknown_activation():
+    with pytest.raises(RuntimeError, match="activation must be 'silu', 'gelu' or 'gelu_tanh'"):
+        fused.gated_mlp(torch.randn(2, 8), torch.randn(4, 8), torch.randn(4, 8), torch.randn(8, 4), "relu")
+
+
 def test_gated_mlp_rejects_shapes_that_do_not_chain():
     with pytest.raises(RuntimeError, match="do not chain"):
         fused.gated_mlp(torch.randn(2, 8), torch.randn(4, 8), torch.randn(4, 8), torch.randn(8, 5))
@@ -246,6 +280,58 @@ def test_rotary(case):
         x = torch.randn(0, 4, 8, generator=g)
         cos, sin = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
     close(fused.rotary(x, cos, sin), rotary_eager(x, cos, sin))
+
+
+def rotary_every_two_eager(x, cos, sin):  # GPT-J: tables per element
+    return x * cos + torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2) * sin
+
+
+def rotary_pairs_eager(x, cos, sin):  # the pairs written out: tables per pair
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+@pytest.mark.default_isa
+@pytest.mark.parametrize("per_pair", [False, True], ids=["per_element", "per_pair"])
+@pytest.mark.parametrize("case", ["gptj", "transposed", "strided", "batch_cos", "one_pair", "empty", "specials"])
+def test_interleaved_rotary_is_eagers_bit_for_bit_in_float32(case, per_pair):
+    """Note in csrc/fused/rotary.cpp: each element sees eager's operations in eager's order (FMA off), so float32 is
+    eager's bit for bit, NaN and inf included; cos and sin one entry per element (GPT-J) or per pair."""
+    g = torch.Generator().manual_seed(11)
+    shape = {"gptj": (1, 5, 4, 16), "transposed": (2, 5, 3, 8), "strided": (2, 3, 12), "batch_cos": (1, 12),
+             "one_pair": (3, 2), "empty": (0, 4, 8), "specials": (2, 8)}[case]
+    x = torch.randn(shape, generator=g) * 3
+    if case == "transposed":
+        x = x.transpose(1, 2)
+    if case == "strided":  # the last dimension not of stride 1
+        x = torch.randn(2, 12, 6, generator=g).transpose(1, 2)
+    width = x.shape[-1] // 2 if per_pair else x.shape[-1]
+    lead = {"gptj": (1, 5, 1), "transposed": (2, 1, 5), "batch_cos": (3,), "one_pair": (3,)}.get(case, x.shape[:-1])
+    cos, sin = torch.randn(*lead, width, generator=g), torch.randn(*lead, width, generator=g)
+    if case == "specials":
+        x.view(-1)[:6] = torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 3e38])
+        cos.view(-1)[:3] = torch.tensor([0.0, float("inf"), -0.0])
+    want = (rotary_pairs_eager if per_pair else rotary_every_two_eager)(x, cos, sin)
+    got = fused.rotary(x, cos, sin, True)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("per_pair", [False, True], ids=["per_element", "per_pair"])
+def test_interleaved_rotary_in_reduced_precision(dtype, per_pair):
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(1, 4, 3, 64, generator=g).to(dtype)
+    width = 32 if per_pair else 64
+    cos, sin = (torch.randn(1, 1, 3, width, generator=g).to(dtype) for _ in range(2))
+    want = (rotary_pairs_eager if per_pair else rotary_every_two_eager)(x, cos, sin)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(fused.rotary(x, cos, sin, True), want, atol=4 * eps, rtol=4 * eps)
+
+
+def test_interleaved_rotary_rejects_tables_of_another_width():
+    with pytest.raises(RuntimeError, match="half of it"):
+        fused.rotary(torch.randn(2, 8), torch.randn(6), torch.randn(6), True)
 
 
 def test_rotary_rejects_odd_rows():

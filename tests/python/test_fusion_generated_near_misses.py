@@ -264,7 +264,21 @@ def mlp(x, wg, wu, wd):  # patterns.gated_mlp
 
 MLP_IN3 = lambda: (t(2, 3, 16), t(32, 16) * 0.3, t(32, 16) * 0.3, t(16, 32) * 0.3)  # noqa: E731
 MLP_IN2 = lambda: (t(3, 16), t(32, 16) * 0.3, t(32, 16) * 0.3, t(16, 32) * 0.3)  # noqa: E731
-MLP_CANON = {"gated_mlp_3d": (mlp, MLP_IN3), "gated_mlp_2d": (mlp, MLP_IN2)}
+def gelu_mlp(x, wg, wu, wd):  # patterns._gelu_gated_mlp("none", False): the erf GELU
+    return F.linear(F.gelu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+
+def gelu_tanh_mlp(x, wg, wu, wd):  # patterns._gelu_gated_mlp("tanh", False): Gemma's gelu_pytorch_tanh
+    return F.linear(F.gelu(F.linear(x, wg), approximate="tanh") * F.linear(x, wu), wd)
+
+
+def gelu_tanh_mlp_up_first(x, wg, wu, wd):  # patterns._gelu_gated_mlp("tanh", True)
+    return F.linear(F.linear(x, wu) * F.gelu(F.linear(x, wg), approximate="tanh"), wd)
+
+
+MLP_CANON = {"gated_mlp_3d": (mlp, MLP_IN3), "gated_mlp_2d": (mlp, MLP_IN2), "gelu_gated_mlp_3d": (gelu_mlp, MLP_IN3),
+             "gelu_tanh_gated_mlp_3d": (gelu_tanh_mlp, MLP_IN3),
+             "gelu_tanh_gated_mlp_up_first_2d": (gelu_tanh_mlp_up_first, MLP_IN2)}
 
 
 def _mlp_act(act: Callable[..., Any]) -> Callable[..., Any]:
@@ -324,6 +338,18 @@ MLP_MUTATIONS = {
     "x_one_row_1d": (mlp, lambda: (t(16), t(32, 16) * .3, t(32, 16) * .3, t(16, 32) * .3)),
     "x_4d": (mlp, lambda: (t(2, 2, 3, 16), t(32, 16) * .3, t(32, 16) * .3, t(16, 32) * .3)),
     "x_transposed_view": (lambda x, wg, wu, wd: mlp(x.transpose(0, 1), wg, wu, wd), MLP_IN3),
+    # the GELU-gated forms: another activation, the GELU on the other product, the GELU's special values
+    "gelu_of_up_times_gate": (lambda x, wg, wu, wd: F.linear(F.gelu(F.linear(x, wu)) * F.linear(x, wg), wd), MLP_IN3),
+    "gelu_tanh_of_gelu": (_mlp_act(lambda v: F.gelu(F.gelu(v), approximate="tanh")), MLP_IN3),
+    "gelu_times_gelu": (lambda x, wg, wu, wd: F.linear(F.gelu(F.linear(x, wg)) * F.gelu(F.linear(x, wu)), wd), MLP_IN3),
+    "gelu_tanh_written_out": (_mlp_act(lambda v: 0.5 * v * (1 + torch.tanh(0.7978845608 * (v + 0.044715 * v ** 3)))),
+                              MLP_IN3),
+    "gelu_gate_with_inf_and_nan": (gelu_mlp, lambda: (torch.tensor([float("inf"), float("-inf"), float("nan"), 3e38] * 4)
+                                                      .reshape(1, 16), t(32, 16) * 1e30, t(32, 16) * .3,
+                                                      t(16, 32) * .3)),
+    "gelu_tanh_extreme_gate": (gelu_tanh_mlp, lambda: (t(2, 3, 16) * 1e3, t(32, 16), t(32, 16) * .3, t(16, 32) * .3)),
+    "gelu_bias_on_gate": (lambda x, wg, wu, wd, b: F.linear(F.gelu(F.linear(x, wg, b)) * F.linear(x, wu), wd),
+                          MLP_BIAS_IN),
 }
 
 
@@ -369,8 +395,33 @@ def rot_slices(x, cos, sin):  # patterns.rotary_slices
     return (x * cos) + (torch.cat((-x2, x1), dim=-1) * sin)
 
 
+def rot_every_two(x, cos, sin):  # patterns.rotary_every_two: GPT-J's rotate_every_two, tables per element
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return (x * cos) + (torch.stack((-x2, x1), dim=-1).flatten(-2) * sin)
+
+
+def rot_pairs(x, cos, sin):  # patterns.rotary_pairs: the pairs written out, tables per pair
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+def rot_pairs_swapped(x, cos, sin):  # patterns.rotary_pairs_swapped
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+
 ROT_IN = lambda: (t(1, 2, 3, 8), t(1, 1, 3, 8), t(1, 1, 3, 8))  # noqa: E731
-ROT_CANON = {"rotary_chunk": (rot, ROT_IN), "rotary_slices": (rot_slices, ROT_IN)}
+ROT_PAIRS_IN = lambda: (t(1, 2, 3, 8), t(1, 1, 3, 4), t(1, 1, 3, 4))  # noqa: E731  tables per pair
+ROT_CANON = {"rotary_chunk": (rot, ROT_IN), "rotary_slices": (rot_slices, ROT_IN),
+             "rotary_every_two": (rot_every_two, ROT_IN), "rotary_pairs": (rot_pairs, ROT_PAIRS_IN),
+             "rotary_pairs_swapped": (rot_pairs_swapped, ROT_PAIRS_IN)}
+
+
+def _rot_pairs_with(even: Callable[..., Any], odd: Callable[..., Any], dim: int = -1) -> Callable[..., Any]:
+    def fn(x, cos, sin):
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((even(x1, x2, cos, sin), odd(x1, x2, cos, sin)), dim=dim).flatten(-2 if dim == -1 else -3)
+    return fn
 
 
 def _rot_halves(make_rotated: Callable[..., Any]) -> Callable[..., Any]:
@@ -438,6 +489,33 @@ ROT_MUTATIONS = {
     "D_odd_chunk": (rot, lambda: (t(1, 2, 3, 7), t(1, 1, 3, 7), t(1, 1, 3, 7))),
     "D_2": (rot, lambda: (t(1, 2, 3, 2), t(1, 1, 3, 2), t(1, 1, 3, 2))),
     "D_0_slices": (rot_slices, lambda: (t(1, 2, 3, 0), t(1, 1, 3, 0), t(1, 1, 3, 0))),
+    # interleaved pairs: the pair's sign, order, tables or dims changed
+    "every_two_sign_flipped": (lambda x, cos, sin: x * cos + torch.stack((x[..., 1::2], -x[..., ::2]), -1).flatten(-2)
+                               * sin, ROT_IN),
+    "every_two_pair_not_swapped": (lambda x, cos, sin: x * cos + torch.stack((-x[..., ::2], x[..., 1::2]), -1)
+                                   .flatten(-2) * sin, ROT_IN),
+    "every_two_stacked_on_dim_-2": (lambda x, cos, sin: x * cos + torch.stack((-x[..., 1::2], x[..., ::2]), -2)
+                                    .flatten(-2) * sin, ROT_IN),
+    "every_two_cos_broadcasts_x_up": (rot_every_two, lambda: (t(1, 1, 3, 8), t(1, 2, 3, 8), t(1, 2, 3, 8))),
+    "every_two_x_transposed_view": (lambda x, cos, sin: rot_every_two(x.transpose(1, 2), cos, sin),
+                                    lambda: (t(1, 3, 2, 8), t(1, 1, 3, 8), t(1, 1, 3, 8))),
+    "pairs_minus_in_the_odd_term": (_rot_pairs_with(lambda a, b, c, s: a * c - b * s, lambda a, b, c, s: a * s - b * c),
+                                    ROT_PAIRS_IN),
+    "pairs_plus_in_the_even_term": (_rot_pairs_with(lambda a, b, c, s: a * c + b * s, lambda a, b, c, s: a * s + b * c),
+                                    ROT_PAIRS_IN),
+    "pairs_cos_sin_swapped": (_rot_pairs_with(lambda a, b, c, s: a * s - b * c, lambda a, b, c, s: a * c + b * s),
+                              ROT_PAIRS_IN),
+    "pairs_halves_not_pairs": (lambda x, cos, sin: (lambda x1, x2: torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos),
+                                                                              -1).flatten(-2))(*x.chunk(2, -1)),
+                               ROT_PAIRS_IN),
+    "pairs_stacked_on_dim_-2": (_rot_pairs_with(lambda a, b, c, s: a * c - b * s, lambda a, b, c, s: a * s + b * c,
+                                                dim=-2), ROT_PAIRS_IN),
+    "pairs_table_broadcast_over_the_row": (rot_pairs, lambda: (t(1, 2, 3, 8), t(1, 1, 3, 1), t(1, 1, 3, 1))),
+    "pairs_x_transposed_view": (lambda x, cos, sin: rot_pairs(x.transpose(1, 2), cos, sin),
+                                lambda: (t(1, 3, 2, 8), t(1, 1, 3, 4), t(1, 1, 3, 4))),
+    "pairs_x_inf_cos_0": (rot_pairs, lambda: (torch.full((1, 2, 3, 8), float("inf")), torch.zeros(1, 1, 3, 4),
+                                              t(1, 1, 3, 4))),
+    "pairs_D_2": (rot_pairs, lambda: (t(1, 2, 3, 2), t(1, 1, 3, 1), t(1, 1, 3, 1))),
 }
 
 # ---- one-token attention ---------------------------------------------------------------------------------
