@@ -8,8 +8,10 @@
 // A row whose mask is all false (all -inf) gives NaN, as eager's softmax over all -inf does, or zeros with
 // `zero_masked_rows` (what F.scaled_dot_product_attention's CPU kernel returns for such a row); a NaN or
 // +inf score makes the row NaN either way (Note [A row's edge cases are eager's]). Not eager's: masked
-// positions are skipped, so a NaN or inf in v at a masked position does not reach the output (eager's
-// matmul gives 0 * NaN = NaN there).
+// positions (false in a bool mask, -inf in an additive one) are skipped, so a NaN or inf in v at a masked position
+// does not reach the output (eager's matmul gives 0 * NaN = NaN there); an attended position of probability 0 is
+// read, as eager reads it. Eager's SDPA kernel itself gives NaN or 0 for a row with a NaN score depending on the
+// cache length, the mask and the CPU's vector width (its row maximum drops NaNs in places); this kernel gives NaN.
 // one_token_attention, the general form (decode_attention is it with q_scale 1 and no cap): the score is
 // (q * q_scale) . k * scale, as SDPA's math path scales q and k^T apart (q_scale = scale = sqrt of SDPA's scale: an
 // unscaled q . k may overflow where eager's scaled one does not), then capped when softcap != 0,
@@ -133,6 +135,7 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, S * D)), [&](int64_t begin, int64_t end) {
     std::vector<float> p(static_cast<size_t>(S)), q_scaled(fqscale != 1.f ? static_cast<size_t>(D) : 0);
+    std::vector<uint8_t> masked(static_cast<size_t>(S));  // Note [A row's edge cases are eager's]: masked, not read
     for (int64_t row = begin; row < end; ++row) {
       const int64_t t = row % T, h = (row / T) % H, b = row / (T * H), hk = h / group;
       FloatRows<E>& f = float_rows<E>(D);
@@ -171,6 +174,7 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
         // there makes the score NaN or +inf, and the row NaN below, as in eager)
         const float add = additive ? static_cast<float>(mf[mrow + s * ms3]) : 0.f;
         const bool attend = additive ? add != kNegInf : mb[mrow + s * ms3];
+        masked[s] = !attend;
         if (!attend && !masked_scores_count) {
           p[s] = kNegInf;
           continue;
@@ -224,7 +228,10 @@ at::Tensor attention_rows(const at::Tensor& q_in, const at::Tensor& k_in, const 
         }
         const float inv_sum = 1.f / sum;
         for (int64_t s = 0; s < S; ++s) {
-          if (p[s] == 0.f) continue;  // masked, or too small to count
+          // A masked position is not read. An attended one whose probability is 0 (its score too far below the row's
+          // largest: an underflow, or a finfo.min mask added) is, as eager's matmul reads it: 0 * inf or 0 * NaN in
+          // its value is NaN in the output (the first version skipped it too; found by a helper).
+          if (masked[s]) continue;
           K.axpy(r(p[s] * inv_sum), f.in(1, vb + s * vs2, D), orow, D);
         }
       }();

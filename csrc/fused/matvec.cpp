@@ -106,11 +106,13 @@ void matvec_columns(const at::Tensor& x, const at::Tensor& weight, const std::op
       const T* rows[4] = {wp + k * N + n0, wp + (k + 1) * N + n0, wp + (k + 2) * N + n0, wp + (k + 3) * N + n0};
       axpy4(K, xf.data() + k, rows, acc.data(), len);
     }
-    for (; k < Kd; ++k) {  // the last Kd % 4 rows, with zero weights for the missing ones
-      const T* row = wp + k * N + n0;
-      const float a[4] = {xf[k], 0.f, 0.f, 0.f};
-      const T* rows[4] = {row, row, row, row};
-      axpy4(K, a, rows, acc.data(), len);
+    if (k < Kd) {  // the last Kd % 4 rows, padded with rows of zeros (0 * 0: a real row's inf would give 0 * inf, NaN)
+      const std::vector<T> zeros(static_cast<size_t>(len), T(0.f));
+      for (; k < Kd; ++k) {
+        const float a[4] = {xf[k], 0.f, 0.f, 0.f};
+        const T* rows[4] = {wp + k * N + n0, zeros.data(), zeros.data(), zeros.data()};
+        axpy4(K, a, rows, acc.data(), len);
+      }
     }
     for (int64_t i = 0; i < len; ++i) {
       float v = acc[i];

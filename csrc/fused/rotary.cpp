@@ -1,8 +1,8 @@
 // Rotary position embedding: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1) of the
 // two halves of the last dimension, in one pass (eager: mul, split or two slices, neg, cat, mul, add).
 // Each element sees eager's operations in eager's order ((x * c) + ((-x2) * s)), with FMA
-// contraction off, so on float32 the result is bitwise eager's (tested against the stated
-// tolerance all the same: Note [Fused kernels are close, not bitwise], library.cpp).
+// contraction off, so on float32 the result is bitwise eager's; bfloat16 and float16 round as eager rounds
+// (Note [Rotary rounds as eager rounds]), so they are eager's bit for bit too.
 // interleaved: the pairs (x[2i], x[2i + 1]) are rotated instead (GPT-J's rotate_every_two, or the pairs written out
 // with a stack): out[2i] = x[2i] c - x[2i + 1] s, out[2i + 1] = x[2i + 1] c' + x[2i] s', with cos and sin of x's
 // last dimension (one entry per element, GPT-J's duplicated tables) or of half of it (one entry per pair).
@@ -18,6 +18,8 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/sub.h>
 #include <torch/library.h>
+
+#include <type_traits>
 
 namespace graphex::fused {
 namespace {
@@ -64,6 +66,33 @@ at::Tensor rotary_output(const at::Tensor& x, at::IntArrayRef shape, at::ScalarT
   return at::empty(shape, x.options().dtype(dtype));
 }
 
+// Note [Rotary rounds as eager rounds]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// In bfloat16 / float16 eager rounds each product (x * cos, rotate_half(x) * sin) to the dtype before it adds them,
+// and rounds the sum. Rounding once instead (Note [Reduced precision runs the float32 rows], rows.h) is closer to the
+// exact value but not to eager's where the two products cancel (q * cos - q' * sin with q, q' close: eager 0, rounded
+// once 0.35; found by a helper), outside the reduced tolerance. So each product and each sum is computed in float32
+// (exact for a product of two bfloat16 or float16 values) and rounded to T where eager rounds it: the result is
+// eager's bit for bit in every dtype.
+template <typename T>
+void rotary_row_rounded(const T* x, const T* c, const T* s, T* out, int64_t n, bool interleaved, bool half) {
+  auto prod = [](T a, T b) { return static_cast<float>(static_cast<T>(static_cast<float>(a) * static_cast<float>(b))); };
+  auto neg = [](T a) { return static_cast<T>(-static_cast<float>(a)); };  // exact
+  if (!interleaved) {  // x * cos + cat(-x2, x1) * sin
+    const int64_t h = n / 2;
+    for (int64_t j = 0; j < h; ++j) {
+      out[j] = static_cast<T>(prod(x[j], c[j]) + prod(neg(x[h + j]), s[j]));
+      out[h + j] = static_cast<T>(prod(x[h + j], c[h + j]) + prod(x[j], s[h + j]));
+    }
+    return;
+  }
+  for (int64_t i = 0; i + 1 < n; i += 2) {  // pairs: out[2i] = x0 c0 - x1 s0, out[2i + 1] = x1 c1 + x0 s1
+    const int64_t j0 = half ? i / 2 : i, j1 = half ? i / 2 : i + 1;
+    out[i] = static_cast<T>(prod(x[i], c[j0]) - prod(x[i + 1], s[j0]));
+    out[i + 1] = static_cast<T>(prod(x[i + 1], c[j1]) + prod(x[i], s[j1]));
+  }
+}
+
 at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
   const auto shape = rotary_shape(x, cos, sin, interleaved);
   const int64_t n = shape.back();
@@ -85,14 +114,13 @@ at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tens
     T* op = out.mutable_data_ptr<T>();
     const RowKernels& K = row_kernels();
     for_each_row(at::IntArrayRef(shape), ops, 4 * n, [&](int64_t row, const std::array<int64_t, 4>& off) {
-      FloatRows<T>& f = float_rows<T>(n);
-      float* o = f.out(3, op + off[3], n);
-      const float* xf = f.in(0, xp + off[0], n);
-      const float* cf = f.in(1, cp + off[1], table_n);
-      const float* sf = f.in(2, sp + off[2], table_n);
-      if (interleaved) K.rotary_pairs(xf, cf, sf, o, n, half);
-      else K.rotary(xf, cf, sf, o, n);
-      f.store(o, op + off[3], n);
+      if constexpr (!std::is_same_v<T, float>) {  // Note [Rotary rounds as eager rounds]
+        rotary_row_rounded(xp + off[0], cp + off[1], sp + off[2], op + off[3], n, interleaved, half);
+      } else {
+        const float* xf = xp + off[0];
+        if (interleaved) K.rotary_pairs(xf, cp + off[1], sp + off[2], op + off[3], n, half);
+        else K.rotary(xf, cp + off[1], sp + off[2], op + off[3], n);
+      }
     });
   });
   return out;

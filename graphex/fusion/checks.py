@@ -40,6 +40,11 @@ def float_cpu(*names: str) -> Callable[[Match], bool]:
     return check
 
 
+def not_dtype(name: str, dtype: torch.dtype) -> Callable[[Match], bool]:
+    """The named input is not of `dtype` (a form whose eager arithmetic in that dtype the kernel does not follow)."""
+    return lambda match: not (isinstance(val(match, name), torch.Tensor) and val(match, name).dtype == dtype)
+
+
 def number(name: str) -> Callable[[Match], bool]:
     """A scalar argument is a number in the graph (with dynamic=True it may be a graph input instead)."""
     return lambda match: type(match.kwargs.get(name)) in (float, int)

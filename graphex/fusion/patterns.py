@@ -31,7 +31,7 @@ from torch._inductor.pattern_matcher import Match
 from .. import _C  # noqa: F401  (registers the graphex_fused:: kernels used below)
 
 from .attention_patterns import register_attention
-from .checks import REDUCED_DTYPES, all_of, float_cpu, number, val
+from .checks import REDUCED_DTYPES, all_of, float_cpu, not_dtype, number, val
 from .registration import register_named
 
 fused = torch.ops.graphex_fused
@@ -282,9 +282,15 @@ def _rotary_pairs_shapes(per_pair: bool) -> Callable[[Match], bool]:
 _EPS = {"eps": 1e-6}  # scalar_workaround values must differ from every other number in the pattern
 
 
-def _norm_checks() -> tuple[Callable[[Match], bool], Callable[[Match], bool]]:
-    norm_ok = all_of(float_cpu("x", "weight"), number("eps"), _row_weight)
-    add_ok = all_of(float_cpu("x", "residual", "weight"), number("eps"), _same_shape("x", "residual"), _row_weight)
+def _norm_checks(upcast: bool = False) -> tuple[Callable[[Match], bool], Callable[[Match], bool]]:
+    """The norms' checks. A form without the float32 upcast declines float16: eager squares in float16, which
+    overflows past |x| = 256 (the row becomes 0: rsqrt(inf)) and loses the squares of |x| < 2^-12 to subnormals, where
+    the kernel's float32 squares do not (found by a helper); bfloat16 has float32's range, and its rounded squares
+    stay within the tolerance. The upcast forms square in float32, as the kernel does."""
+    dtype_ok = (lambda match: True) if upcast else not_dtype("x", torch.float16)
+    norm_ok = all_of(float_cpu("x", "weight"), dtype_ok, number("eps"), _row_weight)
+    add_ok = all_of(float_cpu("x", "residual", "weight"), dtype_ok, number("eps"), _same_shape("x", "residual"),
+                    _row_weight)
     return norm_ok, add_ok
 
 
@@ -334,7 +340,7 @@ def register_upcast(dtype: torch.dtype) -> None:
     `dtype` (Note [Built-in patterns are traced per dtype, when needed], manager.py)."""
     t = torch.randn
     x3, r3, w = t(2, 3, 16).to(dtype), t(2, 3, 16).to(dtype), t(16).to(dtype)
-    norm_ok, add_ok = _norm_checks()
+    norm_ok, add_ok = _norm_checks(upcast=True)
     register_named("add_rms_norm", add_rms_norm_upcast, add_rms_norm_fused, [x3, r3, w], extra_check=add_ok,
                    scalar_workaround=_EPS, builtin=True)
     register_named("rms_norm", rms_norm_upcast, rms_norm_fused, [x3, w], extra_check=norm_ok,

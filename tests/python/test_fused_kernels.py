@@ -181,6 +181,30 @@ def test_matvec_is_eager_linear_within_the_reduced_tolerance():
         fused.matvec(torch.randn(1, 8).bfloat16(), torch.randn(4, 9).bfloat16())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("K", [5, 6, 7, 8, 66])
+def test_matvec_keeps_eagers_infinities_and_nans_in_every_weight_row(dtype, K):
+    """An inf, -inf or NaN weight in any row k (the 4-row body of the [K, N] layout and its K % 4 tail, found by a
+    helper: the tail padded with copies of the real row made 0 * inf = NaN where eager gives inf) and in x: the NaN
+    and inf positions and their signs are eager's."""
+    g = torch.Generator().manual_seed(32)
+    N = 80
+    for k in range(K):
+        w = (torch.randn(N, K, generator=g) / 4).to(dtype)
+        w[5, k], w[7, k], w[9, k] = float("inf"), -float("inf"), float("nan")
+        x = torch.randn(1, K, generator=g).abs().to(dtype) + 0.5  # positive: an inf weight gives an inf of its sign
+        for weight in (w, w.t().contiguous().t()):  # row-major [N, K], and stored [K, N] (GPT-2's Conv1D)
+            got, want = fused.matvec(x, weight), F.linear(x, weight)
+            assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()), (k, weight.stride())
+            assert torch.equal(got[got.isinf()], want[want.isinf()])
+    x = torch.randn(1, K, generator=g).to(dtype)
+    x[0, K - 1] = float("inf")
+    w = (torch.randn(N, K, generator=g) / 4).to(dtype)
+    for weight in (w, w.t().contiguous().t()):
+        got, want = fused.matvec(x, weight), F.linear(x, weight)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[got.isinf()], want[want.isinf()])
+
+
 REDUCED = [(d, name) for d in (torch.bfloat16, torch.float16) for name, _, _ in _reduced_cases(d)]
 
 
@@ -317,16 +341,29 @@ def test_interleaved_rotary_is_eagers_bit_for_bit_in_float32(case, per_pair):
     assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
 
 
+@pytest.mark.default_isa
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("per_pair", [False, True], ids=["per_element", "per_pair"])
-def test_interleaved_rotary_in_reduced_precision(dtype, per_pair):
+@pytest.mark.parametrize("form", ["halves", "per_element", "per_pair"])
+def test_rotary_in_reduced_precision_is_eagers_bit_for_bit(dtype, form):
+    """Note [Rotary rounds as eager rounds] (csrc/fused/rotary.cpp): each product and sum rounded where eager rounds
+    it, so bfloat16 / float16 are eager's bit for bit, a cancellation included (q * cos - q' * sin with q, q' close at
+    pi / 4: eager 0, rounded once 0.35; found by a helper), NaN and inf too."""
     g = torch.Generator().manual_seed(12)
-    x = torch.randn(1, 4, 3, 64, generator=g).to(dtype)
-    width = 32 if per_pair else 64
+    x = torch.randn(2, 4, 3, 64, generator=g).to(dtype)
+    width = 32 if form == "per_pair" else 64
     cos, sin = (torch.randn(1, 1, 3, width, generator=g).to(dtype) for _ in range(2))
-    want = (rotary_pairs_eager if per_pair else rotary_every_two_eager)(x, cos, sin)
-    eps = torch.finfo(dtype).eps
-    torch.testing.assert_close(fused.rotary(x, cos, sin, True), want, atol=4 * eps, rtol=4 * eps)
+    x[0, 0, 0] = 100.0  # a cancellation: every product of the first row about equal
+    x[0, 0, 0, 1::2] = 99.5
+    x[0, 0, 0, 32:] = 99.5
+    cos[0, 0, 0], sin[0, 0, 0] = torch.tensor(torch.pi / 4).cos(), torch.tensor(torch.pi / 4).sin()
+    x[1, 0, 0, :4] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0])
+    if form == "halves":
+        want, got = rotary_eager(x, cos, sin), fused.rotary(x, cos, sin)
+    else:
+        want = (rotary_pairs_eager if form == "per_pair" else rotary_every_two_eager)(x, cos, sin)
+        got = fused.rotary(x, cos, sin, True)
+    assert got.dtype == dtype and torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num().view(torch.int16), want.nan_to_num().view(torch.int16))  # bits: signed zeros
 
 
 def test_interleaved_rotary_rejects_tables_of_another_width():

@@ -270,6 +270,46 @@ def test_a_near_miss_is_not_fused_as_the_pattern(name):
     assert must <= fired, f"{name}: expected {must} to fire, got {fired}"
 
 
+def _rms_plain(x, w):  # no float32 upcast: eager squares in x's dtype
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _add_rms_plain(x, r, w):
+    h = x + r
+    return _rms_plain(h, w), h
+
+
+def _rms_upcast(x, w):  # transformers' LlamaRMSNorm: the norm in float32
+    h = x.float()
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_an_rms_norm_without_the_upcast_is_fused_only_where_it_squares_as_eager(dtype):
+    """_norm_checks: in float16 eager's x.pow(2) overflows past |x| = 256 (the row becomes 0) and its squares of small
+    values are subnormal; the kernel squares in float32, so a float16 norm without the upcast is not rms_norm (its
+    element-wise steps may still be a chain, which rounds each square as eager: the zeroed row stays 0; found by a
+    helper). bfloat16 has float32's range: fused, within its tolerance. The upcast
+    form squares in float32 as the kernel does: fused in both."""
+    g = torch.Generator().manual_seed(5)
+    x, r = (torch.randn(1, 3, 64, generator=g) * 50).to(dtype), torch.randn(1, 3, 64, generator=g).to(dtype)
+    x[0, 1, 3] = 300.0  # eager float16: inf square, the row 0
+    x[0, 2] = x[0, 2] * 1e-4  # eager float16: subnormal squares
+    w = torch.rand(64, generator=g).to(dtype) + 0.5
+    for fn, args in ((_rms_plain, (x, w)), (_add_rms_plain, (x, r, w)), (_rms_upcast, (x, w))):
+        torch._dynamo.reset()
+        got, want = compile_graphex(fn, pattern_fusion_pass=True)(*args), fn(*args)
+        got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+        fired = set(_fused(captures()[-1].gm)) & {"rms_norm", "add_rms_norm"}
+        if dtype == torch.float16 and fn is not _rms_upcast:
+            assert not fired, f"{fn.__name__}: fused in float16 without the upcast"
+            assert torch.equal(got[0][0, 1], want[0][0, 1]) and not got[0][0, 1].any()  # eager's zeroed row
+        else:
+            assert fired, fn.__name__
+        for gg, ww in zip(got, want):  # element-wise chains may fire around eager's mean: within their tolerance
+            torch.testing.assert_close(gg, ww, rtol=fused_op_tol(dtype), atol=fused_op_tol(dtype))
+
+
 class _Gpt2Block(torch.nn.Module):
     """GPT-2's block as transformers writes it: LayerNorm, attention (SDPA, causal), residual, LayerNorm, and an
     MLP with the tanh GELU written out (NewGELUActivation), residual."""
