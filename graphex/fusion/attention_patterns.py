@@ -321,6 +321,57 @@ def _register_written_attention(dtype: torch.dtype | None) -> None:
                        scalar_workaround={"sq": 0.3125, "sk": 0.4375}, builtin=True)
 
 
+# Bloom's attention (transformers' BloomAttention): the ALiBi bias added by baddbmm(alibi, q, k^T, beta=1, alpha=scale) on
+# heads folded into the batch, then the causal mask, a float32 softmax and bmm with v. One kernel call: the bias is the
+# ALiBi row plus the mask, added to the scaled score (decode_attention's additive mask). float32 only: in bfloat16 eager
+# rounds baddbmm's fused sum once and the mask's add again, an order of roundings the kernel's round_scores does not
+# follow, so those graphs keep eager's kernels.
+
+def alibi_attention(q, k, v, alibi, mask, inv_norm):
+    bh = q.shape[0] * q.shape[1]
+    q3 = q.reshape(bh, -1, q.shape[-1])
+    k3 = k.reshape(bh, -1, k.shape[-1]).transpose(1, 2)  # Note [Arguments are matched in one spelling]
+    scores = alibi.baddbmm(batch1=q3, batch2=k3, beta=1.0, alpha=inv_norm)
+    weights = scores.view(q.shape[0], q.shape[1], q.shape[2], -1) + mask
+    probs = torch.softmax(weights, dim=-1)  # Bloom's softmax(..., dtype=float32) on float32 scores
+    return torch.bmm(probs.view(bh, q.shape[2], -1), v.reshape(bh, -1, v.shape[-1]))
+
+
+def alibi_attention_fused(q, k, v, alibi, mask, inv_norm):
+    b, h, t, d = q.shape
+    bias = alibi.view(b, h, 1, k.shape[2]) + mask  # the ALiBi row and the mask, added to each scaled score
+    return fused.decode_attention(q, k, v, bias, inv_norm).view(b * h, t, d)
+
+
+def _alibi_one_token(match: Match) -> bool:
+    """One query token over a cache of as many heads (Bloom has no grouped heads), float32; the ALiBi bias one row per
+    head [B * H, 1, S] and the mask of q's dtype broadcasting to the scores [B, H, 1, S] without growing them."""
+    q, k, v, alibi, mask = (val(match, n) for n in ("q", "k", "v", "alibi", "mask"))
+    if not all(isinstance(x, torch.Tensor) for x in (q, k, v, alibi, mask)) or q.dtype != torch.float32:
+        return False
+    if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape) or q.shape[2] != 1:
+        return False
+    b, h, _, d = q.shape
+    s = k.shape[2]
+    if tuple(k.shape) != (b, h, s, d) or s == 0 or h == 0:
+        return False
+    if tuple(alibi.shape) != (b * h, 1, s) or alibi.dtype != q.dtype or mask.dtype != q.dtype or mask.dim() > 4:
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(mask.shape, (b, h, 1, s))) == (b, h, 1, s)
+    except RuntimeError:
+        return False
+
+
+def _register_alibi_attention() -> None:
+    t = torch.randn
+    q, k = t(1, 4, 1, 8), t(1, 4, 6, 8)
+    register_named("decode_attention", alibi_attention, alibi_attention_fused,
+                   [q, k, k.clone(), t(4, 1, 6), torch.zeros(1, 1, 1, 6)],
+                   extra_check=all_of(float_cpu("q", "k", "v", "alibi", "mask"), _alibi_one_token, number("inv_norm")),
+                   scalar_workaround={"inv_norm": 0.3125}, builtin=True)
+
+
 def register_attention(dtype: torch.dtype | None) -> None:
     """The attention forms of one group: the written-out ones of `dtype` (None: the common group, whose ops name no
     dtype) and, in the common group, the SDPA forms. The GQA forms before the plain one (a GQA match contains the
@@ -328,6 +379,7 @@ def register_attention(dtype: torch.dtype | None) -> None:
     _register_written_attention(dtype)
     if dtype is not None:
         return
+    _register_alibi_attention()
     q, keys, masks = _attention_examples()
     for gqa in _GQA:
         k = keys[gqa]

@@ -908,6 +908,54 @@ ATT_MUTATIONS.update({
     "sdpa_no_mask_inf_score": (sdpa_no_mask, _inf_score(ATT_IN)),
 })
 
+# ---- Bloom's ALiBi attention ------------------------------------------------------------------------------------
+
+def alibi_attn(q, k, v, alibi, mask, beta=1.0, alpha=0.125):  # attention_patterns.alibi_attention, as Bloom writes it
+    b, h, tq, d = q.shape
+    q3, k3 = q.reshape(b * h, -1, d), k.reshape(b * h, -1, d).transpose(-1, -2)
+    scores = alibi.baddbmm(batch1=q3, batch2=k3, beta=beta, alpha=alpha)
+    w = scores.view(b, h, tq, -1) + mask
+    p = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.bmm(p.view(b * h, tq, -1), v.reshape(b * h, -1, d)).view(b, h, tq, d)  # then Bloom's _merge_heads
+
+
+def _alibi_in(tq: int = 1, s: int = 6, heads: int = 4, alibi_rows: int = 1, mask_value: float = float("-inf")):
+    def make():
+        q, k, v = t(1, heads, tq, 8), t(1, heads, s, 8), t(1, heads, s, 8)
+        slopes = torch.tensor([2.0 ** -(i + 1) for i in range(heads)])
+        alibi = (slopes[:, None, None] * torch.arange(s)).expand(heads, alibi_rows, s).contiguous()
+        keep = torch.rand(1, 1, tq, s) > 0.3
+        keep[..., :1] = True
+        return q, k, v, alibi, torch.zeros(1, 1, tq, s).masked_fill(~keep, mask_value)
+    return make
+
+
+ALIBI_IN = _alibi_in()
+ALIBI_CANON = {"bloom": (alibi_attn, ALIBI_IN)}
+ALIBI_MUTATIONS = {
+    "beta_not_1": (lambda q, k, v, a, m: alibi_attn(q, k, v, a, m, beta=0.5), ALIBI_IN),
+    "alpha_negative": (lambda q, k, v, a, m: alibi_attn(q, k, v, a, m, alpha=-0.125), ALIBI_IN),
+    "finfo_min_mask": (alibi_attn, _alibi_in(mask_value=torch.finfo(torch.float32).min)),
+    "a_row_masked_everywhere": (alibi_attn, lambda: (lambda a: (*a[:4], torch.full_like(a[4], float("-inf"))))(
+        ALIBI_IN())),
+    "two_query_tokens": (alibi_attn, _alibi_in(tq=2)),
+    "alibi_per_query_row": (alibi_attn, _alibi_in(tq=2, alibi_rows=2)),
+    "mask_per_head": (alibi_attn, lambda: (lambda a: (*a[:4], a[4].expand(1, 4, 1, 6).contiguous()))(ALIBI_IN())),
+    "mask_float64": (alibi_attn, lambda: (lambda a: (*a[:4], a[4].double()))(ALIBI_IN())),  # promotes the scores
+    "softmax_over_dim_-2": (lambda q, k, v, a, m: torch.bmm(F.softmax(
+        a.baddbmm(q.reshape(4, -1, 8), k.reshape(4, -1, 8).transpose(-1, -2), beta=1.0, alpha=0.125).view(1, 4, 1, -1)
+        + m, dim=-2).view(4, 1, -1), v.reshape(4, -1, 8)), ALIBI_IN),
+    "alibi_subtracted": (lambda q, k, v, a, m: alibi_attn(q, k, v, -a, m), ALIBI_IN),
+    # (an inf in v at a masked position is the documented exception: not read; docs/fused-mode.md)
+    "v_inf_at_an_attended_position": (alibi_attn, lambda: (lambda a: (a[0], a[1], a[2].index_fill(2, torch.tensor([0]),
+                                                                                                  float("inf")),
+                                                                     *a[3:]))(ALIBI_IN())),
+    "q_nan": (alibi_attn, lambda: (lambda a: (a[0].index_fill(3, torch.tensor([0]), float("nan")), *a[1:]))(ALIBI_IN())),
+    "empty_cache": (alibi_attn, _alibi_in(s=0)),
+    "one_position": (alibi_attn, _alibi_in(s=1)),
+}
+
+
 # What this file found, now fixed, each still a variant above: decode_attention took a row as masked everywhere from
 # a NaN softmax sum (a NaN input, a +inf score: the SDPA forms gave 0 where eager gives NaN), fired on an empty KV
 # cache (NaN where eager gives 0), and the written forms' retrace divided by a head count of 0 (a ZeroDivisionError
@@ -925,6 +973,7 @@ FAMILIES = {  # family: (canonical spellings, pattern that must fire on them, ha
     "silu_mul": (SM_CANON, "silu_mul", SM_MUTATIONS),
     "rotary": (ROT_CANON, "rotary", ROT_MUTATIONS),
     "attention": (ATT_CANON, "decode_attention", ATT_MUTATIONS),
+    "alibi_attention": (ALIBI_CANON, "decode_attention", ALIBI_MUTATIONS),
 }
 
 
@@ -987,8 +1036,9 @@ def _generate() -> None:
             for dtype in (torch.float64, torch.bfloat16, torch.float16)[:3 if k == 0 else 2]:
                 reduced = dtype != torch.float64
                 # a norm without the float32 upcast is not fused in float16 (patterns._norm_checks): not a must
+                # nor Bloom's attention in a reduced dtype (attention_patterns: eager's baddbmm rounds in its own order)
                 fires = reduced and not (dtype == torch.float16 and family in ("rms_norm", "add_rms_norm")
-                                         and "upcast" not in name)
+                                         and "upcast" not in name) and family != "alibi_attention"
                 variant(f"{family}/{name}/all_{str(dtype)[6:]}", fn, _cast(make, dtype),
                         none=not reduced, fire=(must,) if fires else ())
             # non-contiguous inputs: a column-major copy (same values)
