@@ -99,7 +99,7 @@ test: build $(STAMP_BENCH) $(STAMP_FUZZ) test-cpp test-python
 
 test-cpp:
 	@if [ -x $(BUILD_DIR)/graphex_cpp_tests ]; then \
-	  cd $(BUILD_DIR) && ctest --output-on-failure --timeout 120; \
+	  cd $(BUILD_DIR) && ctest --output-on-failure --timeout 120 -j $(TEST_JOBS); \
 	else echo "graphex: C++ tests were not built (no gtest)"; exit 1; fi
 
 # Tests run in TEST_JOBS worker processes (pytest-xdist), one test file per worker at a time (--dist loadfile:

@@ -160,14 +160,27 @@ def test_shell_examples_name_what_exists(fence: docs_pages.Fence) -> None:
 _RUN_SHELL = [f for f in _SHELL if f.marker in ("run", "run-as")]
 
 
-@pytest.mark.parametrize("fence", _RUN_SHELL, ids=[f.where for f in _RUN_SHELL])
-def test_shell_examples_marked_run_succeed(fence: docs_pages.Fence, tmp_path) -> None:
-    script = fence.marker_arg if fence.marker == "run-as" else fence.body
+def _script(fence: docs_pages.Fence) -> str:
+    return fence.marker_arg if fence.marker == "run-as" else fence.body
+
+
+# One run per distinct script: pages that show the same commands (the README's quick start and getting-started's)
+# are checked by the same run, named after every place that shows it.
+_BY_SCRIPT: dict[str, list[docs_pages.Fence]] = {}
+for _f in _RUN_SHELL:
+    _BY_SCRIPT.setdefault(_script(_f), []).append(_f)
+
+
+@pytest.mark.parametrize("fences", list(_BY_SCRIPT.values()),
+                         ids=[" & ".join(f.where for f in fs) for fs in _BY_SCRIPT.values()])
+def test_shell_examples_marked_run_succeed(fences: list[docs_pages.Fence], tmp_path) -> None:
+    script = _script(fences[0])
+    where = ", ".join(f.where for f in fences)
     env = _env(str(tmp_path))
     env["DOCS_TMP"] = str(tmp_path)
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
-    assert proc.returncode == 0, f"{fence.where}: `{script}` failed\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, f"{where}: `{script}` failed\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 
 def test_every_marker_is_understood_and_a_skip_says_why() -> None:
