@@ -4,15 +4,17 @@
 
 Prints medians over N rounds of 2000 calls each: the engine's executor called on a prepared input list, the
 generated guard + binding function alone (Note [One function checks the guards and binds the inputs]), the
-cache_compile call, and the cache_compile call with the engine replaced by a stub that returns the same
-outputs at once (what cache_compile adds per call, measured directly); one thread.
+cache_compile call (its C++ fast path, Note [A plain call's fast path is one C++ call]), and its Python path
+(the fast path off) with the engine replaced by a stub that returns the same outputs at once; one thread.
 
 Those rows are warm: nothing evicts the caches between calls. A real step streams its weights through them first
-(Note [Per-call costs are measured after a real engine run], bench/per_call.py), so the last row is measured as a
-call runs: each cache_compile call is paired with a bare engine call right after it, each preceded by an engine
-run, and the median of (cache_compile call - engine call) is what cache_compile adds after a real step.
+(Note [Per-call costs are measured after a real engine run], bench/per_call.py), so the last two rows are measured
+as a call runs: each cache_compile call is paired with a bare engine call right after it, each preceded by an
+engine run, and the median of (cache_compile call - engine call) is what cache_compile adds after a real step,
+through its fast path and through its Python path.
 """
 import argparse
+import contextlib
 import statistics
 import tempfile
 import time
@@ -42,7 +44,7 @@ def main(argv=None) -> None:
     for name, us in medians.items():
         print(f"  {name:52s} {us:8.1f} us")
     print(f"  {'cache_compile over engine (warm)':52s} {medians['cache_compile call'] - medians['engine (executor.try_run)']:8.1f} us"
-          "  (difference of two medians; the stubbed row is the direct measure)")
+          "  (difference of two medians)")
 
 
 def measure(rounds: int, calls: int) -> tuple[dict[str, float], int, int]:
@@ -72,21 +74,32 @@ def _measure(rounds: int, calls: int) -> tuple[dict[str, float], int, int]:
         rows = {"engine (executor.try_run)": lambda: loaded.executor.try_run(inputs),
                 "guards + bindings": lambda: loaded.program.bind(flat, loaded.bind(flat, cached._func)),
                 "cache_compile call": lambda: cached(*flat)}
+        if cached._fast is None:
+            raise RuntimeError("the second plain call left no fast path (Note [A plain call's fast path is one C++ "
+                               "call]): the rows below would time the Python path twice")
         leaves = loaded.program.try_run(flat, held)
         results = {name: [] for name in rows}
-        results["cache_compile, engine stubbed"] = []
+        results["cache_compile, Python path, engine stubbed"] = []
+        engine = lambda: loaded.executor.try_run(inputs)  # noqa: E731
+        after = "cache_compile over the engine, after an engine run"
+        python_after = "cache_compile's Python path over the engine, after an engine run"
+        floor = "engine over the engine (the pairing's own floor)"
+        results[after], results[python_after], results[floor] = [], [], []
         for _ in range(rounds):
             for name, fn in rows.items():
                 results[name].append(per_call_us(fn, calls))
-            real, loaded.program = loaded.program, _StubProgram(leaves)  # what cache_compile adds, without the engine
-            try:
-                results["cache_compile, engine stubbed"].append(per_call_us(lambda: cached(*flat), calls))
-            finally:
-                loaded.program = real
-        results["cache_compile over the engine, after an engine run"] = [
-            statistics.median(_paired_after_engine(lambda: cached(*flat), lambda: loaded.executor.try_run(inputs),
-                                                   max(calls // 4, 5)))
-            for _ in range(rounds)]
+            results[after].append(statistics.median(_paired_after_engine(lambda: cached(*flat), engine,
+                                                                         max(calls // 4, 5))))
+            results[floor].append(statistics.median(_paired_after_engine(engine, engine, max(calls // 4, 5))))
+            with _python_path(cached, loaded):
+                results[python_after].append(statistics.median(_paired_after_engine(lambda: cached(*flat), engine,
+                                                                                    max(calls // 4, 5))))
+                real, loaded.program = loaded.program, _StubProgram(leaves)  # what the Python path adds, no engine
+                try:
+                    results["cache_compile, Python path, engine stubbed"].append(
+                        per_call_us(lambda: cached(*flat), calls))
+                finally:
+                    loaded.program = real
     medians = {name: statistics.median(r) for name, r in results.items()}
     return medians, loaded.guard_set.count, len(inputs)
 
@@ -104,6 +117,18 @@ def _paired_after_engine(call, engine, pairs=500):
         t2 = time.perf_counter_ns()
         out.append(((t1 - t0) - (t2 - t1)) / 1e3)
     return out
+
+
+@contextlib.contextmanager
+def _python_path(cached, loaded):
+    """cache_compile with its C++ fast path off (the path every call took before it): the generated guard function,
+    then BoundProgram.try_run."""
+    cached._fast = None
+    loaded.fast_call = lambda args: None
+    try:
+        yield
+    finally:
+        del loaded.fast_call
 
 
 class _StubProgram:

@@ -100,6 +100,12 @@ class StateWatch {
 
 }  // namespace
 
+bool stateWatchUnchanged(py::handle watch) {
+  // A StateWatch is only ever created by registerStateWatch's class; anything else (None before a first check) fails.
+  if (!py::isinstance<StateWatch>(watch)) return false;
+  return watch.cast<const StateWatch&>().unchanged();
+}
+
 void registerStateWatch(py::module_& m) {
   py::class_<StateWatch>(m, "StateWatch",
                          "Note [A watched dict proves its guards still hold] (csrc/python/state_watch.cpp)")

@@ -5,4 +5,6 @@
 
 namespace graphex {
 void registerStateWatch(pybind11::module_& m);
+// Whether `watch` (a graphex._C.StateWatch) still holds: unchanged() without a Python call. False for any other object.
+bool stateWatchUnchanged(pybind11::handle watch);
 }  // namespace graphex

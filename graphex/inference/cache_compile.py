@@ -19,6 +19,7 @@ keys on] (keys.py) for what makes an entry stale.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import os
 import time
@@ -78,6 +79,7 @@ class _Loaded:
         self.guard_set = GuardSet(entry.header["dynamo_guards"])
         self.bind: Callable[[list[Any], Any], list[Any] | None] | None = None
         self.why = ""  # the guard that failed, for the cache-miss message
+        self._fast_call: Any = None  # built at the first plain hit (Note [A plain call's fast path is one C++ call])
 
     def try_run(self, flat: list[Any]) -> Any:
         """The call's result, or MISS (nothing run) if this entry does not fit the call.
@@ -111,6 +113,23 @@ class _Loaded:
         if self.single_leaf:  # one result returned as it is: no pytree per call
             return leaves[0]
         return pytree.tree_unflatten(leaves, self.out_spec)
+
+    def fast_call(self, args: tuple[Any, ...]) -> Any:
+        """A _C.FastCall for calls like `args` (positional, a hit just now), or None when this entry's fast path
+        proves something only Python checks (Note [A plain call's fast path is one C++ call])."""
+        if self._fast_call is None:
+            native = self.guard_set.native
+            if self.validate_next or self.bind is None or native is None:
+                return None
+            state = native["state"]
+            self._fast_call = _C.FastCall(
+                self.program, self.guard_set._published,
+                [(type(a), None if isinstance(a, torch.Tensor) else a, native["args"].get(i))
+                 for i, a in enumerate(args)],
+                state["global_state"].check if "global_state" in state else None, "saved_tensors_hooks" in state,
+                "torch_function" in state, state.get("default_device"),
+                None if self.single_leaf else functools.partial(pytree.tree_unflatten, treespec=self.out_spec), MISS)
+        return self._fast_call
 
     def _why_not(self, flat: list[Any], held: list[Any]) -> str:
         inputs = self.program.bind(flat, held)
@@ -166,8 +185,11 @@ def _fake_mismatch_details(loaded: _Loaded, e: Any) -> tuple[Any, ...]:
     return op, name, e.output, e.expected, e.actual, ""
 
 
-class CachedFunction:
-    """The callable cache_compile returns. `stats` counts hits, misses, compiles and writes."""
+class CachedFunction(_C.CachedCall):
+    """The callable cache_compile returns. `stats` counts hits, misses, compiles and writes.
+
+    Calling it enters C++ at once (Note [cache_compile's call enters C++ at once], csrc/python/module.cpp): a call
+    without keywords tries the FastCall of the last plain hit (`_fast`); anything else comes to `_call`."""
 
     def __init__(self, func: Callable[..., Any], *, dynamic: bool, cache_dir: Any, options: Any) -> None:
         self._func = func
@@ -183,12 +205,14 @@ class CachedFunction:
         self._name = identity["qualname"].replace("<", "").replace(">", "").replace("/", "_")
 
     # -- the call ---------------------------------------------------------------------------------
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        """Every call the FastCall did not answer (CachedCall's call slot, C++)."""
         # Note [A plain call skips pytree]: positional tensors and numbers only (the common serving call)
         # flatten to themselves, so neither tree_flatten nor hashing a TreeSpec is paid per call; the key
         # (the argument count) cannot collide with a TreeSpec key, and one call shape always takes one path.
         values = None if kwargs else tuple(map(_call_value, args))
-        if values is not None and _NOT_A_LEAF not in values:
+        plain = values is not None and _NOT_A_LEAF not in values
+        if plain:
             flat = list(args)
             in_spec = self._plain_specs.get(len(args))
             if in_spec is None:
@@ -202,6 +226,8 @@ class CachedFunction:
         for loaded in self._by_call.get(call_key, ()):  # newest first
             result = loaded.try_run(flat)  # Note [Entries are found by signature, not by exceptions]
             if result is not MISS:
+                if plain:
+                    self._fast = loaded.fast_call(args)
                 return result
         return self._load_or_compile(flat, in_spec, call_key)
 

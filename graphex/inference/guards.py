@@ -87,6 +87,10 @@ class GuardSet:
         self.count = len(records)
         self.always = 0  # records checked on every call (the rest: while the watch holds, by the watch)
         self._published: list[Any] = [(None, [])]
+        # Note [A plain call's fast path is one C++ call] (csrc/python/module.cpp): what the fast path proves besides
+        # the watch, as C++ can check it, or None when it proves something C++ does not (a guard through a list, a
+        # closure, a tensor an argument holds): {"args": {i: the class StateWatch or None}, "state": {kind: object}}.
+        self.native: dict[str, Any] | None = None
 
     @property
     def watch(self) -> Any:
@@ -106,6 +110,7 @@ class GuardSet:
         fast = _Emitter(held, pins, globals_)
         fast.on_fail = "return slow(flat_args, func)"  # the fast path proves; it never refuses
         always = 0
+        native: dict[str, Any] | None = {"args": {}, "state": {}}
         try:
             for rec in self.records:
                 kind = rec["kind"]
@@ -121,6 +126,11 @@ class GuardSet:
                     full.check(_state_check(kind, rec.get("expect"), held))
                     fast.check(_state_check(kind, rec.get("expect"), held, fast=True))
                     always += 1
+                    if native is not None:  # C++ calls what the fast form calls (held[-1]); another device: Python's
+                        native = None if kind in native["state"] or (kind == "default_device" and rec.get("expect")
+                                                                      is not None) else native
+                        if native is not None:
+                            native["state"][kind] = held[-1]
                     continue
                 path = parse_source(rec["source"])
                 value = resolve(path, locals_, globals_)
@@ -133,6 +143,7 @@ class GuardSet:
                 if not pins.covers(rec, path, value, locals_, globals_):
                     fast.check(_condition(rec, value, fast.var(path), held, locals_, globals_, fast.var)[0])
                     always += 1
+                    native = _native_arg_check(native, rec, path, held)
             reads_full, reads_fast, static = [], [], []
             for b in inputs or []:
                 if b.kind not in HELD_KINDS:
@@ -178,6 +189,7 @@ class GuardSet:
         exec(compile(source, "<graphex guards>", "exec"), namespace)  # generated from typed records only
         self._published = namespace["P"]
         self.run, self.source, self.always = namespace["run"], source, always
+        self.native = native if len(static) == len(reads_full) else None  # C++ has only the published held inputs
         return None
 
     @staticmethod
@@ -198,6 +210,24 @@ class GuardSet:
                 raise _Fails(f"the {kind} read from {binding.source} is gone")
             return var(path)
         raise NotCheckable(f"an input binding of kind {kind!r}")
+
+
+def _native_arg_check(native: dict[str, Any] | None, rec: dict[str, Any], path: Path,
+                      held: list[Any]) -> dict[str, Any] | None:
+    """`native` with one more record the fast path checks on every call, if C++ checks it alike, else None (no
+    FastCall). C++ checks a positional argument's exact type and, for a number or str, its value as the call key
+    has it (a float by its bits), so: the type of a positional argument (`type(flat_args[i]) is T`, and its class
+    unchanged: the _ClassUnchanged just held), and a positional argument equal to a constant (which the value
+    the FastCall records at a hit equals)."""
+    if native is None or len(path) != 2 or path[0] != ("L", "flat_args") or path[1][0] != "item" \
+            or type(path[1][1]) is not int:
+        return None
+    if rec["kind"] == "equals":
+        return native
+    if rec["kind"] != "type" or path[1][1] in native["args"]:
+        return None
+    native["args"][path[1][1]] = held[-1].watch if isinstance(held[-1], _ClassUnchanged) else None
+    return native
 
 
 class _Emitter:

@@ -1,0 +1,233 @@
+"""cache_compile's C++ fast path (Note [A plain call's fast path is one C++ call], csrc/python/module.cpp).
+
+After a plain call (positional tensors and numbers) hits an entry, the next call with the same key is answered by
+one C++ call. It must never be wider than the Python path it skips: each change below is made after the fast path
+is installed, and the next calls must equal eager's, every one of them, the Python path deciding."""
+
+import math
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import graphex
+from graphex.inference.cache_compile import MISS
+
+SCALE = 2.0
+
+
+def bump(y):
+    return y * 1.25
+
+
+_BUMP_CODE = bump.__code__
+
+
+class Model(nn.Module):
+    """Reads state only through dicts, types and code: every guard is proved by the watch, so it gets a FastCall."""
+
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+        self.scale = 2.0
+        self.table = {"shift": 1.0}
+        self.cfg = _Config()
+        self.act = torch.tanh
+        self.flags = {"on": True}
+        self.cached = graphex.inference.cache_compile(self._forward, cache_dir=cache_dir)
+
+    def helper(self, y):
+        return bump(y) + 1
+
+    def _forward(self, x, *numbers):  # no defaults: a function's __defaults__ are checked by Python on every call
+        alpha, n = (numbers + (1.0, 1)[len(numbers):]) if len(numbers) < 2 else numbers
+        y = self.proj(x) * self.scale * self.cfg.mult * SCALE * alpha * n * math.copysign(1.0, alpha) + self.table["shift"]
+        y = y * (3.0 if "extra" in self.flags else 1.0)
+        return self.act(self.helper(y))
+
+
+class _Config:  # a class of the user's (a SimpleNamespace's attributes are read through no watched dict)
+    def __init__(self):
+        self.mult = 3.0
+
+
+class _Mode(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.tanh else out
+
+
+CHANGES = {  # what changes between the fast path's installation and the next calls, and the context they run in
+    "plain attribute": lambda m: setattr(m, "scale", 5.0),
+    "submodule replaced": lambda m: setattr(m, "proj", nn.Linear(6, 6)),
+    "parameter replaced": lambda m: setattr(m.proj, "weight", nn.Parameter(torch.randn(6, 6))),
+    "parameter of another shape": lambda m: setattr(m.proj, "weight", nn.Parameter(torch.randn(6, 7)[:, :6])),
+    "function stored on the module": lambda m: setattr(m, "act", torch.sigmoid),
+    "dict value": lambda m: m.table.__setitem__("shift", -4.0),
+    "config object": lambda m: setattr(m.cfg, "mult", 0.25),
+    "global": lambda m: setattr(sys.modules[__name__], "SCALE", 7.0),
+    "forward hook added": lambda m: m.proj.register_forward_hook(lambda mod, args, out: out * 10),
+    "dict key added": lambda m: m.flags.__setitem__("extra", None),
+    "method assigned to the class": lambda m: setattr(Model, "helper", lambda self, y: y - 1),
+    "function's code replaced": lambda m: setattr(bump, "__code__", (lambda y: y * 0.5).__code__),
+    "module's class changed": lambda m: setattr(m, "__class__", type("Other", (Model,), {"helper": lambda s, y: y * 3})),
+}
+
+CONTEXTS = {  # the calls after installation run inside one of these (the trace ran in none of them)
+    "grad mode on": lambda: torch.enable_grad(),
+    "threads changed": lambda: _threads(1 if torch.get_num_threads() > 1 else 2),
+    "default device": lambda: torch.device("cpu"),
+    "torch function mode": lambda: _Mode(),
+    "saved tensors hooks": lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t),
+    "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+    "deterministic algorithms": lambda: _deterministic(),
+}
+
+
+class _threads:
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        self.saved = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.saved)
+
+
+class _deterministic:
+    def __enter__(self):
+        self.saved = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+
+    def __exit__(self, *exc):
+        torch.use_deterministic_algorithms(self.saved)
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    helper = Model.helper
+    yield
+    global SCALE
+    SCALE = 2.0
+    Model.helper = helper
+    bump.__code__ = _BUMP_CODE
+
+
+def _same(a, b):
+    """Bit for bit, NaN where eager has NaN."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.isnan(), b.isnan()) and \
+        torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+
+
+def _installed(tmp_path, *args):
+    torch.manual_seed(0)
+    m = Model(str(tmp_path))
+    with torch.no_grad():
+        for _ in range(2):  # the first compiles, the second hits through Python and installs the fast path
+            assert _same(m.cached(*args), m._forward(*args))
+    assert m.cached._fast is not None, "a plain hit left no fast path"
+    return m
+
+
+def _python_guard_calls(m):
+    """Counts the calls of the generated guard function (the Python path's first step)."""
+    (loaded,) = [e for entries in m.cached._by_call.values() for e in entries]
+    calls = [0]
+    run = loaded.bind
+
+    def counted(*a):
+        calls[0] += 1
+        return run(*a)
+
+    loaded.bind = counted
+    return calls
+
+
+def test_a_plain_hit_is_answered_by_the_fast_path_alone(tmp_path):
+    x = torch.randn(4, 6)
+    m = _installed(tmp_path, x)
+    m.register_buffer("unread", torch.ones(2))  # state the trace did not read: the fast path stays
+    calls = _python_guard_calls(m)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(m.cached(x), m._forward(x))
+    assert calls[0] == 0, "the Python guard function ran: the fast path was not taken"
+    with torch.inference_mode():
+        assert torch.equal(m.cached(x), m._forward(x))
+    assert m.cached._fast(("not", "the", "key")) is MISS
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_change_after_the_fast_path_is_installed_is_seen(tmp_path, change):
+    x = torch.randn(4, 6)
+    m = _installed(tmp_path, x)
+    CHANGES[change](m)
+    calls = _python_guard_calls(m)
+    with torch.no_grad():
+        for _ in range(3):
+            out, ref = m.cached(x), m._forward(x)
+            assert torch.equal(out, ref), f"{change}: stale result after the change"
+    assert calls[0] >= 1, f"{change}: the fast path answered a call after the change without the Python path"
+
+
+@pytest.mark.parametrize("context", list(CONTEXTS))
+def test_a_call_in_another_global_state_is_decided_by_the_python_path(tmp_path, context):
+    x = torch.randn(4, 6)
+    m = _installed(tmp_path, x)
+    with torch.no_grad():
+        ref_outside = m._forward(x)
+    with CONTEXTS[context]():
+        with torch.no_grad() if context != "grad mode on" else torch.enable_grad():
+            assert m.cached._fast((x,)) is MISS, f"{context}: the fast path answered a call the trace did not prove"
+            for _ in range(2):
+                out, ref = m.cached(x), m._forward(x)
+                assert torch.equal(out, ref), f"{context}: not eager's result"
+    with torch.no_grad():  # and back outside: the first state's entry again
+        assert torch.equal(m.cached(x), ref_outside)
+
+
+@pytest.mark.parametrize("first,then", [
+    ((0.0,), (-0.0,)), ((-0.0,), (0.0,)), ((0.5,), (0.25,)), ((float("nan"),), (float("nan"),)),
+    ((1.0, 2), (1.0, 3)), ((1.0, 1), (1.0, True)), ((1.0, True), (1.0, 1)), ((2.0,), (2,)),
+])
+def test_numbers_in_the_call_key_are_compared_as_the_python_path_compares_them(tmp_path, first, then):
+    x = torch.randn(4, 6).abs() + 0.5
+    m = _installed(tmp_path, x, *first)
+    with torch.no_grad():
+        for _ in range(2):
+            out, ref = m.cached(x, *then), m._forward(x, *then)
+            assert _same(out, ref), (first, then)
+
+
+def test_other_tensors_are_not_taken_for_the_key(tmp_path):
+    x = torch.randn(4, 6)
+    m = _installed(tmp_path, x)
+    with torch.no_grad():
+        for other in (torch.randn(5, 6), torch.randn(6, 4).t(), nn.Parameter(torch.randn(4, 6), requires_grad=False), torch.randn(4, 12)[:, ::2]):
+            for _ in range(2):
+                assert torch.equal(m.cached(other), m._forward(other))
+        assert torch.equal(m.cached(x), m._forward(x))
+
+
+def test_a_model_with_a_guard_only_python_checks_gets_no_fast_path(tmp_path):
+    class ReadsAList(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.factors = [1.5]
+            self.cached = graphex.inference.cache_compile(self._forward, cache_dir=str(tmp_path))
+
+        def _forward(self, x):
+            return F.relu(x) * self.factors[0]
+
+    m = ReadsAList()
+    x = torch.randn(3)
+    with torch.no_grad():
+        for _ in range(2):
+            m.cached(x)
+        assert m.cached._fast is None  # a list item is checked on every call by Python (the "always" records)
+        m.factors[0] = -2.0
+        assert torch.equal(m.cached(x), m._forward(x))
