@@ -480,6 +480,89 @@ PyTypeObject cachedCallType = [] {
   return t;
 }();
 
+// Note [A compiled graph's call enters its runner at once]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// AOTAutograd calls the compiled graph once per step. Its Python `__call__` (`return self.runner(args)`) was one
+// frame of ours per call, 5-6 us after a real step (bench/per_call.py, "graphex Python"). CompiledGraph
+// (graphex/runtime/compiled_graph.py) derives from RunnerCall instead, whose call slot hands the arguments to the
+// `runner` it holds (the executor itself in the steady phase; the first-call or validating method before) with no
+// frame between. The runner is usually a bound method of the graph itself, a cycle, so the type takes part in GC.
+struct RunnerCallObject {
+  PyObject_HEAD
+  PyObject* runner;  // nullptr until set
+};
+
+PyObject* runnerCallInvoke(PyObject* self, PyObject* args, PyObject* kwargs) {
+  PyObject* runner = reinterpret_cast<RunnerCallObject*>(self)->runner;
+  if (runner == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "graphex: this compiled graph has no runner yet");
+    return nullptr;
+  }
+  Py_INCREF(runner);  // the call may replace it (a phase change)
+  PyObject* result = PyObject_Call(runner, args, kwargs);
+  Py_DECREF(runner);
+  return result;
+}
+
+int runnerCallTraverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(reinterpret_cast<RunnerCallObject*>(self)->runner);
+  return 0;
+}
+
+int runnerCallClear(PyObject* self) {
+  Py_CLEAR(reinterpret_cast<RunnerCallObject*>(self)->runner);
+  return 0;
+}
+
+void runnerCallDealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  runnerCallClear(self);
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* runnerCallGet(PyObject* self, void*) {
+  PyObject* runner = reinterpret_cast<RunnerCallObject*>(self)->runner;
+  if (runner == nullptr) {
+    PyErr_SetString(PyExc_AttributeError, "runner");
+    return nullptr;
+  }
+  return Py_NewRef(runner);
+}
+
+int runnerCallSet(PyObject* self, PyObject* value, void*) {
+  if (value == nullptr) {
+    PyErr_SetString(PyExc_AttributeError, "graphex: a compiled graph's runner cannot be deleted");
+    return -1;
+  }
+  if (!PyCallable_Check(value)) {
+    PyErr_SetString(PyExc_TypeError, "graphex: a compiled graph's runner must be callable");
+    return -1;
+  }
+  Py_XSETREF(reinterpret_cast<RunnerCallObject*>(self)->runner, Py_NewRef(value));
+  return 0;
+}
+
+PyGetSetDef runnerCallGetSet[] = {
+    {"runner", runnerCallGet, runnerCallSet,
+     "What a call runs: runner(args) (Note [A compiled graph's call enters its runner at once]).", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject runnerCallType = [] {
+  PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+  t.tp_name = "graphex._C.RunnerCall";
+  t.tp_basicsize = sizeof(RunnerCallObject);
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
+  t.tp_doc = "Note [A compiled graph's call enters its runner at once] (csrc/python/module.cpp): the base of "
+             "CompiledGraph.";
+  t.tp_new = PyType_GenericNew;
+  t.tp_dealloc = runnerCallDealloc;
+  t.tp_traverse = runnerCallTraverse;
+  t.tp_clear = runnerCallClear;
+  t.tp_call = runnerCallInvoke;
+  t.tp_getset = runnerCallGetSet;
+  return t;
+}();
+
 void registerErrors(py::module_& m) {
   (void)errorClasses();  // imported now, with the GIL held by module init
   py::register_exception_translator([](std::exception_ptr p) {
@@ -618,6 +701,8 @@ PYBIND11_MODULE(_C, m) {
       .def("__call__", &FastCall::call, py::arg("args"),
            "The call's result, or `miss` (nothing run) when anything differs from what the entry was proved for.");
 
+  if (PyType_Ready(&runnerCallType) < 0) throw py::error_already_set();
+  m.add_object("RunnerCall", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&runnerCallType)));
   if (PyType_Ready(&cachedCallType) < 0) throw py::error_already_set();
   m.add_object("CachedCall", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&cachedCallType)));
 

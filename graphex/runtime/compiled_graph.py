@@ -85,7 +85,10 @@ class Phase(enum.Enum):
 Watcher = Callable[[list[Any], list[Any]], None]
 
 
-class CompiledGraph:
+class CompiledGraph(_C.RunnerCall):
+    """One captured graph. Calling it calls `self.runner(args)` from C++, with no Python frame of ours between
+    (Note [A compiled graph's call enters its runner at once], csrc/python/module.cpp)."""
+
     _boxed_call = True  # AOTAutograd passes the inputs as one list
 
     def __init__(self, name: str, gm: torch.fx.GraphModule, options: Options, *, static_inputs: Sequence[int],
@@ -139,10 +142,6 @@ class CompiledGraph:
         self.runner: Callable[[list[Any]], list[Any]] = self._first_call
         self._enter(Phase.FIRST_CALL if frozen else self._after_build())
         _live[next(_order)] = self
-
-    # -- the hot path ----------------------------------------------------------
-    def __call__(self, args: list[Any]) -> list[Any]:
-        return self.runner(args)
 
     # -- phases (Note [A compiled graph runs in explicit phases]) ----------------
     def _after_build(self) -> Phase:

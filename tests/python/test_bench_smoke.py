@@ -235,3 +235,18 @@ def test_fused_step_runs_in_bfloat16(capsys):
     assert fused_step.main(["--rounds", "1", "--round-s", "0.02", "--dtype", "bfloat16"]) == 0
     out = capsys.readouterr().out
     assert "decoder one-token step (bfloat16)" in out and "weight-streaming floor" in out
+
+
+def test_runner_call_cost_times_both_calls_and_restores_the_graph():
+    """bench/runner_call_cost.py (Note [A compiled graph's call enters its runner at once]): both rows are timed, and
+    the graph it switched to a Python __call__ is a CompiledGraph again afterwards."""
+    import gc
+
+    from bench import runner_call_cost
+    from graphex.runtime.compiled_graph import CompiledGraph
+
+    rows = runner_call_cost.measure(rounds=1, pairs=5)
+    assert set(rows) == {"graph(args) over the engine, C++ call slot", "graph(args) over the engine, Python __call__",
+                         "Python __call__ - C++ slot, per round", "engine over the engine (the pairing's own floor)"}
+    gc.collect()
+    assert all(type(g) is CompiledGraph for g in gc.get_objects() if isinstance(g, CompiledGraph))
