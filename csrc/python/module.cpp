@@ -366,8 +366,29 @@ struct FastCall {
     return true;
   }
 
+  // Note [Objects that hold Python objects take part in GC] (state_watch.h). A cleared FastCall always misses.
+  int traverse(visitproc visit, void* arg) const {
+    Py_VISIT(published.ptr());
+    for (const Arg& a : args) {
+      Py_VISIT(a.value.ptr());
+      Py_VISIT(a.class_watch.ptr());
+    }
+    Py_VISIT(global_state_check.ptr());
+    Py_VISIT(device_module.ptr());
+    Py_VISIT(unflatten.ptr());
+    return 0;
+  }
+  void clear() {
+    program.reset();
+    published = py::list();
+    args.clear();
+    global_state_check = py::none();
+    device_module = py::none();
+    unflatten = py::none();
+  }
+
   py::object call(const py::tuple& call_args) const {
-    if (call_args.size() != args.size() || c10::GradMode::is_enabled()) return miss;
+    if (!program || call_args.size() != args.size() || c10::GradMode::is_enabled()) return miss;
     for (size_t i = 0; i < args.size(); ++i) {
       PyObject* a = PyTuple_GET_ITEM(call_args.ptr(), i);
       const Arg& want = args[i];
@@ -410,10 +431,11 @@ PyObject* cachedCallInvoke(PyObject* self, PyObject* args, PyObject* kwargs) {
   auto* c = reinterpret_cast<CachedCallObject*>(self);
   if (c->fast_ptr != nullptr && (kwargs == nullptr || PyDict_GET_SIZE(kwargs) == 0)) {
     PyObject* fast = c->fast;
-    Py_INCREF(fast);  // kept alive through the call, even if the call replaces it
+    const FastCall* f = c->fast_ptr;
+    Py_INCREF(fast);  // kept alive through the call, even if another thread replaces it while the engine runs
     try {
-      py::object result = c->fast_ptr->call(py::reinterpret_borrow<py::tuple>(args));
-      bool missed = result.ptr() == c->fast_ptr->miss.ptr();
+      py::object result = f->call(py::reinterpret_borrow<py::tuple>(args));
+      bool missed = result.ptr() == f->miss.ptr();
       Py_DECREF(fast);
       if (!missed) return result.release().ptr();
     } catch (py::error_already_set& e) {
@@ -433,8 +455,21 @@ PyObject* cachedCallInvoke(PyObject* self, PyObject* args, PyObject* kwargs) {
   return result;
 }
 
+int cachedCallTraverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(reinterpret_cast<CachedCallObject*>(self)->fast);
+  return 0;
+}
+
+int cachedCallClear(PyObject* self) {
+  auto* c = reinterpret_cast<CachedCallObject*>(self);
+  c->fast_ptr = nullptr;
+  Py_CLEAR(c->fast);
+  return 0;
+}
+
 void cachedCallDealloc(PyObject* self) {
-  Py_CLEAR(reinterpret_cast<CachedCallObject*>(self)->fast);
+  PyObject_GC_UnTrack(self);
+  cachedCallClear(self);
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -471,10 +506,12 @@ PyTypeObject cachedCallType = [] {
   PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
   t.tp_name = "graphex._C.CachedCall";
   t.tp_basicsize = sizeof(CachedCallObject);
-  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE;
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
   t.tp_doc = "Note [cache_compile's call enters C++ at once] (csrc/python/module.cpp): the base of CachedFunction.";
   t.tp_new = PyType_GenericNew;
   t.tp_dealloc = cachedCallDealloc;
+  t.tp_traverse = cachedCallTraverse;
+  t.tp_clear = cachedCallClear;
   t.tp_call = cachedCallInvoke;
   t.tp_getset = cachedCallGetSet;
   return t;
@@ -676,7 +713,8 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("outputs"), py::arg("args"), "The flattened result of a run's outputs (the result leaves).");
 
-  py::class_<FastCall>(m, "FastCall", "Note [A plain call's fast path is one C++ call] (csrc/python/module.cpp)")
+  py::class_<FastCall>(m, "FastCall", "Note [A plain call's fast path is one C++ call] (csrc/python/module.cpp)",
+                       py::custom_type_setup(takesPartInGc<FastCall>))
       .def(py::init([](std::shared_ptr<BoundProgram> program, py::list published,
                        const std::vector<std::tuple<py::object, py::object, py::object>>& args,
                        py::object global_state_check, bool saved_hooks, bool torch_function, py::object device_module,

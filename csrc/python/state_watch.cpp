@@ -85,6 +85,24 @@ class StateWatch {
   }
 
   void invalidate() { valid_ = false; }
+
+  // Note [Objects that hold Python objects take part in GC]: what it holds, for tp_traverse / tp_clear. A cleared
+  // watch holds nothing and never answers unchanged.
+  int traverse(visitproc visit, void* arg) const {
+    for (const py::object& o : dicts_) Py_VISIT(o.ptr());
+    for (const py::object& o : objects_) Py_VISIT(o.ptr());
+    for (const py::object& o : functions_) Py_VISIT(o.ptr());
+    return 0;
+  }
+  void clear() {
+    valid_ = false;
+    dicts_.clear();
+    versions_.clear();
+    objects_.clear();
+    types_.clear();
+    functions_.clear();
+    codes_.clear();
+  }
   size_t numDicts() const { return dicts_.size(); }
   size_t numObjects() const { return objects_.size(); }
 
@@ -108,7 +126,8 @@ bool stateWatchUnchanged(py::handle watch) {
 
 void registerStateWatch(py::module_& m) {
   py::class_<StateWatch>(m, "StateWatch",
-                         "Note [A watched dict proves its guards still hold] (csrc/python/state_watch.cpp)")
+                         "Note [A watched dict proves its guards still hold] (csrc/python/state_watch.cpp)",
+                         py::custom_type_setup(takesPartInGc<StateWatch>))
       .def(py::init<const std::vector<py::object>&, const std::vector<py::object>&,
                     const std::vector<py::object>&>(),
            py::arg("dicts"), py::arg("objects"), py::arg("functions") = std::vector<py::object>{})

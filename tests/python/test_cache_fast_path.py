@@ -231,3 +231,24 @@ def test_a_model_with_a_guard_only_python_checks_gets_no_fast_path(tmp_path):
         assert m.cached._fast is None  # a list item is checked on every call by Python (the "always" records)
         m.factors[0] = -2.0
         assert torch.equal(m.cached(x), m._forward(x))
+
+
+@pytest.mark.parametrize("calls", [1, 3])
+def test_a_dropped_module_is_freed(tmp_path, calls):
+    """Note [Objects that hold Python objects take part in GC]: the module holds its CachedFunction, which holds the
+    FastCall and the entry's StateWatch, which hold the module's dicts: a cycle the collector must see through (it
+    could not, and every module with a cache_compile'd method stayed in memory after `del`)."""
+    import gc
+    import weakref
+
+    m = Model(str(tmp_path))
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        for _ in range(calls):
+            m.cached(x)
+    assert (m.cached._fast is not None) == (calls > 1)
+    freed = weakref.ref(m)
+    del m
+    torch._dynamo.reset()
+    gc.collect()
+    assert freed() is None, "the module outlived its last reference"
