@@ -17,7 +17,9 @@
 #include <ATen/SavedTensorHooks.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/forward_grad.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/pybind11.h>
@@ -31,8 +33,26 @@ namespace py = pybind11;
 namespace graphex {
 namespace {
 
+// Note [A dual tensor is refused, never run without its tangent]
+// A tensor with a forward-mode AD tangent (torch.autograd.forward_ad.make_dual) reaches the engine as a plain
+// tensor: the program runs below autograd, so its outputs carried no tangent and `unpack_dual(out).tangent` was
+// silently None where eager has the derivative (found by a helper, through torch.compile and cache_compile alike).
+// Every Python run converts its inputs here, so this is the one place that refuses it, naming the input.
+bool hasTangent(const at::Tensor& t) {
+  const torch::autograd::AutogradMeta* meta = torch::autograd::impl::get_autograd_meta(t);
+  return meta != nullptr && meta->fw_grad_ && !meta->fw_grad_->empty();
+}
+
 c10::IValue toIValue(PyObject* obj, size_t index) {
-  if (THPVariable_Check(obj)) return THPVariable_Unpack(obj);
+  if (THPVariable_Check(obj)) {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (hasTangent(t))
+      throw SignatureError("input " + std::to_string(index) + " is a dual tensor (it carries a forward-mode AD "
+                           "tangent, torch.autograd.forward_ad): a captured program runs below autograd and would "
+                           "return no tangent. Run forward-mode AD on the eager model (torch.func.jvp(model, ...)), "
+                           "or call this model outside fwAD.dual_level() with plain tensors.");
+    return t;
+  }
   if (PyBool_Check(obj)) return obj == Py_True;
   if (PyLong_Check(obj)) {
     int overflow = 0;

@@ -15,6 +15,12 @@
 // tensor's metadata, the global torch state) are checked on every call by Python
 // (guards.py, GuardSet: the "always" records).
 //
+// Note [A watched dict must stay its object's dict]
+// A dict's version says nothing about whether its object still uses it: `cfg.__dict__ = state` (the usual
+// __setstate__) gives `cfg` a new dict and leaves the watched one as it was. So an instance dict is watched with
+// its owner, and `unchanged()` also asks that each owner's __dict__ is still that dict (found by a helper: the
+// replaced config's old value was replayed on every call).
+//
 // PEP 509's tag is deprecated from Python 3.12 (PEP 699) but still maintained through 3.13;
 // `supported()` says whether this interpreter has it, and without it every call runs the full
 // check (slower, never stale).
@@ -48,9 +54,16 @@ uint64_t dictVersion(PyObject* d) {
 class StateWatch {
  public:
   // dicts: the dicts the watched guards read through; objects: the objects whose types they check;
-  // functions: the Python functions whose code objects they check (`f.__code__ is C`).
+  // functions: the Python functions whose code objects they check (`f.__code__ is C`); owners: (object, dict) pairs,
+  // each object's own __dict__ a watched dict that must stay its __dict__ (Note [A watched dict must stay its
+  // object's dict]).
   StateWatch(const std::vector<py::object>& dicts, const std::vector<py::object>& objects,
-             const std::vector<py::object>& functions) {
+             const std::vector<py::object>& functions, const std::vector<std::pair<py::object, py::object>>& owners) {
+    for (const auto& [owner, dict] : owners) {
+      if (!PyDict_Check(dict.ptr())) throw py::type_error("graphex: StateWatch: an owner's __dict__ must be a dict");
+      owners_.push_back(owner);
+      owned_.push_back(dict);
+    }
     for (const py::object& f : functions) {
       if (!PyFunction_Check(f.ptr())) throw py::type_error("graphex: StateWatch watches Python functions' code");
       functions_.push_back(f);
@@ -74,6 +87,18 @@ class StateWatch {
       if (Py_TYPE(objects_[i].ptr()) != types_[i]) return false;
     for (size_t i = 0; i < functions_.size(); ++i)
       if (PyFunction_GET_CODE(functions_[i].ptr()) != codes_[i]) return false;
+    for (size_t i = 0; i < owners_.size(); ++i) {
+      // Note [A watched dict must stay its object's dict]: `obj.__dict__ = other` (a __setstate__ idiom) leaves the
+      // watched dict unchanged, and its version with it; so the object must still own that very dict.
+      PyObject* now = PyObject_GenericGetDict(owners_[i].ptr(), nullptr);
+      if (now == nullptr) {
+        PyErr_Clear();
+        return false;
+      }
+      bool same = now == owned_[i].ptr();
+      Py_DECREF(now);
+      if (!same) return false;
+    }
     return true;
   }
 
@@ -92,6 +117,8 @@ class StateWatch {
     for (const py::object& o : dicts_) Py_VISIT(o.ptr());
     for (const py::object& o : objects_) Py_VISIT(o.ptr());
     for (const py::object& o : functions_) Py_VISIT(o.ptr());
+    for (const py::object& o : owners_) Py_VISIT(o.ptr());
+    for (const py::object& o : owned_) Py_VISIT(o.ptr());
     return 0;
   }
   void clear() {
@@ -102,6 +129,8 @@ class StateWatch {
     types_.clear();
     functions_.clear();
     codes_.clear();
+    owners_.clear();
+    owned_.clear();
   }
   size_t numDicts() const { return dicts_.size(); }
   size_t numObjects() const { return objects_.size(); }
@@ -113,6 +142,7 @@ class StateWatch {
   std::vector<PyTypeObject*> types_;
   std::vector<py::object> functions_;
   std::vector<PyObject*> codes_;  // borrowed: compared by address only, never dereferenced
+  std::vector<py::object> owners_, owned_;  // owners_[i].__dict__ must be owned_[i]
   bool valid_;
 };
 
@@ -128,9 +158,10 @@ void registerStateWatch(py::module_& m) {
   py::class_<StateWatch>(m, "StateWatch",
                          "Note [A watched dict proves its guards still hold] (csrc/python/state_watch.cpp)",
                          py::custom_type_setup(takesPartInGc<StateWatch>))
-      .def(py::init<const std::vector<py::object>&, const std::vector<py::object>&,
-                    const std::vector<py::object>&>(),
-           py::arg("dicts"), py::arg("objects"), py::arg("functions") = std::vector<py::object>{})
+      .def(py::init<const std::vector<py::object>&, const std::vector<py::object>&, const std::vector<py::object>&,
+                    const std::vector<std::pair<py::object, py::object>>&>(),
+           py::arg("dicts"), py::arg("objects"), py::arg("functions") = std::vector<py::object>{},
+           py::arg("owners") = std::vector<std::pair<py::object, py::object>>{})
       .def("unchanged", &StateWatch::unchanged)
       .def("snapshot", &StateWatch::snapshot)
       .def("invalidate", &StateWatch::invalidate)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import inspect
 import os
 import time
 from typing import Any, Callable
@@ -203,6 +204,22 @@ class CachedFunction(_C.CachedCall):
         self.stats = {"hits": 0, "misses": 0, "compiles": 0, "writes": 0}
         identity = keys.function_identity(func)
         self._name = identity["qualname"].replace("<", "").replace(">", "").replace("/", "_")
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The wrapped function's (inspect.signature, transformers' look at a forward's parameters): the C call slot
+        has none of its own."""
+        return inspect.signature(self._func)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What copy.deepcopy and pickle keep: the function, options and directory; not this process's loaded
+        entries and compiled fallbacks (C++ programs, Dynamo callables), nor its counts: a copy loads or compiles
+        its own on its first call.
+        The C fast path is never copied: it watches this instance's module."""
+        state = dict(self.__dict__)
+        state.update(_by_call={}, _plain_specs={}, _uncacheable={},
+                     stats={"hits": 0, "misses": 0, "compiles": 0, "writes": 0})
+        return state
 
     # -- the call ---------------------------------------------------------------------------------
     def _call(self, *args: Any, **kwargs: Any) -> Any:

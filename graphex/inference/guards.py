@@ -123,8 +123,9 @@ class GuardSet:
                 if kind in ("global_state", "torch_function", "default_device", "saved_tensors_hooks"):
                     if not _state_holds(kind, rec.get("expect")):
                         return f"the global torch state differs ({kind})"
-                    full.check(_state_check(kind, rec.get("expect"), held))
-                    fast.check(_state_check(kind, rec.get("expect"), held, fast=True))
+                    shared: dict[str, Any] = {}  # one GlobalStateGuard for both paths: the full one re-arms it
+                    full.check(_state_check(kind, rec.get("expect"), held, shared=shared))
+                    fast.check(_state_check(kind, rec.get("expect"), held, fast=True, shared=shared))
                     always += 1
                     if native is not None:  # C++ calls what the fast form calls (held[-1]); another device: Python's
                         native = None if kind in native["state"] or (kind == "default_device" and rec.get("expect")
@@ -161,7 +162,8 @@ class GuardSet:
             return f"an unusable guard record ({type(e).__name__}: {e})"
         from .. import _C
 
-        watched = (list(pins.dicts.values()), list(pins.objects.values()), list(pins.functions.values()))
+        watched = (list(pins.dicts.values()), list(pins.objects.values()), list(pins.functions.values()),
+                   list(pins.owners.values()))
         watch = _C.StateWatch(*watched)  # never snapshotted: the first call takes the full path
         # Note [One function checks the guards and binds the inputs]: P[0] is (watch, parameters) published as
         # one tuple after a full check that ran after the watch's snapshot, so a call on another thread sees
@@ -409,16 +411,24 @@ def _state_holds(kind: str, expect: Any) -> bool:
     return _saved_tensors_hooks() is None
 
 
-def _state_check(kind: str, expect: Any, held: list[Any], fast: bool = False) -> str:
+def _state_check(kind: str, expect: Any, held: list[Any], fast: bool = False,
+                 shared: dict[str, Any] | None = None) -> str:
     """The check of one global-state record. `fast`: the fast path's form (Note [One function checks the guards
-    and binds the inputs]): C++ calls and attribute reads only; when it fails, the full path decides."""
+    and binds the inputs]): C++ calls and attribute reads only; when it fails, the full path decides. `shared`:
+    what the two forms of one record share: the full form's _ThreadsAware re-arms the very GlobalStateGuard the
+    fast form (and the C++ FastCall) checks, so after torch.set_num_threads the fast path holds again (found by a
+    helper: it never answered again)."""
     if kind == "global_state":
         import json
 
-        guard = torch._C._dynamo.guards.GlobalStateGuard()
-        state = dict(expect, num_threads=torch.get_num_threads())
-        guard.__setstate__(json.dumps(state, separators=(",", ":")))
-        checker = _ThreadsAware(guard, state)
+        checker = (shared or {}).get("checker")
+        if checker is None:
+            guard = torch._C._dynamo.guards.GlobalStateGuard()
+            state = dict(expect, num_threads=torch.get_num_threads())
+            guard.__setstate__(json.dumps(state, separators=(",", ":")))
+            checker = _ThreadsAware(guard, state)
+            if shared is not None:
+                shared["checker"] = checker
         return f"{_hold(held, checker.guard)}.check()" if fast else f"{_hold(held, checker)}()"
     if kind == "torch_function":
         return f"{_hold(held, torch._C._len_torch_function_stack)}() == 0"

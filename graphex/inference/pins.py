@@ -27,6 +27,7 @@ class _Pins:
         self.dicts: dict[int, dict[Any, Any]] = {}
         self.objects: dict[int, Any] = {}
         self.functions: dict[int, Any] = {}
+        self.owners: dict[int, tuple[Any, dict[Any, Any]]] = {}  # Note [A watched dict must stay its object's dict]
         self._pinned: dict[Path, bool] = {}
 
     def _watch(self, d: Any) -> bool:
@@ -35,6 +36,13 @@ class _Pins:
         if type(d).__getitem__ is not dict.__getitem__ and type(d).__module__ != "collections":
             return False  # a dict subclass with its own lookup
         self.dicts[id(d)] = d
+        return True
+
+    def _watch_own(self, owner: Any, own: Any) -> bool:
+        """An instance's own __dict__, watched with its owner (Note [A watched dict must stay its object's dict])."""
+        if type(own) is not dict or not self._watch(own):
+            return False
+        self.owners[id(owner)] = (owner, own)
         return True
 
     def _watch_class(self, cls: type) -> None:
@@ -85,7 +93,7 @@ class _Pins:
                 return False  # a data descriptor of the class wins over the instance dict
             self.objects[id(base)] = base
             self._watch_class(cls)
-            return self._watch(own)
+            return self._watch_own(base, own)
         if step[0] == "key" and isinstance(base, collections.OrderedDict):
             return False  # the i-th key of an OrderedDict changes with move_to_end, its dict version does not
         if step[0] in ("item", "dict_item", "key"):
@@ -125,7 +133,7 @@ class _Pins:
             return not isinstance(value, collections.OrderedDict) and self._watch(value)
         if kind == "not_in_dict":
             own = getattr(value, "__dict__", None)
-            return isinstance(own, dict) and self._watch(own)
+            return isinstance(own, dict) and self._watch_own(value, own)
         if kind == "code" and type(value) is types.FunctionType:
             self.functions[id(value)] = value
             return True

@@ -252,3 +252,95 @@ def test_a_dropped_module_is_freed(tmp_path, calls):
     torch._dynamo.reset()
     gc.collect()
     assert freed() is None, "the module outlived its last reference"
+
+
+# -- found by a helper trying to break it (2026-12-04) -------------------------------------------------------------
+class _Settable:
+    def __init__(self):
+        self.mult = 3.0
+
+    def __setstate__(self, state):  # the usual idiom: the instance gets a new dict
+        self.__dict__ = state
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("whose", ["a config's", "the module's"])
+def test_an_objects_replaced_dict_is_seen(tmp_path, fast, whose):
+    """Note [A watched dict must stay its object's dict]: `obj.__dict__ = other` leaves the watched dict and its
+    version as they were; the old value was replayed on every call, fast path or not."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.cfg = _Settable()
+            self.scale = 2.0
+            self.cached = graphex.inference.cache_compile(self._forward, cache_dir=str(tmp_path))
+
+        def _forward(self, x):
+            return self.lin(x) * self.cfg.mult * self.scale
+
+    torch.manual_seed(0)
+    m, x = M(), torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            m.cached(x)
+        assert m.cached._fast is not None
+        if whose == "a config's":
+            m.cfg.__setstate__({"mult": 5.0})
+        else:
+            object.__setattr__(m, "__dict__", {**m.__dict__, "scale": 7.0})
+        for _ in range(3):
+            if not fast:
+                m.cached._fast = None
+            assert torch.equal(m.cached(x), m._forward(x)), f"{whose} replaced __dict__: stale result"
+
+
+@pytest.mark.parametrize("path", ["cache_compile", "torch.compile"])
+def test_a_dual_tensor_is_refused_not_run_without_its_tangent(tmp_path, path):
+    """Note [A dual tensor is refused, never run without its tangent]: the engine runs below autograd, so a forward-mode
+    AD tangent was dropped (unpack_dual(out).tangent None where eager has it)."""
+    import torch.autograd.forward_ad as fwAD
+
+    def f(x):
+        return torch.sin(x) * 2
+
+    compiled = graphex.inference.cache_compile(f, cache_dir=str(tmp_path)) if path == "cache_compile" else \
+        torch.compile(f, backend="graphex", fullgraph=True, dynamic=False)
+    x = torch.randn(3)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(compiled(x), f(x))
+        for _ in range(2):
+            with fwAD.dual_level():
+                with pytest.raises(graphex.SignatureError, match="input 0 is a dual tensor"):
+                    compiled(fwAD.make_dual(x, torch.ones(3)))
+        assert torch.equal(compiled(x), f(x))  # and plain calls still run
+
+
+def test_a_thread_count_change_keeps_the_fast_path_after_one_full_check(tmp_path):
+    """The full check re-arms the very GlobalStateGuard the fast path checks (once, it re-armed its own: the fast
+    path never answered again after torch.set_num_threads)."""
+    x = torch.randn(4, 6)
+    m = _installed(tmp_path, x)
+    with _threads(1 if torch.get_num_threads() > 1 else 2), torch.no_grad():
+        assert m.cached._fast((x,)) is MISS  # the first call after the change: the Python path decides
+        assert torch.equal(m.cached(x), m._forward(x))
+        assert m.cached._fast((x,)) is not MISS
+
+
+def test_copies_pickles_and_signature_work_as_they_did_before_the_c_base(tmp_path):
+    """CachedFunction's C base (Note [cache_compile's call enters C++ at once]) broke copy.deepcopy, pickle and
+    inspect.signature; a copy starts with no loaded entry, no fast path and no counts, and runs its own."""
+    import copy
+    import inspect
+    import pickle
+
+    x = torch.randn(4, 6)
+    m = _installed(tmp_path, x)
+    assert list(inspect.signature(m.cached).parameters) == ["x", "numbers"]
+    for other in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert other.cached._fast is None and other.cached._func.__self__ is other
+        with torch.no_grad():
+            for _ in range(2):
+                assert torch.equal(other.cached(x), m._forward(x))
+        assert sum(other.cached.stats.values()) >= 1 and other.cached._fast is not None
