@@ -26,6 +26,8 @@
 // check (slower, never stale).
 #include "python/state_watch.h"
 
+#include "python/gc.h"
+
 #include <Python.h>
 
 #include <pybind11/stl.h>

@@ -87,7 +87,7 @@ class GuardSet:
         self.count = len(records)
         self.always = 0  # records checked on every call (the rest: while the watch holds, by the watch)
         self._published: list[Any] = [(None, [])]
-        # Note [A plain call's fast path is one C++ call] (csrc/python/module.cpp): what the fast path proves besides
+        # Note [A plain call's fast path is one C++ call] (csrc/python/call_slots.cpp): what the fast path proves besides
         # the watch, as C++ can check it, or None when it proves something C++ does not (a guard through a list, a
         # closure, a tensor an argument holds): {"args": {i: the class StateWatch or None}, "state": {kind: object}}.
         self.native: dict[str, Any] | None = None
@@ -123,9 +123,9 @@ class GuardSet:
                 if kind in ("global_state", "torch_function", "default_device", "saved_tensors_hooks"):
                     if not _state_holds(kind, rec.get("expect")):
                         return f"the global torch state differs ({kind})"
-                    shared: dict[str, Any] = {}  # one GlobalStateGuard for both paths: the full one re-arms it
-                    full.check(_state_check(kind, rec.get("expect"), held, shared=shared))
-                    fast.check(_state_check(kind, rec.get("expect"), held, fast=True, shared=shared))
+                    checker = _global_state_checker(rec["expect"]) if kind == "global_state" else None
+                    full.check(_state_check(kind, rec.get("expect"), held, checker=checker))
+                    fast.check(_state_check(kind, rec.get("expect"), held, fast=True, checker=checker))
                     always += 1
                     if native is not None:  # C++ calls what the fast form calls (held[-1]); another device: Python's
                         native = None if kind in native["state"] or (kind == "default_device" and rec.get("expect")
@@ -411,24 +411,26 @@ def _state_holds(kind: str, expect: Any) -> bool:
     return _saved_tensors_hooks() is None
 
 
-def _state_check(kind: str, expect: Any, held: list[Any], fast: bool = False,
-                 shared: dict[str, Any] | None = None) -> str:
-    """The check of one global-state record. `fast`: the fast path's form (Note [One function checks the guards
-    and binds the inputs]): C++ calls and attribute reads only; when it fails, the full path decides. `shared`:
-    what the two forms of one record share: the full form's _ThreadsAware re-arms the very GlobalStateGuard the
-    fast form (and the C++ FastCall) checks, so after torch.set_num_threads the fast path holds again (found by a
-    helper: it never answered again)."""
-    if kind == "global_state":
-        import json
+def _global_state_checker(expect: Any) -> "_ThreadsAware":
+    """The one GlobalStateGuard of a global_state record, for both forms of its check: the full form's
+    _ThreadsAware re-arms the very guard the fast form (and the C++ FastCall) checks, so after
+    torch.set_num_threads the fast path holds again (found by a helper: it re-armed a guard of its own, and the
+    fast path never answered again)."""
+    import json
 
-        checker = (shared or {}).get("checker")
-        if checker is None:
-            guard = torch._C._dynamo.guards.GlobalStateGuard()
-            state = dict(expect, num_threads=torch.get_num_threads())
-            guard.__setstate__(json.dumps(state, separators=(",", ":")))
-            checker = _ThreadsAware(guard, state)
-            if shared is not None:
-                shared["checker"] = checker
+    guard = torch._C._dynamo.guards.GlobalStateGuard()
+    state = dict(expect, num_threads=torch.get_num_threads())
+    guard.__setstate__(json.dumps(state, separators=(",", ":")))
+    return _ThreadsAware(guard, state)
+
+
+def _state_check(kind: str, expect: Any, held: list[Any], fast: bool = False,
+                 checker: "_ThreadsAware | None" = None) -> str:
+    """The check of one global-state record. `fast`: the fast path's form (Note [One function checks the guards
+    and binds the inputs]): C++ calls and attribute reads only; when it fails, the full path decides. `checker`:
+    a global_state record's _global_state_checker, shared by both forms."""
+    if kind == "global_state":
+        assert checker is not None
         return f"{_hold(held, checker.guard)}.check()" if fast else f"{_hold(held, checker)}()"
     if kind == "torch_function":
         return f"{_hold(held, torch._C._len_torch_function_stack)}() == 0"
