@@ -9,9 +9,9 @@ cache_compile call (its C++ fast path, Note [A plain call's fast path is one C++
 
 Those rows are warm: nothing evicts the caches between calls. A real step streams its weights through them first
 (Note [Per-call costs are measured after a real engine run], bench/per_call.py), so the last two rows are measured
-as a call runs: each cache_compile call is paired with a bare engine call right after it, each preceded by an
-engine run, and the median of (cache_compile call - engine call) is what cache_compile adds after a real step,
-through its fast path and through its Python path.
+as a call runs: each cache_compile call is paired with a bare engine call, the pair preceded by an engine run and
+timed in both orders (Note [A pairing times each side first as often]), and (cache_compile call - engine call) is
+what cache_compile adds after a real step, through its fast path and through its Python path.
 """
 import argparse
 import contextlib
@@ -43,8 +43,6 @@ def main(argv=None) -> None:
           f"median of {args.rounds} rounds x {args.calls} calls")
     for name, us in medians.items():
         print(f"  {name:52s} {us:8.1f} us")
-    print(f"  {'cache_compile over engine (warm)':52s} {medians['cache_compile call'] - medians['engine (executor.try_run)']:8.1f} us"
-          "  (difference of two medians)")
 
 
 def measure(rounds: int, calls: int) -> tuple[dict[str, float], int, int]:
@@ -88,12 +86,10 @@ def _measure(rounds: int, calls: int) -> tuple[dict[str, float], int, int]:
         for _ in range(rounds):
             for name, fn in rows.items():
                 results[name].append(per_call_us(fn, calls))
-            results[after].append(statistics.median(_paired_after_engine(lambda: cached(*flat), engine,
-                                                                         max(calls // 4, 5))))
-            results[floor].append(statistics.median(_paired_after_engine(engine, engine, max(calls // 4, 5))))
+            results[after].append(_paired_after_engine(lambda: cached(*flat), engine, max(calls // 4, 5)))
+            results[floor].append(_paired_after_engine(engine, engine, max(calls // 4, 5)))
             with _python_path(cached, loaded):
-                results[python_after].append(statistics.median(_paired_after_engine(lambda: cached(*flat), engine,
-                                                                                    max(calls // 4, 5))))
+                results[python_after].append(_paired_after_engine(lambda: cached(*flat), engine, max(calls // 4, 5)))
                 real, loaded.program = loaded.program, _StubProgram(leaves)  # what the Python path adds, no engine
                 try:
                     results["cache_compile, Python path, engine stubbed"].append(
@@ -105,18 +101,31 @@ def _measure(rounds: int, calls: int) -> tuple[dict[str, float], int, int]:
 
 
 def _paired_after_engine(call, engine, pairs=500):
-    """Per pair, (call - engine) in us, each timed right after an engine run: the call's cost over the engine with the
-    caches as a real step leaves them."""
-    out = []
-    for _ in range(pairs):
+    """(call - engine) in us, each timed right after an engine run: the call's cost over the engine with the caches
+    as a real step leaves them.
+
+    Note [A pairing times each side first as often]: whatever is timed first after an engine run pays something the
+    second does not (measured: a bare engine call first was 5-11 us slower than the same call second). So the pairs
+    alternate which side goes first, and the result is the mean of the two orders' medians: the position's own cost
+    cancels, and the floor row (the engine paired with itself) reads ~0 instead of that cost."""
+    first, second = [], []
+    for i in range(pairs):
         engine()
-        t0 = time.perf_counter_ns()
-        call()
-        t1 = time.perf_counter_ns()
-        engine()
-        t2 = time.perf_counter_ns()
-        out.append(((t1 - t0) - (t2 - t1)) / 1e3)
-    return out
+        if i % 2 == 0:
+            t0 = time.perf_counter_ns()
+            call()
+            t1 = time.perf_counter_ns()
+            engine()
+            t2 = time.perf_counter_ns()
+            first.append(((t1 - t0) - (t2 - t1)) / 1e3)
+        else:
+            t0 = time.perf_counter_ns()
+            engine()
+            t1 = time.perf_counter_ns()
+            call()
+            t2 = time.perf_counter_ns()
+            second.append(((t2 - t1) - (t1 - t0)) / 1e3)
+    return (statistics.median(first) + statistics.median(second)) / 2
 
 
 @contextlib.contextmanager

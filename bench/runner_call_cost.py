@@ -58,13 +58,13 @@ def measure(rounds: int, pairs: int) -> dict[str, float]:
             engine = lambda: graph.executor(list(inputs))  # noqa: E731
             slot, python, floor = [], [], []
             for _ in range(rounds):
-                slot.append(statistics.median(_paired_after_engine(lambda: graph(list(inputs)), engine, pairs)))
+                slot.append(_paired_after_engine(lambda: graph(list(inputs)), engine, pairs))
                 graph.__class__ = WithPythonCall
                 try:
-                    python.append(statistics.median(_paired_after_engine(lambda: graph(list(inputs)), engine, pairs)))
+                    python.append(_paired_after_engine(lambda: graph(list(inputs)), engine, pairs))
                 finally:
                     graph.__class__ = CompiledGraph
-                floor.append(statistics.median(_paired_after_engine(engine, engine, pairs)))
+                floor.append(_paired_after_engine(engine, engine, pairs))
     finally:
         torch.set_num_threads(saved)
     return {"graph(args) over the engine, C++ call slot": statistics.median(slot),
