@@ -18,7 +18,7 @@ struct BoundProgram {
 };
 
 // The flattened result, or None (nothing run) when the call breaks a shape guard or does not fit the signature
-// (csrc/python/module.cpp).
-pybind11::object tryRunBound(const BoundProgram& bp, const pybind11::list& args, const pybind11::list& held);
+// (csrc/python/module.cpp). `args`: the call's flattened arguments, a list or a tuple.
+pybind11::object tryRunBound(const BoundProgram& bp, pybind11::handle args, const pybind11::list& held);
 
 }  // namespace graphex

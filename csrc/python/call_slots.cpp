@@ -12,6 +12,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <tuple>
@@ -47,17 +48,24 @@ namespace {
 struct FastCall {
   struct Arg {
     PyTypeObject* type;
-    py::object value;        // a number or str: the value of the call key; unset for a tensor or None
-    py::object class_watch;  // the argument class's StateWatch, or None
+    py::object value;  // a number or str: the value of the call key; unset for a tensor or None
   };
   std::shared_ptr<BoundProgram> program;
   py::list published;  // the guard function's P: P[0] is (StateWatch, [held inputs]), replaced as one object
   std::vector<Arg> args;
+  // The arguments' classes' StateWatches, each once (four tensor arguments share torch.Tensor's); class_watch_refs
+  // keeps them alive.
+  std::vector<const StateWatch*> class_watches;
+  std::vector<py::object> class_watch_refs;
   py::object global_state_check;  // GlobalStateGuard.check, or None when the entry has no such guard
   bool check_saved_hooks = false, check_torch_function = false;
-  py::object device_module;  // torch.utils._device (CURRENT_DEVICE must be None), or None
+  py::object device_dict;  // torch.utils._device's globals (its CURRENT_DEVICE must be None), or None
   py::object unflatten;  // None: the result is its one leaf
   py::object miss;
+  // The published watch last seen and its C++ object (held, so that its address is not reused while remembered):
+  // resolving it is a pybind11 type lookup, and it changes only when a full check publishes a new pair.
+  mutable py::object seen_watch;
+  mutable const StateWatch* seen_watch_ptr = nullptr;
 
   static bool sameValue(PyObject* a, PyObject* want) {
     if (Py_TYPE(a) != Py_TYPE(want)) return false;
@@ -77,32 +85,57 @@ struct FastCall {
   // As the generated fast path checks them (guards.py, _state_check(fast=True)): what its Python calls return, read
   // from the same C++ state (the saved-tensors hooks and torch function mode stacks) or by the same call.
   bool stateHolds() const {
-    if (!global_state_check.is_none() && !PyObject_IsTrue(global_state_check().ptr())) return false;
+    if (!global_state_check.is_none()) {
+      PyObject* r = PyObject_CallNoArgs(global_state_check.ptr());
+      if (r == nullptr) throw py::error_already_set();
+      int holds = PyObject_IsTrue(r);
+      Py_DECREF(r);
+      if (holds < 0) throw py::error_already_set();
+      if (!holds) return false;
+    }
     if (check_saved_hooks && at::SavedTensorDefaultHooks::get_hooks(/*ignore_is_tracing=*/true).has_value()) return false;
     if (check_torch_function && at::impl::PythonTorchFunctionTLS::stack_len() != 0) return false;
-    if (!device_module.is_none() && !device_module.attr("CURRENT_DEVICE").is_none()) return false;
+    if (!device_dict.is_none()) {  // `torch.utils._device.CURRENT_DEVICE is None`, read from the module's globals
+      static PyObject* const key = PyUnicode_InternFromString("CURRENT_DEVICE");
+      PyObject* current = PyDict_GetItemWithError(device_dict.ptr(), key);  // borrowed
+      if (current != Py_None) {
+        if (current == nullptr) PyErr_Clear();  // gone from the module: the Python path decides
+        return false;
+      }
+    }
     return true;
+  }
+
+  const StateWatch* publishedWatch(PyObject* watch) const {
+    if (watch != seen_watch.ptr()) {
+      seen_watch_ptr = asStateWatch(watch);
+      seen_watch = py::reinterpret_borrow<py::object>(watch);
+    }
+    return seen_watch_ptr;
   }
 
   // Note [Objects that hold Python objects take part in GC] (gc.h). A cleared FastCall always misses.
   int traverse(visitproc visit, void* arg) const {
     Py_VISIT(published.ptr());
-    for (const Arg& a : args) {
-      Py_VISIT(a.value.ptr());
-      Py_VISIT(a.class_watch.ptr());
-    }
+    for (const Arg& a : args) Py_VISIT(a.value.ptr());
+    for (const py::object& w : class_watch_refs) Py_VISIT(w.ptr());
     Py_VISIT(global_state_check.ptr());
-    Py_VISIT(device_module.ptr());
+    Py_VISIT(device_dict.ptr());
     Py_VISIT(unflatten.ptr());
+    Py_VISIT(seen_watch.ptr());
     return 0;
   }
   void clear() {
     program.reset();
     published = py::list();
     args.clear();
+    class_watches.clear();
+    class_watch_refs.clear();
     global_state_check = py::none();
-    device_module = py::none();
+    device_dict = py::none();
     unflatten = py::none();
+    seen_watch_ptr = nullptr;
+    seen_watch = py::object();
   }
 
   py::object call(const py::tuple& call_args) const {
@@ -112,18 +145,16 @@ struct FastCall {
       const Arg& want = args[i];
       if (Py_TYPE(a) != want.type) return miss;
       if (want.value && !sameValue(a, want.value.ptr())) return miss;
-      if (!want.class_watch.is_none() && !stateWatchUnchanged(want.class_watch)) return miss;
     }
+    for (const StateWatch* w : class_watches)
+      if (!w->unchanged()) return miss;
     py::object pair = published[0];
     PyObject* p = pair.ptr();
-    if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 2 || !PyList_Check(PyTuple_GET_ITEM(p, 1)) ||
-        !stateWatchUnchanged(PyTuple_GET_ITEM(p, 0)))
-      return miss;
-    if (!stateHolds()) return miss;
+    if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 2 || !PyList_Check(PyTuple_GET_ITEM(p, 1))) return miss;
+    const StateWatch* watch = publishedWatch(PyTuple_GET_ITEM(p, 0));
+    if (watch == nullptr || !watch->unchanged() || !stateHolds()) return miss;
     py::list held = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(p, 1));
-    py::list flat(call_args.size());
-    for (size_t i = 0; i < call_args.size(); ++i) flat[i] = call_args[i];
-    py::object leaves = tryRunBound(*program, flat, held);
+    py::object leaves = tryRunBound(*program, call_args, held);
     if (leaves.is_none()) return miss;
     if (unflatten.is_none()) return py::reinterpret_borrow<py::list>(leaves)[0];
     return unflatten(leaves);
@@ -325,13 +356,26 @@ void registerCallSlots(py::module_& m) {
                        const std::vector<std::tuple<py::object, py::object, py::object>>& args,
                        py::object global_state_check, bool saved_hooks, bool torch_function, py::object device_module,
                        py::object unflatten, py::object miss) {
-             FastCall f{std::move(program), std::move(published), {}, std::move(global_state_check), saved_hooks,
-                        torch_function, std::move(device_module), std::move(unflatten), std::move(miss)};
+             FastCall f;
+             f.program = std::move(program);
+             f.published = std::move(published);
+             f.global_state_check = std::move(global_state_check);
+             f.check_saved_hooks = saved_hooks;
+             f.check_torch_function = torch_function;
+             f.device_dict = device_module.is_none() ? py::none() : py::object(device_module.attr("__dict__"));
+             f.unflatten = std::move(unflatten);
+             f.miss = std::move(miss);
              for (const auto& [type, value, class_watch] : args) {
                if (!PyType_Check(type.ptr())) throw py::type_error("graphex: FastCall: an argument's type is not a type");
                // a tensor (None) is checked by its type alone; so is None itself, NoneType's one value
-               f.args.push_back({reinterpret_cast<PyTypeObject*>(type.ptr()), value.is_none() ? py::object() : value,
-                                 class_watch});
+               f.args.push_back({reinterpret_cast<PyTypeObject*>(type.ptr()), value.is_none() ? py::object() : value});
+               if (class_watch.is_none()) continue;
+               const StateWatch* w = asStateWatch(class_watch);
+               if (w == nullptr) throw py::type_error("graphex: FastCall: a class watch is not a StateWatch");
+               if (std::find(f.class_watches.begin(), f.class_watches.end(), w) == f.class_watches.end()) {
+                 f.class_watches.push_back(w);
+                 f.class_watch_refs.push_back(class_watch);
+               }
              }
              return f;
            }),

@@ -270,27 +270,39 @@ std::shared_ptr<BoundProgram> makeBoundProgram(const py::bytes& program_bytes, c
   return std::make_shared<BoundProgram>(BoundProgram{std::make_shared<Executor>(std::move(program)), std::move(binder)});
 }
 
+// A call's flattened arguments, a list or a tuple (FastCall hands its call's tuple over as it is), read in place.
+struct ArgItems {
+  PyObject* const* items;
+  size_t size;
+  explicit ArgItems(py::handle seq) {
+    if (!PyList_Check(seq.ptr()) && !PyTuple_Check(seq.ptr()))
+      throw py::type_error("graphex: a program's arguments are a list or a tuple");
+    items = PySequence_Fast_ITEMS(seq.ptr());
+    size = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
+  }
+};
+
 // The arguments the bindings read, as values; the others (any Python object: a result leaf may pass it
 // through) are left None (Note [One binder]).
-std::vector<c10::IValue> boundArguments(const Binder& binder, const py::list& args) {
-  if (args.size() < binder.numArguments())
-    throw SignatureError(std::to_string(args.size()) + " arguments given, the program takes " +
+std::vector<c10::IValue> boundArguments(const Binder& binder, const ArgItems& args) {
+  if (args.size < binder.numArguments())
+    throw SignatureError(std::to_string(args.size) + " arguments given, the program takes " +
                          std::to_string(binder.numArguments()));
-  std::vector<c10::IValue> values(args.size());
-  for (size_t i = 0; i < args.size(); ++i)
-    if (binder.readsArgument(i)) values[i] = toIValue(args[i].ptr(), i);
+  std::vector<c10::IValue> values(args.size);
+  for (size_t i = 0; i < args.size; ++i)
+    if (binder.readsArgument(i)) values[i] = toIValue(args.items[i], i);
   return values;
 }
 
 // The flattened result as Python objects: an argument passed through is the caller's object itself.
-py::list pyResults(const Binder& binder, std::vector<c10::IValue> outputs, const py::list& args) {
+py::list pyResults(const Binder& binder, std::vector<c10::IValue> outputs, const ArgItems& args) {
   if (binder.leaves().empty()) return toPyList(std::move(outputs));
   py::list result(binder.leaves().size());
   size_t k = 0;
   for (const Binder::Leaf& l : binder.leaves()) {
     switch (static_cast<fb::LeafKind>(l.kind)) {
-      case fb::LeafKind::Output: result[k++] = fromIValue(outputs[l.index]); break;
-      case fb::LeafKind::Argument: result[k++] = args[l.index]; break;
+      case fb::LeafKind::Output: result[k++] = fromIValue(std::move(outputs[l.index])); break;
+      case fb::LeafKind::Argument: result[k++] = py::reinterpret_borrow<py::object>(args.items[l.index]); break;
       default: result[k++] = fromIValue(l.value); break;
     }
   }
@@ -300,7 +312,7 @@ py::list pyResults(const Binder& binder, std::vector<c10::IValue> outputs, const
 // The program's inputs, or None when a shape guard is broken (Note [Entries are found by signature, not by
 // exceptions]).
 py::object bindBoxed(const BoundProgram& bp, const py::list& args, const py::list& held) {
-  std::vector<c10::IValue> inputs = bp.binder.bind(boundArguments(bp.binder, args), toIValues(held));
+  std::vector<c10::IValue> inputs = bp.binder.bind(boundArguments(bp.binder, ArgItems(args)), toIValues(held));
   if (bp.binder.hasGuards() && !bp.binder.brokenGuard(inputs, bp.executor->program()).empty()) return py::none();
   return toPyList(std::move(inputs));
 }
@@ -308,14 +320,15 @@ py::object bindBoxed(const BoundProgram& bp, const py::list& args, const py::lis
 }  // namespace
 
 // The flattened result, or None (nothing run) when the call breaks a shape guard or does not fit the signature.
-py::object tryRunBound(const BoundProgram& bp, const py::list& args, const py::list& held) {
-  std::vector<c10::IValue> inputs = bp.binder.bind(boundArguments(bp.binder, args), toIValues(held));
+py::object tryRunBound(const BoundProgram& bp, py::handle args, const py::list& held) {
+  const ArgItems items(args);
+  std::vector<c10::IValue> inputs = bp.binder.bind(boundArguments(bp.binder, items), toIValues(held));
   const Executor& ex = *bp.executor;
   if (bp.binder.hasGuards() && !bp.binder.brokenGuard(inputs, ex.program()).empty()) return py::none();
   if (!ex.fits(inputs)) return py::none();
   std::vector<c10::IValue> outs =
       withoutGil(std::move(inputs), [&](std::vector<c10::IValue> in) { return ex.runFitting(std::move(in)); });
-  return pyResults(bp.binder, std::move(outs), args);
+  return pyResults(bp.binder, std::move(outs), items);
 }
 
 namespace {
@@ -429,7 +442,7 @@ PYBIND11_MODULE(_C, m) {
            "run) when the call does not fit.")
       .def("results",
            [](const BoundProgram& bp, const py::list& outputs, const py::list& args) {
-             return pyResults(bp.binder, toIValues(outputs), args);
+             return pyResults(bp.binder, toIValues(outputs), ArgItems(args));
            },
            py::arg("outputs"), py::arg("args"), "The flattened result of a run's outputs (the result leaves).");
 

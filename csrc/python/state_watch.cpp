@@ -53,107 +53,88 @@ uint64_t dictVersion(PyObject* d) {
 #endif
 }
 
-class StateWatch {
- public:
-  // dicts: the dicts the watched guards read through; objects: the objects whose types they check;
-  // functions: the Python functions whose code objects they check (`f.__code__ is C`); owners: (object, dict) pairs,
-  // each object's own __dict__ a watched dict that must stay its __dict__ (Note [A watched dict must stay its
-  // object's dict]).
-  StateWatch(const std::vector<py::object>& dicts, const std::vector<py::object>& objects,
-             const std::vector<py::object>& functions, const std::vector<std::pair<py::object, py::object>>& owners) {
-    for (const auto& [owner, dict] : owners) {
-      if (!PyDict_Check(dict.ptr())) throw py::type_error("graphex: StateWatch: an owner's __dict__ must be a dict");
-      owners_.push_back(owner);
-      owned_.push_back(dict);
-    }
-    for (const py::object& f : functions) {
-      if (!PyFunction_Check(f.ptr())) throw py::type_error("graphex: StateWatch watches Python functions' code");
-      functions_.push_back(f);
-    }
-    codes_.resize(functions_.size());
-    for (const py::object& d : dicts) {
-      if (!PyDict_Check(d.ptr())) throw py::type_error("graphex: StateWatch watches dicts only");
-      dicts_.push_back(d);
-    }
-    objects_ = objects;
-    versions_.resize(dicts_.size());
-    types_.resize(objects_.size());
-    valid_ = false;
-  }
-
-  bool unchanged() const {
-    if (!valid_) return false;
-    for (size_t i = 0; i < dicts_.size(); ++i)
-      if (dictVersion(dicts_[i].ptr()) != versions_[i]) return false;
-    for (size_t i = 0; i < objects_.size(); ++i)
-      if (Py_TYPE(objects_[i].ptr()) != types_[i]) return false;
-    for (size_t i = 0; i < functions_.size(); ++i)
-      if (PyFunction_GET_CODE(functions_[i].ptr()) != codes_[i]) return false;
-    for (size_t i = 0; i < owners_.size(); ++i) {
-      // Note [A watched dict must stay its object's dict]: `obj.__dict__ = other` (a __setstate__ idiom) leaves the
-      // watched dict unchanged, and its version with it; so the object must still own that very dict.
-      PyObject* now = PyObject_GenericGetDict(owners_[i].ptr(), nullptr);
-      if (now == nullptr) {
-        PyErr_Clear();
-        return false;
-      }
-      bool same = now == owned_[i].ptr();
-      Py_DECREF(now);
-      if (!same) return false;
-    }
-    return true;
-  }
-
-  void snapshot() {
-    for (size_t i = 0; i < dicts_.size(); ++i) versions_[i] = dictVersion(dicts_[i].ptr());
-    for (size_t i = 0; i < objects_.size(); ++i) types_[i] = Py_TYPE(objects_[i].ptr());
-    for (size_t i = 0; i < functions_.size(); ++i) codes_[i] = PyFunction_GET_CODE(functions_[i].ptr());
-    valid_ = kHasDictVersion;
-  }
-
-  void invalidate() { valid_ = false; }
-
-  // Note [Objects that hold Python objects take part in GC]: what it holds, for tp_traverse / tp_clear. A cleared
-  // watch holds nothing and never answers unchanged.
-  int traverse(visitproc visit, void* arg) const {
-    for (const py::object& o : dicts_) Py_VISIT(o.ptr());
-    for (const py::object& o : objects_) Py_VISIT(o.ptr());
-    for (const py::object& o : functions_) Py_VISIT(o.ptr());
-    for (const py::object& o : owners_) Py_VISIT(o.ptr());
-    for (const py::object& o : owned_) Py_VISIT(o.ptr());
-    return 0;
-  }
-  void clear() {
-    valid_ = false;
-    dicts_.clear();
-    versions_.clear();
-    objects_.clear();
-    types_.clear();
-    functions_.clear();
-    codes_.clear();
-    owners_.clear();
-    owned_.clear();
-  }
-  size_t numDicts() const { return dicts_.size(); }
-  size_t numObjects() const { return objects_.size(); }
-
- private:
-  std::vector<py::object> dicts_;
-  std::vector<uint64_t> versions_;
-  std::vector<py::object> objects_;
-  std::vector<PyTypeObject*> types_;
-  std::vector<py::object> functions_;
-  std::vector<PyObject*> codes_;  // borrowed: compared by address only, never dereferenced
-  std::vector<py::object> owners_, owned_;  // owners_[i].__dict__ must be owned_[i]
-  bool valid_;
-};
-
 }  // namespace
 
-bool stateWatchUnchanged(py::handle watch) {
-  // A StateWatch is only ever created by registerStateWatch's class; anything else (None before a first check) fails.
-  if (!py::isinstance<StateWatch>(watch)) return false;
-  return watch.cast<const StateWatch&>().unchanged();
+StateWatch::StateWatch(const std::vector<py::object>& dicts, const std::vector<py::object>& objects,
+                       const std::vector<py::object>& functions,
+                       const std::vector<std::pair<py::object, py::object>>& owners) {
+  for (const auto& [owner, dict] : owners) {
+    if (!PyDict_Check(dict.ptr())) throw py::type_error("graphex: StateWatch: an owner's __dict__ must be a dict");
+    held_.push_back(owner);
+    held_.push_back(dict);
+    owners_.push_back({owner.ptr(), dict.ptr()});
+  }
+  for (const py::object& f : functions) {
+    if (!PyFunction_Check(f.ptr())) throw py::type_error("graphex: StateWatch watches Python functions' code");
+    held_.push_back(f);
+    functions_.push_back({f.ptr(), nullptr});
+  }
+  for (const py::object& d : dicts) {
+    if (!PyDict_Check(d.ptr())) throw py::type_error("graphex: StateWatch watches dicts only");
+    held_.push_back(d);
+    dicts_.push_back({d.ptr(), 0});
+  }
+  for (const py::object& o : objects) {
+    // An object of an immutable type (a dict, an OrderedDict, a tuple) keeps that type: CPython refuses `__class__`
+    // assignment to or from such a type (ModuleType's subclasses excepted), so there is nothing to compare per call.
+    if (PyType_HasFeature(Py_TYPE(o.ptr()), Py_TPFLAGS_IMMUTABLETYPE) && !PyModule_Check(o.ptr())) continue;
+    held_.push_back(o);
+    objects_.push_back({o.ptr(), nullptr});
+  }
+}
+
+bool StateWatch::unchanged() const {
+  if (!valid_) return false;
+  // After a real step the watched objects are out of the CPU's caches (bench/cache_call_cost.py): ask for all of them
+  // at once, so that their misses overlap instead of each waiting for the one before.
+  for (const Dict& d : dicts_) __builtin_prefetch(d.dict);
+  for (const Object& o : objects_) __builtin_prefetch(o.object);
+  for (const Owner& o : owners_) __builtin_prefetch(o.owner);
+  for (const Dict& d : dicts_)
+    if (dictVersion(d.dict) != d.version) return false;
+  for (const Object& o : objects_)
+    if (Py_TYPE(o.object) != o.type) return false;
+  for (const Function& f : functions_)
+    if (PyFunction_GET_CODE(f.function) != f.code) return false;
+  for (const Owner& o : owners_) {
+    // Note [A watched dict must stay its object's dict]: `obj.__dict__ = other` (a __setstate__ idiom) leaves the
+    // watched dict unchanged, and its version with it; so the object must still own that very dict. Read through
+    // the object's dict slot (no reference taken: nothing is written per call).
+    PyObject** slot = _PyObject_GetDictPtr(o.owner);
+    if (slot == nullptr) {
+      PyErr_Clear();  // a failure to materialize the dict leaves an error set
+      return false;
+    }
+    if (*slot != o.dict) return false;
+  }
+  return true;
+}
+
+void StateWatch::snapshot() {
+  for (Dict& d : dicts_) d.version = dictVersion(d.dict);
+  for (Object& o : objects_) o.type = Py_TYPE(o.object);
+  for (Function& f : functions_) f.code = PyFunction_GET_CODE(f.function);
+  valid_ = kHasDictVersion;
+}
+
+int StateWatch::traverse(visitproc visit, void* arg) const {
+  for (const py::object& o : held_) Py_VISIT(o.ptr());
+  return 0;
+}
+
+void StateWatch::clear() {
+  valid_ = false;
+  dicts_.clear();
+  objects_.clear();
+  functions_.clear();
+  owners_.clear();
+  held_.clear();  // last: the raw pointers above are borrowed from these
+}
+
+const StateWatch* asStateWatch(py::handle watch) {
+  // A StateWatch is only ever created by registerStateWatch's class; anything else (None before a first check) is not.
+  if (!py::isinstance<StateWatch>(watch)) return nullptr;
+  return &watch.cast<const StateWatch&>();
 }
 
 void registerStateWatch(py::module_& m) {
@@ -167,8 +148,8 @@ void registerStateWatch(py::module_& m) {
       .def("unchanged", &StateWatch::unchanged)
       .def("snapshot", &StateWatch::snapshot)
       .def("invalidate", &StateWatch::invalidate)
-      .def_property_readonly("num_dicts", &StateWatch::numDicts)
-      .def_property_readonly("num_objects", &StateWatch::numObjects)
+      .def_property_readonly("num_dicts", [](const StateWatch& w) { return w.numDicts(); })
+      .def_property_readonly("num_objects", [](const StateWatch& w) { return w.numObjects(); })
       .def_static("supported", [] { return kHasDictVersion; });
 }
 

@@ -1,10 +1,67 @@
-// graphex._C.StateWatch: a cheap per-call proof that the Python state a cache entry's guards read is untouched.
+// graphex._C.StateWatch: a cheap per-call proof that the Python state a cache entry's guards read is untouched
+// (Note [A watched dict proves its guards still hold], state_watch.cpp).
 #pragma once
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <utility>
+#include <vector>
+
 namespace graphex {
+
+class StateWatch {
+ public:
+  // dicts: the dicts the watched guards read through; objects: the objects whose types they check;
+  // functions: the Python functions whose code objects they check (`f.__code__ is C`); owners: (object, dict) pairs,
+  // each object's own __dict__ a watched dict that must stay its __dict__ (Note [A watched dict must stay its
+  // object's dict]).
+  StateWatch(const std::vector<pybind11::object>& dicts, const std::vector<pybind11::object>& objects,
+             const std::vector<pybind11::object>& functions,
+             const std::vector<std::pair<pybind11::object, pybind11::object>>& owners);
+
+  // Whether everything watched is as it was at the last snapshot(); false before the first and after invalidate().
+  bool unchanged() const;
+  void snapshot();
+  void invalidate() { valid_ = false; }
+
+  // Note [Objects that hold Python objects take part in GC] (gc.h): what it holds, for tp_traverse / tp_clear. A
+  // cleared watch holds nothing and never answers unchanged.
+  int traverse(visitproc visit, void* arg) const;
+  void clear();
+  size_t numDicts() const { return dicts_.size(); }
+  size_t numObjects() const { return objects_.size(); }
+
+ private:
+  // Each watched thing beside the value it had: one sequential array per kind, read once per call. The pointers are
+  // borrowed from held_, which owns one reference to each.
+  struct Dict {
+    PyObject* dict;
+    uint64_t version;
+  };
+  struct Object {
+    PyObject* object;
+    PyTypeObject* type;
+  };
+  struct Function {
+    PyObject* function;
+    PyObject* code;  // compared by address only, never dereferenced
+  };
+  struct Owner {
+    PyObject* owner;
+    PyObject* dict;  // owner.__dict__ must be this very dict
+  };
+  std::vector<Dict> dicts_;
+  std::vector<Object> objects_;
+  std::vector<Function> functions_;
+  std::vector<Owner> owners_;
+  std::vector<pybind11::object> held_;
+  bool valid_ = false;
+};
+
 void registerStateWatch(pybind11::module_& m);
-// Whether `watch` (a graphex._C.StateWatch) still holds: unchanged() without a Python call. False for any other object.
-bool stateWatchUnchanged(pybind11::handle watch);
+// The StateWatch `watch` is (a graphex._C.StateWatch), or nullptr for any other object (None before a first check).
+// Valid while `watch` is alive.
+const StateWatch* asStateWatch(pybind11::handle watch);
+
 }  // namespace graphex

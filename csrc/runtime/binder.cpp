@@ -53,7 +53,7 @@ Binder Binder::fromTable(const fb::Program& root, const Program& program, const 
   return b;
 }
 
-std::vector<c10::IValue> Binder::bind(const std::vector<c10::IValue>& args, const std::vector<c10::IValue>& held) const {
+std::vector<c10::IValue> Binder::bind(const std::vector<c10::IValue>& args, std::vector<c10::IValue> held) const {
   if (args.size() < num_args_)
     throw SignatureError(std::to_string(args.size()) + " arguments given, the program takes " + std::to_string(num_args_));
   if (held.size() != held_.size())
@@ -71,7 +71,7 @@ std::vector<c10::IValue> Binder::bind(const std::vector<c10::IValue>& args, cons
       case fb::BindingKind::Argument: inputs.push_back(args[b.index]); break;
       case fb::BindingKind::Parameter:
       case fb::BindingKind::Buffer:
-      case fb::BindingKind::ArgumentPath: inputs.push_back(held[next_held++]); break;
+      case fb::BindingKind::ArgumentPath: inputs.push_back(std::move(held[next_held++])); break;
       case fb::BindingKind::Size: inputs.push_back(tensorArg(b.index).size(b.dim)); break;
       case fb::BindingKind::Stride: inputs.push_back(tensorArg(b.index).stride(b.dim)); break;
       case fb::BindingKind::StorageOffset: inputs.push_back(tensorArg(b.index).storage_offset()); break;

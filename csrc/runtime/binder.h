@@ -46,9 +46,9 @@ class Binder {
   const std::vector<int32_t>& heldBindings() const { return held_; }
   fb::BindingKind kind(size_t binding) const { return static_cast<fb::BindingKind>(binds_[binding].kind); }
 
-  // The program's inputs for `args` and `held` (one per heldBindings() entry). Throws SignatureError
-  // naming the argument when one read as a tensor is not one, or when the counts are wrong.
-  std::vector<c10::IValue> bind(const std::vector<c10::IValue>& args, const std::vector<c10::IValue>& held) const;
+  // The program's inputs for `args` and `held` (one per heldBindings() entry, moved into the inputs). Throws
+  // SignatureError naming the argument when one read as a tensor is not one, or when the counts are wrong.
+  std::vector<c10::IValue> bind(const std::vector<c10::IValue>& args, std::vector<c10::IValue> held) const;
 
   // "" when every shape guard holds for the bound `inputs`, else the first broken guard with the values it read.
   std::string brokenGuard(const std::vector<c10::IValue>& inputs, const Program& program) const {
