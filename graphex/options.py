@@ -141,7 +141,8 @@ class Options:
         True, (bool,),
         "In fused mode (pattern_fusion_pass=True), also run each chain of element-wise ops of one shape (a tanh "
         "GELU written out, a bias add and its activation, a residual add and a ReLU) as one kernel of ours, "
-        "after the patterns have fired (graphex/fusion/chains.py). No effect in exact mode.")
+        "after the patterns have fired (graphex/fusion/chains.py); an inference batch norm joins the chain around "
+        "it as a per-channel multiply and add (graphex/fusion/batch_norm.py). No effect in exact mode.")
 
     post_grad_custom_pre_pass: Callable[..., Any] | None = _option(
         None, (type(None), Callable),  # type: ignore[arg-type]

@@ -164,6 +164,11 @@ std::vector<at::Tensor> allocate_outputs(at::TensorList inputs, at::IntArrayRef 
 
 // n elements of `p` (stride in bytes) as float32 into dst.
 void load(float* dst, const char* p, int64_t stride, int64_t n, at::ScalarType t) {
+  if (stride == 0 && n > 1) {  // a broadcast value (a batch norm's per-channel factor): one read, then a fill
+    load(dst, p, /*stride: never used for one element*/ 1, 1, t);
+    std::fill(dst + 1, dst + n, dst[0]);
+    return;
+  }
   switch (t) {
     case at::kFloat:
       if (stride == sizeof(float)) std::memcpy(dst, p, n * sizeof(float));

@@ -12,6 +12,8 @@
     chains.py         chains of element-wise ops, found by rule and run as one graphex_fused::pointwise (after
                       the patterns, CSE; option pointwise_fusion)
     pooling.py        max pooling whose indices nothing reads, as graphex_fused::max_pool2d (bit for bit)
+    batch_norm.py     inference batch norm as a per-channel multiply and add, for the chains to fuse (option
+                      pointwise_fusion)
 
 The fused ops are graphex_fused::* (csrc/fused/), C++ kernels of ours, close to eager but not
 bitwise (Note [Fused kernels are close, not bitwise] in csrc/fused/library.cpp).

@@ -226,10 +226,11 @@ def note_registered(name: str, identity: str) -> None:
 def _builtins_identity() -> str:
     """The built-in patterns as the source that defines them (patterns.py, attention_patterns.py, checks.py,
     spellings.py), and the rules of element-wise
-    chains and pooling (chains.py, pooling.py): known without tracing."""
-    from . import attention_patterns, chains, checks, patterns, pooling, spellings
+    chains, pooling and batch norm (chains.py, pooling.py, batch_norm.py): known without tracing."""
+    from . import attention_patterns, batch_norm, chains, checks, patterns, pooling, spellings
 
-    text = "".join(inspect.getsource(m) for m in (patterns, attention_patterns, checks, spellings, chains, pooling))
+    text = "".join(inspect.getsource(m) for m in (patterns, attention_patterns, checks, spellings, chains, pooling,
+                                                  batch_norm))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -136,7 +136,9 @@ def _foldable_op(node: torch.fx.Node) -> bool:
     schema = target._schema
     if schema.is_mutable or len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
         return False
-    if torch.Tag.nondeterministic_seeded in target.tags or target.namespace not in ("aten", "prims"):
+    # torch's ops and our fused kernels (csrc/fused/: deterministic, no state); a user's op may read state it does not
+    # declare, so it runs on every call
+    if torch.Tag.nondeterministic_seeded in target.tags or target.namespace not in ("aten", "prims", "graphex_fused"):
         return False
     val = node.meta.get("val")
     return isinstance(val, torch.Tensor) and not any(isinstance(s, torch.SymInt) for s in val.shape)

@@ -14,7 +14,8 @@
      common subexpressions           (option cse; pure ATen calls repeated with the same arguments, cse.py)
      element-wise chains, pooling    (fused mode only: max pooling whose indices nothing reads as
                                      graphex_fused::max_pool2d, graphex/fusion/pooling.py; with option
-                                     pointwise_fusion, connected element-wise ops of one shape as one
+                                     pointwise_fusion, inference batch norms as a multiply and an add
+                                     (graphex/fusion/batch_norm.py) and connected element-wise ops of one shape as one
                                      graphex_fused::pointwise, graphex/fusion/chains.py; after CSE, so a
                                      repeated op is computed once inside its chain)
   4. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
@@ -115,6 +116,7 @@ def _fused_rules(r: _Run) -> None:
         return  # Note [Element-wise chains are fused by rule, not by pattern]: fused mode only
     from ..base import log
     from ..fusion import say_if_nothing_fused
+    from ..fusion.batch_norm import split_batch_norm
     from ..fusion.chains import fuse_elementwise_chains
     from ..fusion.pooling import replace_max_pool
 
@@ -123,6 +125,9 @@ def _fused_rules(r: _Run) -> None:
         r.fused["max_pool2d"] = r.fused.get("max_pool2d", 0) + pooled
         r.gm.recompile()
     if r.options.pointwise_fusion:
+        split = split_batch_norm(r.gm.graph)  # Note [An inference batch norm is a multiply and an add]
+        if split:
+            r.fused["batch_norm"] = r.fused.get("batch_norm", 0) + split
         groups, replaced = fuse_elementwise_chains(r.gm)
         if groups:
             r.fused["pointwise"] = r.fused.get("pointwise", 0) + groups
@@ -162,7 +167,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("pattern fusion", ("pattern_fusion_pass",), _pattern_fusion),
     Pass("attention over grouped key/value heads", ("grouped_kv_heads",), _grouped_heads),
     Pass("common subexpression elimination", ("cse",), _cse),
-    Pass("element-wise chains, max pooling", ("pointwise_fusion",), _fused_rules, gated=False),
+    Pass("element-wise chains, batch norm, max pooling", ("pointwise_fusion",), _fused_rules, gated=False),
     Pass("reinplacing", ("inplace_pass", "input_inplace_pass"), _reinplace, gated=False),
     Pass("packets, sym_sum, read-only constants, dead code", (), _resolve_and_clean, gated=False, inherits_source=False),
     Pass("the user's post pass", ("post_grad_custom_post_pass",), _user_post_pass, inherits_source=False),
