@@ -59,17 +59,26 @@ inline void round_bf16(PwOperand a, float* d, int64_t n) {
   }
 }
 
-// Note [An erf GELU's special inputs are eager's own] (pointwise.h): each element of the tile whose input is not
-// ordinary (|x| < kGeluOrdinaryLimit, false for a NaN) is replaced by eager's own result for it.
-inline void specials(PwOperand a, float* d, int64_t n, GeluSpecial special, int32_t opcode) {
+// Note [An erf GELU's special inputs are eager's own] (pointwise.h): f over the tile, each element whose input is not
+// ordinary (|x| < kGeluOrdinaryLimit, false for a NaN) replaced by eager's own result for it. Each vector's inputs are
+// read before its results are stored: the destination may be the input's own slot (the chain reuses a dead slot), and
+// reading the input after the store read the GELU's result instead (gelu(2e38) = inf, then eager's gelu(inf): NaN on a
+// CPU whose oneDNN gives NaN at +inf, where eager gives inf; found on an AMD EPYC with AVX-512).
+template <typename F>
+inline void unary_with_specials(PwOperand a, float* d, int64_t n, GeluSpecial special, int32_t opcode, F f) {
   const V limit(kGeluOrdinaryLimit);
   for (int64_t i = 0; i < n; i += V::size()) {
     const V x = V::loadu(a.p + i * a.inc);
-    if (at::vec::Vectorized<float>(x.abs() < limit).zero_mask() == 0) continue;  // every lane ordinary (all ones)
-    for (int64_t j = i; j < i + V::size(); ++j) {
-      const float v = a.p[j * a.inc];
-      if (!(std::fabs(v) < kGeluOrdinaryLimit)) d[j] = special(v, opcode);
+    V y = f(x);
+    if (at::vec::Vectorized<float>(x.abs() < limit).zero_mask() != 0) {  // a lane not ordinary (a true lane is all ones)
+      float xs[V::size()], ys[V::size()];
+      x.store(xs);
+      y.store(ys);
+      for (int64_t l = 0; l < V::size(); ++l)
+        if (!(std::fabs(xs[l]) < kGeluOrdinaryLimit)) ys[l] = special(xs[l], opcode);
+      y = V::loadu(ys);
     }
+    y.store(d + i);
   }
 }
 
@@ -129,14 +138,12 @@ inline void pointwise_tile(const PwInstr* code, int64_t n_code, float* const* sl
         // values: x * (1 + erf(x / sqrt 2)) halved, as oneDNN orders it, within the tolerance of every kernel's; the
         // rest are eager's own (Note [An erf GELU's special inputs are eager's own], pointwise.h).
         const V r(static_cast<float>(M_SQRT1_2));
-        pw::unary(a, d, n, [&](V x) { return (x * (one + (x * r).erf())) * half; });
-        pw::specials(a, d, n, special, ins.op);
+        pw::unary_with_specials(a, d, n, special, ins.op, [&](V x) { return (x * (one + (x * r).erf())) * half; });
         break;
       }
       case PwOp::gelu_erf_aten: {
         const V r(static_cast<float>(M_SQRT1_2));
-        pw::unary(a, d, n, [&](V x) { return x * half * (one + (x * r).erf()); });
-        pw::specials(a, d, n, special, ins.op);
+        pw::unary_with_specials(a, d, n, special, ins.op, [&](V x) { return x * half * (one + (x * r).erf()); });
         break;
       }
       case PwOp::sqrt: pw::unary(a, d, n, [](V x) { return x.sqrt(); }); break;
