@@ -25,8 +25,16 @@
 #include "fused/rows.h"
 #include "fused/vec.h"
 
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/abs.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/all.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/any.h>
 #include <ATen/ops/eq.h>
 #include <ATen/ops/bitwise_not.h>
@@ -44,23 +52,33 @@
 #include <c10/util/Half.h>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
 namespace graphex::fused {
 namespace {
 
-void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "graphex_fused::decode_attention: q, k and v must be 4-d [B, H, T, D], got ", q.sizes(), ", ", k.sizes(),
-              ", ", v.sizes());
+              "graphex_fused attention: q, k and v must be 4-d [B, H, T, D], got ", q.sizes(), ", ", k.sizes(), ", ",
+              v.sizes());
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(3) == q.size(3) && k.size(1) > 0 &&
                   q.size(1) % k.size(1) == 0,
-              "graphex_fused::decode_attention: shapes do not fit: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(),
+              "graphex_fused attention: shapes do not fit: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(),
               " (want k = v = [B, Hkv, S, D] with H a multiple of Hkv)");
+}
+
+void check_mask(const at::Tensor& q, const at::Tensor& mask) {
   TORCH_CHECK(mask.scalar_type() == at::kBool || mask.scalar_type() == q.scalar_type(),
-              "graphex_fused::decode_attention: mask must be bool or of q's dtype (", q.scalar_type(), "), got ",
+              "graphex_fused attention: mask must be bool or of q's dtype (", q.scalar_type(), "), got ",
               mask.scalar_type());
+  TORCH_CHECK(mask.dim() <= 4, "graphex_fused attention: mask must have at most 4 dims, got ", mask.sizes());
+}
+
+void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+  check_qkv(q, k, v);
+  check_mask(q, mask);
 }
 
 at::Tensor attention_eager(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
@@ -259,6 +277,79 @@ at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
                                  /*round_scores=*/false);
 }
 
+// Note [Prefill attention is ATen's tiled kernel, with the heads as they are]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// prefill_attention(q, k, v, mask?, scale, is_causal, zero_masked_rows): attention over many query rows (a prefill,
+// a chunked prefill; also SDPA's is_causal at any length). One row at a time (the decode kernel above) reads every
+// key once per query row at a dot product's speed; a prefill wants tiles of queries against tiles of keys through
+// matrix products, with an online softmax that never holds the [T, S] score matrix. ATen's CPU flash-attention kernel
+// (at::_scaled_dot_product_flash_attention_for_cpu, the one eager's SDPA runs) is that kernel, and it reads grouped
+// key/value heads as they are (query head h reads key/value head h / (H / Hkv), what repeat_kv and repeat_interleave
+// compute). So this op is that kernel, called without the repeated copy of the cache:
+//   - zero_masked_rows (SDPA's forms, every dtype): the same kernel on the same values as eager's SDPA after its
+//     repeat (a bool mask made 0 / -inf in q's dtype, as SDPA makes it): eager's result, bit for bit, edges and all
+//     (tested: tests/python/test_fusion_prefill.py). The output is laid out as q is, as the kernel lays it out.
+//   - !zero_masked_rows (attention written out, float32: softmax(q k^T * scale + mask) v): close, not bitwise (the
+//     tiled sums add in another order). Where the kernel's edges are not softmax's the call computes eager's ops
+//     instead (attention_eager): a row masked everywhere (softmax gives NaN, the kernel 0), a NaN or an infinity in
+//     q, k, v or the mask (a NaN q row gives the kernel 0; found while writing this), and scores that may overflow
+//     (max |q| * max |k| * D * |scale| past 2^100). The output is contiguous, as eager's matmul gives it.
+// The checks read q, k, v and the mask once (O(T D + S D + T S)), against the O(T S D) of the attention itself.
+bool written_edges_are_softmaxs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const std::optional<at::Tensor>& mask, double scale) {
+  constexpr double kRoom = 1.2676506002282294e30;  // 2^100: far below float32's 2^128
+  const double qa = at::amax(at::abs(q)).item<double>(), ka = at::amax(at::abs(k)).item<double>();
+  // NaN compares false: a NaN or an infinity anywhere takes eager's ops
+  if (!(qa * ka * static_cast<double>(q.size(3)) * std::fabs(scale) < kRoom)) return false;
+  if (!at::isfinite(v).all().item<bool>()) return false;
+  if (!mask.has_value()) return true;
+  const at::Tensor& m = *mask;
+  if (m.scalar_type() == at::kBool) return m.any(-1).all().item<bool>();  // every row attends somewhere
+  const at::Tensor masked = at::eq(m, -INFINITY);
+  if (masked.all(-1).any().item<bool>()) return false;  // a row masked everywhere
+  const double ma = at::amax(at::abs(at::masked_fill(m, masked, 0))).item<double>();
+  return ma < kRoom;  // no NaN, no +inf, nothing that overflows a score
+}
+
+at::Tensor prefill_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const std::optional<at::Tensor>& mask_in, double scale, bool is_causal,
+                                 bool zero_masked_rows) {
+  check_qkv(q, k, v);
+  if (mask_in.has_value()) check_mask(q, *mask_in);
+  TORCH_CHECK(!(is_causal && mask_in.has_value()),
+              "graphex_fused::prefill_attention: is_causal and a mask cannot both be given (as in SDPA)");
+  std::optional<at::Tensor> mask;
+  if (mask_in.has_value()) {
+    at::Tensor m = *mask_in;
+    while (m.dim() < 4) m = m.unsqueeze(0);  // the kernel takes 2-d or 4-d masks; the same broadcast
+    mask = m;
+  }
+  if (!zero_masked_rows) {
+    TORCH_CHECK(!is_causal, "graphex_fused::prefill_attention: is_causal is SDPA's (zero_masked_rows=True)");
+    if (!written_edges_are_softmaxs(q, k, v, mask, scale)) {
+      const at::Tensor m = mask.has_value() ? *mask : at::ones({1, 1, 1, k.size(2)}, q.options().dtype(at::kBool));
+      return attention_eager(q, k, v, m, /*q_scale=*/1.0, scale, /*softcap=*/0.0, /*zero_masked_rows=*/false)
+          .contiguous();
+    }
+  }
+  if (mask.has_value() && mask->scalar_type() == at::kBool)  // SDPA's conversion: 0 where attended, else -inf
+    mask = at::where(*mask, at::scalar_tensor(0.0, q.options()), at::scalar_tensor(-INFINITY, q.options()));
+  at::Tensor out = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, /*dropout_p=*/0.0, is_causal,
+                                                                               mask, scale));
+  // the layout the meta kernel promised (Note [A replacement keeps the layout], graphex/fusion/manager.py)
+  const at::Tensor want = zero_masked_rows ? at::empty_like(q) : at::empty(q.sizes(), q.options());
+  if (out.strides() != want.strides()) return want.copy_(out);
+  return out;
+}
+
+at::Tensor prefill_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const std::optional<at::Tensor>& mask, double /*scale*/, bool /*is_causal*/,
+                                  bool zero_masked_rows) {
+  check_qkv(q, k, v);
+  if (mask.has_value()) check_mask(q, *mask);
+  return zero_masked_rows ? at::empty_like(q) : at::empty(q.sizes(), q.options());
+}
+
 at::Tensor one_token_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& mask, double /*q_scale*/, double /*scale*/, double /*softcap*/,
                                     bool /*zero_masked_rows*/, bool /*round_scores*/) {
@@ -278,9 +369,11 @@ at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const
 TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) {
   m.impl("decode_attention", &graphex::fused::decode_attention_cpu);
   m.impl("one_token_attention", &graphex::fused::one_token_attention_cpu);
+  m.impl("prefill_attention", &graphex::fused::prefill_attention_cpu);
 }
 
 TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) {
   m.impl("decode_attention", &graphex::fused::decode_attention_meta);
   m.impl("one_token_attention", &graphex::fused::one_token_attention_meta);
+  m.impl("prefill_attention", &graphex::fused::prefill_attention_meta);
 }

@@ -13,6 +13,8 @@
 //                    bool zero_masked_rows=False) -> Tensor                  attention.cpp
 //   one_token_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float q_scale, float scale,
 //                    float softcap, bool zero_masked_rows, bool round_scores) -> Tensor   attention.cpp
+//   prefill_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, bool is_causal,
+//                    bool zero_masked_rows) -> Tensor                     attention.cpp
 //   matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor            matvec.cpp
 //   pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs)
 //                                      -> Tensor[]                            pointwise.cpp
@@ -85,6 +87,10 @@ TORCH_LIBRARY(graphex_fused, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, bool zero_masked_rows=False) -> Tensor");
   m.def("one_token_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float q_scale, float scale, float softcap, "
         "bool zero_masked_rows, bool round_scores) -> Tensor");
+  // many query rows (a prefill): ATen's tiled CPU kernel with grouped heads as they are (Note [Prefill attention is
+  // ATen's tiled kernel, with the heads as they are], attention.cpp)
+  m.def("prefill_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, bool is_causal, "
+        "bool zero_masked_rows) -> Tensor");
   m.def("matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   m.def("pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs) -> Tensor[]");
   m.def("pointwise_table() -> str", &pointwise_table);

@@ -1,5 +1,6 @@
-"""The built-in one-token attention patterns of fused mode: SDPA and written-out forms, generated from one table
-(Note [Attention forms are generated from one table]), all replaced by graphex_fused::decode_attention."""
+"""The built-in attention patterns of fused mode: SDPA and written-out forms, generated from one table
+(Note [Attention forms are generated from one table]), replaced by graphex_fused::decode_attention for one query
+token and by graphex_fused::prefill_attention for many (Note [Which attention forms a prefill fuses])."""
 
 from __future__ import annotations
 
@@ -52,15 +53,40 @@ _GQA = {"repeat_kv": _repeat_kv, "repeat_interleave": _repeat_interleave, "none"
 _MASKS = ("bool", "additive", "none")  # the mask kinds; a bool mask attends where true, an additive one is added
 
 
+# Note [Which attention forms a prefill fuses]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Many query rows (a prefill, a chunked prefill) run graphex_fused::prefill_attention: ATen's tiled CPU flash kernel
+# with the grouped key/value heads read as they are (Note [Prefill attention is ATen's tiled kernel, with the heads as
+# they are], csrc/fused/attention.cpp). Which forms, and why:
+#   - SDPA after repeat_kv or repeat_interleave, any fused dtype, any mask kind, and SDPA's is_causal=True (at any
+#     query length): eager runs the same kernel on the repeated copy, so the fused result is eager's bit for bit and
+#     the copy of the cache is saved. SDPA with no repeat is left as it is (the graph already runs that kernel).
+#   - attention written out (matmul, scale, mask, softmax, matmul) in float32: the tiled kernel never builds the
+#     [T, S] scores eager builds, within fused mode's float32 tolerance; the edges where the kernel is not softmax
+#     are computed with eager's ops (a row masked everywhere, NaN or inf inputs, overflowing scores).
+#   - written out in bfloat16/float16: eager rounds every score to that dtype, which the tiled kernel does not, so
+#     these stay eager's for more than one query row; Gemma2's capped scores, SDPA's math path (Falcon) and Bloom's
+#     ALiBi form are fused for one query token only.
+_PREFILL = {"sdpa": "any dtype", "written": "float32", "one token": None}
+
+
 def _sdpa_form(gqa: str, scaled: bool, mask_kind: str) -> Callable[..., Any]:
-    """F.scaled_dot_product_attention after one GQA form, with or without scale= and a mask of one kind."""
+    """F.scaled_dot_product_attention after one GQA form, with or without scale= and a mask of one kind (or
+    is_causal=True: mask_kind "causal")."""
     rep = _GQA[gqa]
-    masked = mask_kind != "none"
+    masked = mask_kind not in ("none", "causal")
+    causal = mask_kind == "causal"
 
     def n(q, k):
         return q.shape[1] // k.shape[1]
 
-    if scaled and masked:
+    if causal and scaled:
+        def search(q, k, v, scale):
+            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), is_causal=True, scale=scale)
+    elif causal:
+        def search(q, k, v):
+            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), is_causal=True)
+    elif scaled and masked:
         def search(q, k, v, mask, scale):
             return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), attn_mask=mask, scale=scale)
     elif masked:
@@ -77,23 +103,35 @@ def _sdpa_form(gqa: str, scaled: bool, mask_kind: str) -> Callable[..., Any]:
     return search
 
 
-def _sdpa_fused_form(scaled: bool, masked: bool) -> Callable[..., Any]:
+def _sdpa_fused_form(scaled: bool, mask_kind: str) -> Callable[..., Any]:
+    """The kernel call for one SDPA form: decode_attention for one query token, prefill_attention for many (and for
+    is_causal at any length), both giving a row masked everywhere 0, as SDPA does (Note [Which attention forms a prefill
+    fuses]). The replacement is traced on the match's shapes, so the branch on q's length is taken once, at capture."""
+    masked = mask_kind not in ("none", "causal")
+    causal = mask_kind == "causal"
+
     def default_scale(q):
         return 1.0 / math.sqrt(q.shape[-1])  # ATen's sdpa: 1 / sqrt(E)
 
+    def call(q, k, v, mask, scale):
+        if q.shape[2] == 1 and not causal:
+            return fused.decode_attention(q, k, v, _all_attended(q, k) if mask is None else mask, scale,
+                                          zero_masked_rows=True)
+        return fused.prefill_attention(q, k, v, mask, scale, causal, True)
+
     if scaled and masked:
         def replace(q, k, v, mask, scale):
-            return fused.decode_attention(q, k, v, mask, scale, zero_masked_rows=True)
+            return call(q, k, v, mask, scale)
     elif masked:
         def replace(q, k, v, mask):
-            return fused.decode_attention(q, k, v, mask, default_scale(q), zero_masked_rows=True)
+            return call(q, k, v, mask, default_scale(q))
     elif scaled:
         def replace(q, k, v, scale):
-            return fused.decode_attention(q, k, v, _all_attended(q, k), scale, zero_masked_rows=True)
+            return call(q, k, v, None, scale)
     else:
         def replace(q, k, v):
-            return fused.decode_attention(q, k, v, _all_attended(q, k), default_scale(q), zero_masked_rows=True)
-    replace.__qualname__ = replace.__name__ = f"sdpa_fused_{'scale' if scaled else 'default_scale'}_{'mask' if masked else 'no_mask'}"
+            return call(q, k, v, None, default_scale(q))
+    replace.__qualname__ = replace.__name__ = f"sdpa_fused_{'scale' if scaled else 'default_scale'}_{mask_kind}"
     return replace
 
 
@@ -216,6 +254,8 @@ def unmasked_math_attention_fused(q, k, v, sq, sk):
 def _written(q, k, v, mask, scale, softcap=0.0):
     """A written-out form's kernel call: a row masked everywhere is NaN, as softmax gives; in bfloat16/float16 the
     scores and probabilities are rounded as eager computes them, in that dtype (round_scores, attention.cpp)."""
+    if q.shape[2] > 1:  # float32, no cap (Note [Which attention forms a prefill fuses])
+        return fused.prefill_attention(q, k, v, mask, scale, False, False)
     if q.dtype == torch.float32 and softcap == 0.0:
         return fused.decode_attention(q, k, v, mask, scale)  # nothing to round: the op float32 programs always had
     return fused.one_token_attention(q, k, v, mask, 1.0, scale, softcap, False, q.dtype != torch.float32)
@@ -233,44 +273,63 @@ def _all_attended(q, k):  # no mask: every cached position is attended (as SDPA 
     return torch.ones((1, 1, 1, k.shape[2]), dtype=torch.bool, device=q.device)
 
 
+def _no_mask(q, k):  # a written-out form without a mask: every position attended (prefill_attention takes None)
+    return _all_attended(q, k) if q.shape[2] == 1 else None
+
+
 def unmasked_attention_fused_div(q, k, v, inv_scale):
-    return _written(q, k, v, _all_attended(q, k), 1.0 / inv_scale)
+    return _written(q, k, v, _no_mask(q, k), 1.0 / inv_scale)
 
 
 def unmasked_attention_fused(q, k, v, scale):
-    return _written(q, k, v, _all_attended(q, k), scale)
+    return _written(q, k, v, _no_mask(q, k), scale)
 
 
-def _one_token(mask_kind: str) -> Callable[[Match], bool]:
+def _one_token(mask_kind: str, prefill: str | None = None) -> Callable[[Match], bool]:
+    """The check of an attention form: one query token, or many where `prefill` (a key of _PREFILL) admits them."""
     def check(match: Match) -> bool:
-        return _one_token_with(match, mask_kind)
+        return _attention_with(match, mask_kind, _PREFILL[prefill] if prefill else None)
 
     return check
 
 
-def _one_token_with(match: Match, mask_kind: str) -> bool:
+def _attention_with(match: Match, mask_kind: str, prefill: str | None) -> bool:
     q, k, v = (val(match, n) for n in ("q", "k", "v"))
     mask = val(match, "mask") if "mask" in match.kwargs else None
     if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
         return False
-    if (mask is None) != (mask_kind == "none"):
+    if (mask is None) != (mask_kind in ("none", "causal")):
         return False
     if mask is not None:
         want = torch.bool if mask_kind == "bool" else q.dtype
         if not isinstance(mask, torch.Tensor) or mask.dtype != want or mask.dim() > 4:
             return False
-    if q.shape[2] != 1 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         return False
+    t = q.shape[2]
+    one_token = t == 1 and mask_kind != "causal"
+    if not one_token:  # Note [Which attention forms a prefill fuses]
+        if prefill is None or t == 0 or (prefill == "float32" and q.dtype != torch.float32):
+            return False
     if k.shape[1] == 0 or q.shape[1] % k.shape[1] or k.shape[2] == 0:  # no heads, or an empty cache: left to eager
         return False
     if mask is not None:  # a mask that grows the scores (more rows, batches or heads) is not the kernel's
-        scores = (q.shape[0], q.shape[1], 1, k.shape[2])
+        scores = (q.shape[0], q.shape[1], t, k.shape[2])
         try:
             if tuple(torch.broadcast_shapes(mask.shape, scores)) != scores:
                 return False
         except RuntimeError:
             return False
     return True
+
+
+def _kernel_by_length(match: Match) -> str:
+    """The name a fired attention form is counted under (GRAPHEX_LOG, CompiledGraph.report): the kernel it runs."""
+    return "decode_attention" if val(match, "q").shape[2] == 1 else "prefill_attention"
+
+
+def _is_prefill(match: Match) -> str:  # SDPA's is_causal forms run prefill_attention at every length
+    return "prefill_attention"
 
 
 def _attention_examples() -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, list[torch.Tensor]]]:
@@ -291,19 +350,31 @@ def _register_written_attention(dtype: torch.dtype | None) -> None:
     def cast(ts: list[torch.Tensor]) -> list[torch.Tensor]:
         return [x.to(dtype) if dtype is not None and x.is_floating_point() else x for x in ts]
 
-    for gqa in _GQA:  # "none" also matches a broadcast key/value head: matmul expands both sides
-        k = keys[gqa]
-        for kind in _MASKS:
-            written_ok = all_of(float_cpu("q", "k", "v"), _one_token(kind))
-            unmasked, upcast = kind == "none", dtype is not None
-            register_named("decode_attention", _written_form(gqa, True, kind, upcast),
-                           unmasked_attention_fused_div if unmasked else decode_attention_fused,
-                           cast([q, k, k.clone(), *masks[kind]]), extra_check=all_of(written_ok, number("inv_scale")),
-                           scalar_workaround={"inv_scale": 7.25}, builtin=True)
-            register_named("decode_attention", _written_form(gqa, False, kind, upcast),
-                           unmasked_attention_fused if unmasked else written_attention_fused,
-                           cast([q, k, k.clone(), *masks[kind]]), extra_check=all_of(written_ok, number("scale")),
-                           scalar_workaround={"scale": 0.3125}, builtin=True)
+    # Note [A prefill's query is a transpose]: models make q as proj(x).view(B, T, H, D).transpose(1, 2). For one token,
+    # or one sequence, matmul folds that into its batch as a view; for many tokens of more than one sequence it copies
+    # q first (expand, clone, _unsafe_view): another graph. So in the float32 group (the one whose written forms fuse a
+    # prefill) each form is traced once more on such a q, two sequences of three tokens.
+    examples = [(q, keys, masks)]
+    if dtype is None:
+        q_rows = torch.randn(2, 3, 4, 8).transpose(1, 2)
+        examples.append((q_rows, {g: torch.cat([x, x]) for g, x in keys.items()},
+                         {"bool": [torch.ones(1, 1, 3, 6, dtype=torch.bool)], "additive": [torch.zeros(1, 1, 3, 6)],
+                          "none": []}))
+    for q_example, keys_example, masks_example in examples:
+        for gqa in _GQA:  # "none" also matches a broadcast key/value head: matmul expands both sides
+            k = keys_example[gqa]
+            for kind in _MASKS:
+                written_ok = all_of(float_cpu("q", "k", "v"), _one_token(kind, prefill="written"))
+                unmasked, upcast = kind == "none", dtype is not None
+                inputs = cast([q_example, k, k.clone(), *masks_example[kind]])
+                register_named("decode_attention", _written_form(gqa, True, kind, upcast),
+                               unmasked_attention_fused_div if unmasked else decode_attention_fused,
+                               inputs, extra_check=all_of(written_ok, number("inv_scale")),
+                               scalar_workaround={"inv_scale": 7.25}, builtin=True, count_as=_kernel_by_length)
+                register_named("decode_attention", _written_form(gqa, False, kind, upcast),
+                               unmasked_attention_fused if unmasked else written_attention_fused,
+                               inputs, extra_check=all_of(written_ok, number("scale")),
+                               scalar_workaround={"scale": 0.3125}, builtin=True, count_as=_kernel_by_length)
     for gqa in ("repeat_kv", "none"):
         for kind in ("additive", "none"):  # Gemma2's capped scores
             register_named("decode_attention", _softcapped_form(gqa, kind, dtype is not None),
@@ -384,10 +455,14 @@ def register_attention(dtype: torch.dtype | None) -> None:
     for gqa in _GQA:
         k = keys[gqa]
         for scaled in (True, False):
-            for kind in _MASKS:
-                masked = kind != "none"
-                inputs = [q, k, k.clone(), *masks[kind]]
-                checks = [float_cpu("q", "k", "v"), _one_token(kind)] + ([number("scale")] if scaled else [])
-                register_named("decode_attention", _sdpa_form(gqa, scaled, kind), _sdpa_fused_form(scaled, masked),
+            for kind in (*_MASKS, "causal"):
+                if kind == "causal" and gqa == "none":  # the graph already runs the kernel prefill_attention would
+                    continue
+                # many query rows: only where the repeat's copy is saved (Note [Which attention forms a prefill fuses])
+                prefill = "sdpa" if gqa != "none" else None
+                inputs = [q, k, k.clone(), *masks.get(kind, [])]
+                checks = [float_cpu("q", "k", "v"), _one_token(kind, prefill)] + ([number("scale")] if scaled else [])
+                register_named("decode_attention", _sdpa_form(gqa, scaled, kind), _sdpa_fused_form(scaled, kind),
                                inputs, extra_check=all_of(*checks),
-                               scalar_workaround={"scale": 0.3125} if scaled else None, builtin=True)
+                               scalar_workaround={"scale": 0.3125} if scaled else None, builtin=True,
+                               count_as=_is_prefill if kind == "causal" else _kernel_by_length)

@@ -71,9 +71,10 @@ def pattern_pass() -> PatternMatcherPass:
 
 
 def checked(name: str, search_fn: Callable[..., Any], replace_fn: Callable[..., Any],
-            extra_check: Callable[[Match], bool]) -> Callable[[Match], bool]:
+            extra_check: Callable[[Match], bool],
+            count_as: Callable[[Match], str] | None = None) -> Callable[[Match], bool]:
     """The check a match passes before it is replaced: the pattern's own `extra_check`, then
-    Note [A replacement keeps the layout]; a match that passes is counted under `name`."""
+    Note [A replacement keeps the layout]; a match that passes is counted under `name` (or `count_as(match)`)."""
     argnames = list(inspect.signature(search_fn).parameters)
 
     def check(match: Match) -> bool:
@@ -89,7 +90,7 @@ def checked(name: str, search_fn: Callable[..., Any], replace_fn: Callable[..., 
             return False
         fired = _fired.get()
         if fired is not None:  # Note [Fusion's state: one registry, counts per run]
-            fired[name] += 1
+            fired[count_as(match) if count_as is not None else name] += 1
         return True
 
     return check

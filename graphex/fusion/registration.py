@@ -55,14 +55,15 @@ def register_named(name: str, search_fn: Callable[..., Any], replace_fn: Callabl
                    example_inputs: Iterable[Any], *, trace_fn: Callable[..., Any] = fwd_only,
                    extra_check: Callable[[Match], bool] = _return_true, search_fn_pattern: PatternExpr | None = None,
                    scalar_workaround: dict[str, float | int] | None = None, skip_duplicates: bool = False,
-                   builtin: bool = False) -> bool:
-    """register_replacement with the name GRAPHEX_LOG reports when the pattern fires."""
+                   builtin: bool = False, count_as: Callable[[Match], str] | None = None) -> bool:
+    """register_replacement with the name GRAPHEX_LOG reports when the pattern fires (`count_as(match)`, where given:
+    the kernel one match runs, for a pattern whose replacement picks its kernel by the match's shapes)."""
     with manager.REGISTRY.lock:
         if not builtin:
             manager.REGISTRY.ensure_builtins()  # built-ins first: at a shared anchor they are tried first
         registered = compat.register_replacement(
             search_fn, replace_fn, list(example_inputs), trace_fn, manager.pattern_pass(),
-            manager.checked(name, search_fn, replace_fn, extra_check), get_decomp_fn=no_decompositions,
+            manager.checked(name, search_fn, replace_fn, extra_check, count_as), get_decomp_fn=no_decompositions,
             scalar_workaround=scalar_workaround, search_fn_pattern=search_fn_pattern,
             skip_duplicates=skip_duplicates, pattern_name=name)
         if registered and not builtin:  # the built-ins are keyed by their source (manager.registered_patterns)
