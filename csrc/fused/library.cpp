@@ -5,6 +5,8 @@
 //   rms_norm(Tensor x, Tensor weight, float eps) -> Tensor                     rms_norm.cpp
 //   add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps)
 //                                      -> (Tensor sum, Tensor normed)         rms_norm.cpp
+//   add_layer_norm(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps)
+//                                      -> (Tensor sum, Tensor normed)         layer_norm.cpp
 //   silu_mul(Tensor gate, Tensor up) -> Tensor                                gated_mlp.cpp
 //   gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down,
 //             str activation="silu") -> Tensor                               gated_mlp.cpp
@@ -78,6 +80,7 @@ TORCH_LIBRARY(graphex_fused, m) {
   // program exported before it) multiplies by the weight itself.
   m.def("rms_norm(Tensor x, Tensor weight, float eps, float weight_offset=0.0) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, float weight_offset=0.0) -> (Tensor, Tensor)");
+  m.def("add_layer_norm(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   // activation: "silu" (the default, and every program exported before it), "gelu" (erf) or "gelu_tanh"
   m.def("gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, str activation=\"silu\") -> Tensor");

@@ -27,6 +27,9 @@ struct RowKernels {
   // out[i] = (x[i] * inv) * w[i] (w[0] when w_broadcast), inv = 1 / sqrt(sum(x^2) / n + eps)
   void (*rms_norm)(const float* x, const float* w, bool w_broadcast, float* out, int64_t n, float eps);
   void (*add)(const float* a, const float* b, float* out, int64_t n);                  // out = a + b
+  // out[i] = ((x[i] - mean) * rstd) * w[i] + b[i] (w, b null: left out), rstd = 1 / sqrt(var + eps) with the biased
+  // variance of the row (layer_norm.cpp)
+  void (*layer_norm)(const float* x, const float* w, const float* b, float* out, int64_t n, float eps);
   void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);             // silu(g) * u
   void (*rotary)(const float* x, const float* c, const float* s, float* out, int64_t n);
   // interleaved pairs (rotary.cpp): tables per element, or per pair with half_tables

@@ -48,6 +48,58 @@ inline void rms_norm_row(const float* x, const float* w, bool w_broadcast, float
   }
 }
 
+// LayerNorm of one row: ((x - mean) * rstd) * w + b, no FMA. The mean and the biased variance in float32 over the row
+// in cache, by shifted data: a first mean m1, then c = sum(x - m1) and q = sum((x - m1)^2) in one pass, mean = m1 + c / n,
+// var = q / n - (c / n)^2. A plain float32 sum of a row whose mean is far from 0 loses the mean's low bits (mean 1000:
+// 4x eager's error; eager runs a Welford cascade); the shifted sums keep the fused norm as exact as eager's (tested
+// against float64: test_fusion_layer_norm.py).
+inline void layer_norm_row(const float* x, const float* w, const float* b, float* out, int64_t n, float eps) {
+  constexpr int64_t W = Vec::size();
+  Vec s0(0.f), s1(0.f);
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    s0 = s0 + Vec::loadu(x + i);
+    s1 = s1 + Vec::loadu(x + i + W);
+  }
+  float sum = sum_lanes(s0 + s1);
+  for (; i < n; ++i) sum += x[i];
+  const float m1 = sum / static_cast<float>(n);
+  const Vec vm1(m1);
+  Vec c0(0.f), c1(0.f), q0(0.f), q1(0.f);
+  i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const Vec d0 = Vec::loadu(x + i) - vm1, d1 = Vec::loadu(x + i + W) - vm1;
+    c0 = c0 + d0;
+    c1 = c1 + d1;
+    q0 = q0 + d0 * d0;
+    q1 = q1 + d1 * d1;
+  }
+  float c = sum_lanes(c0 + c1), q = sum_lanes(q0 + q1);
+  for (; i < n; ++i) {
+    const float d = x[i] - m1;
+    c += d;
+    q += d * d;
+  }
+  const float cn = c / static_cast<float>(n);
+  const float mean = m1 + cn;
+  const float var = std::max(q / static_cast<float>(n) - cn * cn, 0.f);
+  const float rstd = 1.f / std::sqrt(var + eps);
+  const Vec vmean(mean), vs(rstd);
+  i = 0;
+  for (; i + W <= n; i += W) {
+    Vec y = (Vec::loadu(x + i) - vmean) * vs;
+    if (w != nullptr) y = y * Vec::loadu(w + i);
+    if (b != nullptr) y = y + Vec::loadu(b + i);
+    y.store(out + i);
+  }
+  for (; i < n; ++i) {
+    float y = (x[i] - mean) * rstd;
+    if (w != nullptr) y = y * w[i];
+    if (b != nullptr) y = y + b[i];
+    out[i] = y;
+  }
+}
+
 inline void add_row(const float* a, const float* b, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + Vec::size() <= n; i += Vec::size()) (Vec::loadu(a + i) + Vec::loadu(b + i)).store(out + i);
@@ -209,7 +261,7 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 #define GRAPHEX_STR(x) GRAPHEX_STR2(x)
 
 inline RowKernels table() {
-  return RowKernels{&rms_norm_row, &add_row,  &silu_mul_row, &rotary_row, &rotary_pairs_row, &dot,
+  return RowKernels{&rms_norm_row, &add_row,  &layer_norm_row, &silu_mul_row, &rotary_row, &rotary_pairs_row, &dot,
                     &dot_bf16,     &dot_half, &axpy,         &axpy4_bf16,  &axpy4_half, &max_pool_f32, &max_pool_bf16, &max_pool_half,
                     &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
 }

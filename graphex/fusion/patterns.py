@@ -10,6 +10,7 @@ order: a pattern that contains another comes first (Note in manager.py).
     rms_norm       x * rsqrt(mean(x^2, -1) + eps) * w                   2 forms, and Llama's float32 upcast in
                                                                         bfloat16 / float16 models; Gemma's
                                                                         factor (1 + w), with or without the add
+    add_layer_norm (x + residual, layer_norm(x + residual, w, b))        with weight and bias, weight only, neither
     gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x; GELU-gated (erf, tanh:
                                                                         eager's gelu and mul, in place)
     silu_mul       silu(gate) * up, or up * silu(gate) (Phi3's fused gate_up projection, chunked)
@@ -103,6 +104,49 @@ def _row_weight(match: Match) -> bool:
     """The norm's weight is one row (what RMSNorm has): the kernel's output is then x's shape."""
     x, w = val(match, "x"), val(match, "weight")
     return w.dim() == 1 and x.dim() >= 1 and w.shape[0] == x.shape[-1]
+
+
+# ---- add + LayerNorm ------------------------------------------------------------------------------
+# The residual add and the LayerNorm after it (GPT-2, GPT-NeoX, Falcon, Bloom, BERT), the sum returned too: one pass
+# (csrc/fused/layer_norm.cpp). A LayerNorm alone stays eager's native_layer_norm: one kernel already.
+
+def add_layer_norm(x, residual, weight, bias, eps):
+    h = x + residual
+    return F.layer_norm(h, (h.shape[-1],), weight, bias, eps), h
+
+
+def add_layer_norm_no_bias(x, residual, weight, eps):  # nn.LayerNorm(bias=False)
+    h = x + residual
+    return F.layer_norm(h, (h.shape[-1],), weight, None, eps), h
+
+
+def add_layer_norm_no_affine(x, residual, eps):  # nn.LayerNorm(elementwise_affine=False)
+    h = x + residual
+    return F.layer_norm(h, (h.shape[-1],), None, None, eps), h
+
+
+def add_layer_norm_fused(x, residual, weight, bias, eps):
+    h, y = fused.add_layer_norm(x, residual, weight, bias, eps)
+    return y, h
+
+
+def add_layer_norm_no_bias_fused(x, residual, weight, eps):
+    h, y = fused.add_layer_norm(x, residual, weight, None, eps)
+    return y, h
+
+
+def add_layer_norm_no_affine_fused(x, residual, eps):
+    h, y = fused.add_layer_norm(x, residual, None, None, eps)
+    return y, h
+
+
+def _layer_norm_params(*names: str) -> Callable[[Match], bool]:
+    """The norm's weight and bias are one row over x's last dimension (the kernel normalizes the last one only)."""
+    def check(match: Match) -> bool:
+        x = val(match, "x")
+        return x.dim() >= 1 and all(val(match, n).dim() == 1 and val(match, n).shape[0] == x.shape[-1] for n in names)
+
+    return check
 
 
 # ---- SiLU-gated MLP -------------------------------------------------------------------------------
@@ -309,6 +353,14 @@ def register_common() -> None:
                                 (rms_norm_llama, rms_norm_fused)):
         register_named("rms_norm", search, replacement, [x3, w], extra_check=norm_ok, scalar_workaround=_EPS,
                        builtin=True)
+
+    for search, replacement, params in ((add_layer_norm, add_layer_norm_fused, ("weight", "bias")),
+                                        (add_layer_norm_no_bias, add_layer_norm_no_bias_fused, ("weight",)),
+                                        (add_layer_norm_no_affine, add_layer_norm_no_affine_fused, ())):
+        register_named("add_layer_norm", search, replacement, [x3, r3, *[t(16) for _ in params]],
+                       extra_check=all_of(float_cpu("x", "residual", *params), number("eps"),
+                                          _same_shape("x", "residual"), _layer_norm_params(*params)),
+                       scalar_workaround={"eps": 1e-5}, builtin=True)
 
     wg, wu, wd = t(32, 16), t(32, 16), t(16, 32)
     mlp_ok = float_cpu("x", "w_gate", "w_up", "w_down")
