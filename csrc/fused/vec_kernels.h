@@ -175,6 +175,19 @@ inline void rotary_row(const float* x, const float* c, const float* s, float* ou
   }
 }
 
+// max |x[i]|, NaN if any x[i] is NaN (at::vec::maximum propagates it): prefill_attention's edge check (attention.cpp)
+inline float max_abs(const float* x, int64_t n) {
+  Vec m(0.f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) m = at::vec::maximum(m, Vec::loadu(x + i).abs());
+  float lanes[Vec::size()];
+  m.store(lanes);
+  float r = 0.f;
+  for (int64_t l = 0; l < Vec::size(); ++l) r = std::isnan(lanes[l]) || std::isnan(r) ? NAN : std::max(r, lanes[l]);
+  for (; i < n; ++i) r = std::isnan(x[i]) || std::isnan(r) ? NAN : std::max(r, std::fabs(x[i]));
+  return r;
+}
+
 inline float dot(const float* a, const float* b, int64_t n) {
   Vec acc(0.f);
   int64_t i = 0;
@@ -261,7 +274,7 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 #define GRAPHEX_STR(x) GRAPHEX_STR2(x)
 
 inline RowKernels table() {
-  return RowKernels{&rms_norm_row, &add_row,  &layer_norm_row, &silu_mul_row, &rotary_row, &rotary_pairs_row, &dot,
+  return RowKernels{&rms_norm_row, &add_row,  &layer_norm_row, &silu_mul_row, &rotary_row, &rotary_pairs_row, &max_abs, &dot,
                     &dot_bf16,     &dot_half, &axpy,         &axpy4_bf16,  &axpy4_half, &max_pool_f32, &max_pool_bf16, &max_pool_half,
                     &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
 }

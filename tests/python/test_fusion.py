@@ -191,6 +191,53 @@ def test_graphex_run_runs_a_fused_program(tmp_path):
     torch.testing.assert_close(load_safetensors(tmp_path / "out.safetensors")["0"], expected, **MODEL_TOL)
 
 
+class _PrefillBlock(torch.nn.Module):
+    """A grouped-query prefill: SDPA after repeat_kv (prefill_attention), then the residual add and a LayerNorm
+    (add_layer_norm)."""
+
+    def __init__(self, d: int = 32, heads: int = 4, kv_heads: int = 2):
+        super().__init__()
+        self.heads, self.kv_heads = heads, kv_heads
+        self.q = torch.nn.Linear(d, d)
+        self.kv = torch.nn.Linear(d, 2 * d * kv_heads // heads)
+        self.ln = torch.nn.LayerNorm(d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        hd = d // self.heads
+        q = self.q(x).view(b, t, self.heads, hd).transpose(1, 2)
+        k, v = (z.view(b, t, self.kv_heads, hd).transpose(1, 2) for z in self.kv(x).chunk(2, dim=-1))
+        n = self.heads // self.kv_heads
+        k, v = (z[:, :, None].expand(b, self.kv_heads, n, t, hd).reshape(b, self.heads, t, hd) for z in (k, v))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = a.transpose(1, 2).reshape(b, t, d) + x
+        return self.ln(h), h
+
+
+def test_graphex_run_runs_a_fused_prefill(tmp_path):
+    """prefill_attention (ATen's tiled kernel, called from our op) and add_layer_norm in a program graphex-run runs
+    with no Python: the same result as the Python engine's, bit for bit, and eager's within the model tolerance."""
+    assert os.path.exists(GRAPHEX_RUN), "graphex-run is not built: make build"
+    torch.manual_seed(0)
+    model = _PrefillBlock().eval()
+    args = (torch.randn(2, 6, 32),)
+    path = graphex.export(model, args, tmp_path / "prefill.graphex", options=FUSED)
+    program = open(os.path.join(path, "program.gxp"), "rb").read().decode("latin-1")
+    assert "prefill_attention" in program and "add_layer_norm" in program
+    (tmp_path / "in.safetensors").write_bytes(safetensors_bytes({"0": args[0]}))
+    proc = subprocess.run([GRAPHEX_RUN, path, "--inputs", str(tmp_path / "in.safetensors"),
+                           "--output", str(tmp_path / "out.safetensors")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = load_safetensors(tmp_path / "out.safetensors")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        in_python = torch.compile(model, backend="graphex", fullgraph=True, dynamic=False, options=FUSED)(*args)
+        expected = model(*args)
+    for i in range(2):
+        assert torch.equal(got[str(i)], in_python[i])
+        torch.testing.assert_close(got[str(i)], expected[i], **MODEL_TOL)
+
+
 # ---- transformers' Llama --------------------------------------------------------------------------------
 
 def test_transformers_llama_fuses():
@@ -213,6 +260,7 @@ def test_transformers_llama_fuses():
     layers = cfg.num_hidden_layers
     assert counts["rotary"] == 2 * layers and counts["gated_mlp"] == layers
     assert counts["rms_norm"] + counts["add_rms_norm"] == 2 * layers + 1
+    assert counts["prefill_attention"] == layers  # 8 query rows: repeat_kv + SDPA without the copy
     torch.testing.assert_close(got, want, **MODEL_TOL)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
