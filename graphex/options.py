@@ -131,7 +131,8 @@ class Options:
         False, (bool,),
         "Fused mode (npugraph_ex's option of the same name; off by default here, so the default stays bit for "
         "bit with eager): replace subgraphs of the ATen graph with graphex's fused C++ CPU kernels (RMSNorm, "
-        "add + RMSNorm, SiLU-gated MLP, rotary embedding, one-token attention, one-row linear layers in "
+        "add + RMSNorm, add + LayerNorm, SiLU-gated MLP, rotary embedding, one-token and prefill attention, one-row "
+        "linear layers in "
         "bfloat16/float16, chains of element-wise ops; float32, bfloat16, float16) and with the patterns users "
         "register with graphex.register_replacement. Results are then within a stated tolerance per fused op "
         "(float32: abs(fused - eager) <= 1e-5 + 1e-5 * abs(eager); docs/fused-mode.md), not bitwise; "

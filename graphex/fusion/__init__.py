@@ -5,9 +5,10 @@
     spellings.py      one spelling of the arguments the patterns read (transpose, softmax dims, _to_copy), set
                       before matching
     checks.py         the fused kernels' dtypes (one definition) and the match checks built on them
-    patterns.py       the built-in patterns (RMSNorm, add + RMSNorm, SiLU-gated MLP, rotary embedding,
-                      one-row linear layers) and the groups they are traced in
-    attention_patterns.py  the one-token attention forms (Note [Attention forms are generated from one table])
+    patterns.py       the built-in patterns (RMSNorm, add + RMSNorm, add + LayerNorm, SiLU-gated MLP, rotary
+                      embedding, one-row linear layers) and the groups they are traced in
+    attention_patterns.py  the attention forms, one query token and many (Note [Attention forms are generated from
+                      one table], Note [Which attention forms a prefill fuses])
     registration.py   graphex.register_replacement, npugraph_ex's API for users' patterns
     chains.py         chains of element-wise ops, found by rule and run as one graphex_fused::pointwise (after
                       the patterns, CSE; option pointwise_fusion)
