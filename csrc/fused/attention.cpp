@@ -26,25 +26,27 @@
 #include "fused/vec.h"
 
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
-#include <ATen/ops/abs.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/all.h>
-#include <ATen/ops/amax.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/isfinite.h>
-#include <ATen/ops/ones.h>
-#include <ATen/ops/scalar_tensor.h>
-#include <ATen/ops/where.h>
 #include <ATen/ops/any.h>
-#include <ATen/ops/eq.h>
 #include <ATen/ops/bitwise_not.h>
+#include <ATen/ops/cos.h>
+#include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/eq.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/linspace.h>
 #include <ATen/ops/masked_fill.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mul.h>
-#include <ATen/ops/div.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/repeat_interleave.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/sin.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/tanh.h>
+#include <ATen/ops/where.h>
 #include <torch/library.h>
 
 #include <cstring>
@@ -285,15 +287,17 @@ at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
 // matrix products, with an online softmax that never holds the [T, S] score matrix. ATen's CPU flash-attention kernel
 // (at::_scaled_dot_product_flash_attention_for_cpu, the one eager's SDPA runs) is that kernel, and it reads grouped
 // key/value heads as they are (query head h reads key/value head h / (H / Hkv), what repeat_kv and repeat_interleave
-// compute). So this op is that kernel, called without the repeated copy of the cache:
+// compute). So this op is that kernel, called without the repeated copy of the cache (where this torch's kernel reads
+// grouped heads, checked once per process: flash_reads_grouped_heads; elsewhere the heads are repeated first):
 //   - zero_masked_rows (SDPA's forms, every dtype): the same kernel on the same values as eager's SDPA after its
 //     repeat (a bool mask made 0 / -inf in q's dtype, as SDPA makes it): eager's result, bit for bit, edges and all
 //     (tested: tests/python/test_fusion_prefill.py). The output is laid out as q is, as the kernel lays it out.
 //   - !zero_masked_rows (attention written out, float32: softmax(q k^T * scale + mask) v): close, not bitwise (the
 //     tiled sums add in another order). Where the kernel's edges are not softmax's the call computes eager's ops
 //     instead (attention_eager): a row masked everywhere (softmax gives NaN, the kernel 0), a NaN or an infinity in
-//     q, k, v or the mask (a NaN q row gives the kernel 0; found while writing this), and scores that may overflow
-//     (max |q| * max |k| * D * |scale| past 2^100). The output is contiguous, as eager's matmul gives it.
+//     q, k, v or the mask (a NaN q row gives the kernel 0; found while writing this), scores that may overflow
+//     (max |q| * max |k| * D * |scale| past 2^100), and values whose unnormalized sum may (S * max |v| past 2^100:
+//     the kernel divides by the row's sum last). The output is contiguous, as eager's matmul gives it.
 // The checks read q, k, v and the mask once (O(T D + S D + T S)), against the O(T S D) of the attention itself.
 // max |x| over a float32 tensor of 4 dims with a unit last stride (a copy first otherwise), NaN where x holds one: one
 // vectorized pass per row, no ATen call (a prefill of 64 tokens paid about 60 us for the same checks in ATen ops).
@@ -347,17 +351,46 @@ bool written_edges_are_softmaxs(const at::Tensor& q, const at::Tensor& k, const 
   const double qa = max_abs4(q), ka = max_abs4(k);
   // NaN compares false: a NaN or an infinity anywhere takes eager's ops
   if (!(qa * ka * static_cast<double>(q.size(3)) * std::fabs(scale) < kRoom)) return false;
-  if (!(max_abs4(v) < std::numeric_limits<float>::infinity())) return false;
+  // the kernel sums p * v over a row before dividing by the row's sum (p <= 1), where softmax divides first: S * max |v|
+  // must not overflow either (v of 1e37 over 64 positions gave inf where eager's is 1e37; found by a helper)
+  if (!(max_abs4(v) * static_cast<double>(k.size(2)) < kRoom)) return false;
   if (!mask.has_value()) return true;
   float largest = 0.f;
   if (!mask_rows_attend(*mask, &largest)) return false;  // a row masked everywhere
   return largest < kRoom;  // no NaN, no +inf, nothing that overflows a score
 }
 
-at::Tensor prefill_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+// Whether this torch's CPU flash kernel reads grouped key/value heads (query head h reads key/value head h / (H / Hkv)),
+// checked once per process on a small case against the heads repeated, bit for bit. The 2.13 kernel does; an older one
+// indexes the key by the query's own head (a read past the key's heads), so a torch of the supported range whose kernel
+// fails the check gets the heads repeated first, as eager's graph repeats them: the same result, with the copy.
+bool flash_reads_grouped_heads() {
+  static const bool reads = [] {
+    try {
+      const auto opts = at::TensorOptions().dtype(at::kFloat);
+      const at::Tensor q = at::linspace(-1.0, 1.0, 4 * 3 * 8, opts).view({1, 4, 3, 8});
+      const at::Tensor k = at::linspace(1.0, -0.5, 2 * 5 * 8, opts).view({1, 2, 5, 8}).sin();
+      const at::Tensor v = at::linspace(-2.0, 2.0, 2 * 5 * 8, opts).view({1, 2, 5, 8}).cos();
+      const at::Tensor grouped = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v));
+      const at::Tensor repeated = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
+          q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)));
+      return at::equal(grouped, repeated);
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }();
+  return reads;
+}
+
+at::Tensor prefill_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                  const std::optional<at::Tensor>& mask_in, double scale, bool is_causal,
                                  bool zero_masked_rows) {
-  check_qkv(q, k, v);
+  check_qkv(q_in, k_in, v_in);
+  // The flash kernel reads each row of q, k and v (and of the mask, unless broadcast along it) as contiguous: a
+  // cache kept [B, Hkv, D, S] and transposed, or a q made [B, H, D, T], is copied first (eager's repeat made such a
+  // key contiguous before its SDPA; passing it as it was gave garbage, found by a helper).
+  auto unit_last = [](const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-1) <= 1 ? t : t.contiguous(); };
+  const at::Tensor q = unit_last(q_in), k = unit_last(k_in), v = unit_last(v_in);
   if (mask_in.has_value()) check_mask(q, *mask_in);
   TORCH_CHECK(!(is_causal && mask_in.has_value()),
               "graphex_fused::prefill_attention: is_causal and a mask cannot both be given (as in SDPA)");
@@ -365,7 +398,7 @@ at::Tensor prefill_attention_cpu(const at::Tensor& q, const at::Tensor& k, const
   if (mask_in.has_value()) {
     at::Tensor m = *mask_in;
     while (m.dim() < 4) m = m.unsqueeze(0);  // the kernel takes 2-d or 4-d masks; the same broadcast
-    mask = m;
+    mask = m.stride(3) == 0 ? m : unit_last(m);
   }
   if (!zero_masked_rows) {
     TORCH_CHECK(!is_causal, "graphex_fused::prefill_attention: is_causal is SDPA's (zero_masked_rows=True)");
@@ -377,10 +410,13 @@ at::Tensor prefill_attention_cpu(const at::Tensor& q, const at::Tensor& k, const
   }
   if (mask.has_value() && mask->scalar_type() == at::kBool)  // SDPA's conversion: 0 where attended, else -inf
     mask = at::where(*mask, at::scalar_tensor(0.0, q.options()), at::scalar_tensor(-INFINITY, q.options()));
-  at::Tensor out = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, /*dropout_p=*/0.0, is_causal,
-                                                                               mask, scale));
+  const int64_t group = q.size(1) / k.size(1);
+  const bool repeat = group > 1 && !flash_reads_grouped_heads();
+  at::Tensor out = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
+      q, repeat ? k.repeat_interleave(group, 1) : k, repeat ? v.repeat_interleave(group, 1) : v, /*dropout_p=*/0.0,
+      is_causal, mask, scale));
   // the layout the meta kernel promised (Note [A replacement keeps the layout], graphex/fusion/manager.py)
-  const at::Tensor want = zero_masked_rows ? at::empty_like(q) : at::empty(q.sizes(), q.options());
+  const at::Tensor want = zero_masked_rows ? at::empty_like(q_in) : at::empty(q.sizes(), q.options());
   if (out.strides() != want.strides()) return want.copy_(out);
   return out;
 }

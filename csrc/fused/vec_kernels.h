@@ -83,7 +83,9 @@ inline void layer_norm_row(const float* x, const float* w, const float* b, float
   const float cn = c / static_cast<float>(n);
   const float mean = m1 + cn;
   const float var = std::max(q / static_cast<float>(n) - cn * cn, 0.f);
-  const float rstd = 1.f / std::sqrt(var + eps);
+  // a variance past float32's range (|x| near 1e20 and more) is NaN, as eager's Welford makes it (inf - inf), not a
+  // row of zeros times the weight (found by a helper)
+  const float rstd = std::isfinite(var) ? 1.f / std::sqrt(var + eps) : NAN;
   const Vec vmean(mean), vs(rstd);
   i = 0;
   for (; i + W <= n; i += W) {

@@ -64,13 +64,17 @@ def test_add_layer_norm_is_as_exact_as_eager(dtype, mean):
 
 
 def test_add_layer_norm_specials_follow_eager():
-    """A row holding an inf or a NaN is NaN everywhere, as eager's (its mean is); the other rows are untouched."""
-    x, r = torch.randn(3, 64), torch.randn(3, 64)
+    """A row holding an inf or a NaN is NaN everywhere, as eager's (its mean is), and so is a row whose variance
+    overflows float32 (|x| near 1e20: eager's Welford gives NaN; the kernel gave the bias, found by a helper); the
+    other rows are untouched."""
+    x, r = torch.randn(4, 64), torch.randn(4, 64)
     x[0, 5], x[1, 9] = float("inf"), float("nan")
+    x[3] = torch.randn(64) * 1e25
     w, b = torch.rand(64) + 0.5, torch.randn(64)
     h, y = fused.add_layer_norm(x, r, w, b, 1e-5)
     h_ref, y_ref = _eager(x, r, w, b, 1e-5)
     assert torch.equal(h.isnan(), h_ref.isnan()) and torch.equal(y.isnan(), y_ref.isnan())
+    assert y_ref[3].isnan().all(), "eager's row of overflowing variance is NaN"
     torch.testing.assert_close(y[2], y_ref[2], rtol=1e-5, atol=1e-5)
 
 

@@ -42,9 +42,17 @@ REPEATS = {"repeat_kv": _repeat_kv, "repeat_interleave": _repeat_interleave}
 
 def _inputs(dtype, t=7, s=11, h=4, hkv=2, d=16, batch=2, layout="plain", seed=0):
     """q [B, H, T, D], k and v [B, Hkv, S, D]; layout "strided": q a transpose of [B, T, H, D] (how models make it),
-    k and v the first S positions of a longer cache (a StaticCache's slice)."""
+    k and v the first S positions of a longer cache (a StaticCache's slice); "last_strided": rows whose elements are
+    not adjacent (the flash kernel reads rows as contiguous: found by a helper)."""
     g = torch.Generator().manual_seed(seed)
-    if layout == "strided":
+    if layout in ("last_strided", "cache_last_strided"):  # rows not contiguous: a cache kept [B, Hkv, D, S] and
+        # transposed, and (last_strided) q made [B, H, D, T] (SDPA takes its math path for such a q: not fused)
+        q = torch.randn(batch, h, d, t, generator=g).to(dtype).transpose(2, 3)
+        if layout == "cache_last_strided":
+            q = q.contiguous()
+        k = torch.randn(batch, hkv, d, s, generator=g).to(dtype).transpose(2, 3)
+        v = torch.randn(batch, hkv, d, s, generator=g).to(dtype).transpose(2, 3)
+    elif layout == "strided":
         q = torch.randn(batch, t, h, d, generator=g).to(dtype).transpose(1, 2)
         k = torch.randn(batch, hkv, s + 5, d, generator=g).to(dtype)[:, :, :s]
         v = torch.randn(batch, hkv, s + 5, d, generator=g).to(dtype)[:, :, :s]
@@ -88,12 +96,15 @@ def _run(fn, args):
 @pytest.mark.parametrize("mask_kind", ["bool", "additive", "none", "causal"])
 @pytest.mark.parametrize("scale", [None, 0.3])
 def test_sdpa_prefill_with_repeated_heads_is_eagers_bit_for_bit(dtype, repeat, mask_kind, scale):
-    for layout, (t, s) in (("plain", (7, 11)), ("strided", (5, 5)), ("plain", (40, 70))):
+    for layout, (t, s) in (("plain", (7, 11)), ("strided", (5, 5)), ("cache_last_strided", (6, 9)),
+                           ("plain", (40, 70))):
         q, k, v = _inputs(dtype, t=t, s=s, layout=layout)
         mask = []
         if mask_kind in ("bool", "additive"):
             m = _causal_bool(t, s)
             mask = [m if mask_kind == "bool" else _additive(m, dtype)]
+            if layout == "cache_last_strided":  # a mask whose rows are not contiguous either
+                mask = [torch.stack((mask[0], mask[0]), -1).flatten(-2)[..., ::2]]
         got, want, fired = _run(_sdpa_fn(REPEATS[repeat], mask_kind, scale), (q, k, v, *mask))
         assert fired == {"prefill_attention": 1}, f"{layout} t={t}: fired {dict(fired)}"
         assert got.stride() == want.stride(), f"{layout}: layout {got.stride()} != eager's {want.stride()}"
@@ -140,10 +151,12 @@ WRITTEN_REPEATS = {**REPEATS, "none": lambda x, n: x}
 @pytest.mark.parametrize("divide", [True, False], ids=["div", "mul"])
 def test_written_out_prefill_in_float32_is_fused_within_tolerance(repeat, mask_kind, divide):
     tol = fused_op_tol(torch.float32)
-    for layout, (t, s) in (("plain", (7, 11)), ("strided", (5, 5)), ("plain", (64, 64))):
+    for layout, (t, s) in (("plain", (7, 11)), ("strided", (5, 5)), ("last_strided", (6, 9)), ("plain", (64, 64))):
         q, k, v = _inputs(torch.float32, t=t, s=s, layout=layout, hkv=4 if repeat == "none" else 2)
         m = _causal_bool(t, s)
         mask = {"bool": [m], "additive": [_additive(m, torch.float32)], "none": []}[mask_kind]
+        if layout == "last_strided" and mask:
+            mask = [torch.stack((mask[0], mask[0]), -1).flatten(-2)[..., ::2]]
         got, want, fired = _run(_written_fn(WRITTEN_REPEATS[repeat], mask_kind, divide), (q, k, v, *mask))
         assert fired == {"prefill_attention": 1}, f"{layout}: fired {dict(fired)}"
         assert got.stride() == want.stride()
@@ -173,6 +186,9 @@ def _edge_cases():
     q[0, 0, 4] *= 1e20
     k[0, 0, 2] *= 1e20
     cases.append(("scores that overflow", q, k, v, m))
+    q, k, v = _inputs(torch.float32, t=t, s=64, batch=1)  # the kernel sums p * v before dividing (found by a helper)
+    cases.append(("values whose unnormalized sum overflows", q * 0.01, k, torch.full_like(v, 1e37),
+                  torch.ones(1, 1, t, 64, dtype=torch.bool)))
     return cases
 
 
@@ -183,7 +199,7 @@ def test_written_out_prefill_edges_are_softmaxs(mask_kind):
         mask = m if mask_kind == "bool" else _additive(m, torch.float32)
         got, want, fired = _run(_written_fn(_repeat_kv, mask_kind, divide=True), (q, k, v, mask))
         assert fired == {"prefill_attention": 1}, name
-        assert want.isnan().any() or want.isinf().any() or name == "scores that overflow", f"{name}: not an edge"
+        assert want.isnan().any() or want.isinf().any() or "overflow" in name, f"{name}: not an edge"
         assert torch.equal(got.isnan(), want.isnan()), f"{name}: NaN where eager has none, or none where eager has"
         torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True, msg=name)
 
