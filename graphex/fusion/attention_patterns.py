@@ -61,13 +61,17 @@ _MASKS = ("bool", "additive", "none")  # the mask kinds; a bool mask attends whe
 #   - SDPA after repeat_kv or repeat_interleave, any fused dtype, any mask kind, and SDPA's is_causal=True (at any
 #     query length): eager runs the same kernel on the repeated copy, so the fused result is eager's bit for bit and
 #     the copy of the cache is saved. SDPA with no repeat is left as it is (the graph already runs that kernel).
-#   - attention written out (matmul, scale, mask, softmax, matmul) in float32: the tiled kernel never builds the
-#     [T, S] scores eager builds, within fused mode's float32 tolerance; the edges where the kernel is not softmax
-#     are computed with eager's ops (a row masked everywhere, NaN or inf inputs, overflowing scores).
+#   - attention written out (matmul, scale, mask, softmax, matmul) in float32, with at least
+#     _WRITTEN_PREFILL_MIN_SCORES scores per head (T * S): the tiled kernel never builds the [T, S] scores eager
+#     builds, within fused mode's float32 tolerance; the edges where the kernel is not softmax are computed with
+#     eager's ops (a row masked everywhere, NaN or inf inputs, overflowing scores). Below that size eager's bmm and
+#     softmax are as fast (measured 2026-12-06, one thread, 8 query / 2 key-value heads of 64, causal mask, fused
+#     against exact: T = S = 64 0.98x, 128 1.05x, 192 1.02x, 256 0.42x, 384 0.52x), so a short prefill keeps them.
 #   - written out in bfloat16/float16: eager rounds every score to that dtype, which the tiled kernel does not, so
 #     these stay eager's for more than one query row; Gemma2's capped scores, SDPA's math path (Falcon) and Bloom's
 #     ALiBi form are fused for one query token only.
 _PREFILL = {"sdpa": "any dtype", "written": "float32", "one token": None}
+_WRITTEN_PREFILL_MIN_SCORES = 1 << 15  # T * S per head, about 181 x 181
 
 
 def _sdpa_form(gqa: str, scaled: bool, mask_kind: str) -> Callable[..., Any]:
@@ -309,7 +313,9 @@ def _attention_with(match: Match, mask_kind: str, prefill: str | None) -> bool:
     t = q.shape[2]
     one_token = t == 1 and mask_kind != "causal"
     if not one_token:  # Note [Which attention forms a prefill fuses]
-        if prefill is None or t == 0 or (prefill == "float32" and q.dtype != torch.float32):
+        if prefill is None or t == 0:
+            return False
+        if prefill == "float32" and (q.dtype != torch.float32 or t * k.shape[2] < _WRITTEN_PREFILL_MIN_SCORES):
             return False
     if k.shape[1] == 0 or q.shape[1] % k.shape[1] or k.shape[2] == 0:  # no heads, or an empty cache: left to eager
         return False

@@ -150,17 +150,28 @@ WRITTEN_REPEATS = {**REPEATS, "none": lambda x, n: x}
 @pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
 @pytest.mark.parametrize("divide", [True, False], ids=["div", "mul"])
 def test_written_out_prefill_in_float32_is_fused_within_tolerance(repeat, mask_kind, divide):
+    """Fused from _WRITTEN_PREFILL_MIN_SCORES scores per head on (T * S); below, eager's ops are as fast: not fused,
+    bit for bit eager's."""
+    from graphex.fusion.attention_patterns import _WRITTEN_PREFILL_MIN_SCORES
+
+    assert 181 * 181 < _WRITTEN_PREFILL_MIN_SCORES <= 192 * 192
     tol = fused_op_tol(torch.float32)
-    for layout, (t, s) in (("plain", (7, 11)), ("strided", (5, 5)), ("last_strided", (6, 9)), ("plain", (64, 64))):
-        q, k, v = _inputs(torch.float32, t=t, s=s, layout=layout, hkv=4 if repeat == "none" else 2)
+    for layout, (t, s), fuses in (("plain", (7, 11), False), ("plain", (181, 181), False),
+                                  ("plain", (192, 192), True), ("strided", (160, 210), True),
+                                  ("last_strided", (170, 200), True), ("plain", (40, 900), True)):
+        q, k, v = _inputs(torch.float32, t=t, s=s, layout=layout, hkv=4 if repeat == "none" else 2, d=8, batch=1 if
+                          layout == "plain" else 2)
         m = _causal_bool(t, s)
         mask = {"bool": [m], "additive": [_additive(m, torch.float32)], "none": []}[mask_kind]
         if layout == "last_strided" and mask:
             mask = [torch.stack((mask[0], mask[0]), -1).flatten(-2)[..., ::2]]
         got, want, fired = _run(_written_fn(WRITTEN_REPEATS[repeat], mask_kind, divide), (q, k, v, *mask))
-        assert fired == {"prefill_attention": 1}, f"{layout}: fired {dict(fired)}"
+        assert fired == ({"prefill_attention": 1} if fuses else {}), f"{layout} {t}x{s}: fired {dict(fired)}"
         assert got.stride() == want.stride()
-        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        if fuses:
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        else:
+            assert torch.equal(got, want)
 
 
 def _edge_cases():
@@ -192,16 +203,38 @@ def _edge_cases():
     return cases
 
 
+def _written_op(q, k, v, mask, divide=True):
+    """The kernel call the written-out forms make (zero_masked_rows=False), on any size."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if divide else 0.3
+    return torch.ops.graphex_fused.prefill_attention(q, k, v, mask, scale, False, False)
+
+
 @pytest.mark.parametrize("mask_kind", ["bool", "additive"])
 def test_written_out_prefill_edges_are_softmaxs(mask_kind):
+    """The op the written-out forms call, on inputs where the tiled kernel's edges are not softmax's: eager's
+    written-out result, NaN where eager's is NaN."""
     tol = fused_op_tol(torch.float32)
     for name, q, k, v, m in _edge_cases():
         mask = m if mask_kind == "bool" else _additive(m, torch.float32)
-        got, want, fired = _run(_written_fn(_repeat_kv, mask_kind, divide=True), (q, k, v, mask))
-        assert fired == {"prefill_attention": 1}, name
+        want = _written_fn(_repeat_kv, mask_kind, divide=True)(q, k, v, mask)
+        got = _written_op(q, k, v, mask)
         assert want.isnan().any() or want.isinf().any() or "overflow" in name, f"{name}: not an edge"
         assert torch.equal(got.isnan(), want.isnan()), f"{name}: NaN where eager has none, or none where eager has"
         torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True, msg=name)
+
+
+def test_a_fused_written_out_prefill_keeps_softmaxs_edges():
+    """The same through torch.compile, on a prefill large enough to fuse: a row masked everywhere and a NaN in q."""
+    t = s = 192
+    q, k, v = _inputs(torch.float32, t=t, s=s, batch=1, d=8)
+    q[0, 1, 3, 0] = float("nan")
+    m = _causal_bool(t, s).clone()
+    m[..., 7, :] = False
+    got, want, fired = _run(_written_fn(_repeat_kv, "bool", divide=True), (q, k, v, m))
+    assert fired == {"prefill_attention": 1}
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
+    tol = fused_op_tol(torch.float32)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True)
 
 
 def test_written_out_prefill_with_a_nan_in_the_mask_is_softmaxs():
@@ -209,8 +242,8 @@ def test_written_out_prefill_with_a_nan_in_the_mask_is_softmaxs():
     mask = _additive(_causal_bool(4, 6), torch.float32)
     mask[..., 1, 0] = float("nan")
     mask[..., 3, 2] = float("inf")
-    got, want, fired = _run(_written_fn(_repeat_kv, "additive", divide=False), (q, k, v, mask))
-    assert fired == {"prefill_attention": 1}
+    want = _written_fn(_repeat_kv, "additive", divide=False)(q, k, v, mask)
+    got = _written_op(q, k, v, mask, divide=False)
     assert torch.equal(got.isnan(), want.isnan())
     tol = fused_op_tol(torch.float32)
     torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True)
@@ -220,8 +253,8 @@ def test_written_out_prefill_with_a_nan_in_the_mask_is_softmaxs():
 @pytest.mark.parametrize("upcast", [False, True], ids=["softmax_in_dtype", "softmax_in_float32"])
 def test_written_out_prefill_in_reduced_precision_stays_eagers(dtype, upcast):
     """Eager rounds each score to the dtype; the tiled kernel does not: more than one query row stays exact."""
-    q, k, v = _inputs(dtype, t=6, s=9)
-    mask = _additive(_causal_bool(6, 9), dtype)
+    q, k, v = _inputs(dtype, t=192, s=192, d=8)
+    mask = _additive(_causal_bool(192, 192), dtype)
     got, want, fired = _run(_written_fn(_repeat_kv, "additive", divide=True, upcast=upcast), (q, k, v, mask))
     assert "prefill_attention" not in fired and "decode_attention" not in fired, dict(fired)
     assert torch.equal(got, want)
@@ -236,8 +269,8 @@ def test_sdpa_prefill_without_a_repeat_is_left_as_it_is():
 
 def test_a_mask_that_grows_the_scores_stays_eagers():
     """A mask with more batches than q: eager broadcasts the scores to it; not the kernel's."""
-    q, k, v = _inputs(torch.float32, t=4, s=6, batch=1)
-    mask = torch.ones(3, 1, 4, 6, dtype=torch.bool)
+    q, k, v = _inputs(torch.float32, t=192, s=192, batch=1, d=8)
+    mask = torch.ones(3, 1, 192, 192, dtype=torch.bool)
     got, want, fired = _run(_written_fn(_repeat_kv, "bool", divide=True), (q, k, v, mask))
     assert "prefill_attention" not in fired, dict(fired)
     assert torch.equal(got, want)
