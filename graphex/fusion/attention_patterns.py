@@ -30,7 +30,7 @@ aten = torch.ops.aten
 # graphex_fused::decode_attention, which reads grouped heads natively (query head h reads key/value
 # head h // n, the head both repeats give it). torch's matcher retraces every match with its real
 # shapes (the repeat count and dims, the scale), so a form fires only where the graph is exactly
-# what the search function computes on those shapes, and _one_token takes only a mask of the form's
+# what the search function computes on those shapes, and _attention_check takes only a mask of the form's
 # kind that broadcasts to the scores without growing them. Per form, what eager gives a row masked
 # everywhere: SDPA 0 (zero_masked_rows), a written-out softmax over all -inf NaN.
 
@@ -70,7 +70,7 @@ _MASKS = ("bool", "additive", "none")  # the mask kinds; a bool mask attends whe
 #   - written out in bfloat16/float16: eager rounds every score to that dtype, which the tiled kernel does not, so
 #     these stay eager's for more than one query row; Gemma2's capped scores, SDPA's math path (Falcon) and Bloom's
 #     ALiBi form are fused for one query token only.
-_PREFILL = {"sdpa": "any dtype", "written": "float32", "one token": None}
+_PREFILL = {"sdpa": "any dtype", "written": "float32"}  # the forms that take many query rows, and in which dtypes
 _WRITTEN_PREFILL_MIN_SCORES = 1 << 15  # T * S per head, about 181 x 181
 
 
@@ -289,7 +289,7 @@ def unmasked_attention_fused(q, k, v, scale):
     return _written(q, k, v, _no_mask(q, k), scale)
 
 
-def _one_token(mask_kind: str, prefill: str | None = None) -> Callable[[Match], bool]:
+def _attention_check(mask_kind: str, prefill: str | None = None) -> Callable[[Match], bool]:
     """The check of an attention form: one query token, or many where `prefill` (a key of _PREFILL) admits them."""
     def check(match: Match) -> bool:
         return _attention_with(match, mask_kind, _PREFILL[prefill] if prefill else None)
@@ -370,7 +370,7 @@ def _register_written_attention(dtype: torch.dtype | None) -> None:
         for gqa in _GQA:  # "none" also matches a broadcast key/value head: matmul expands both sides
             k = keys_example[gqa]
             for kind in _MASKS:
-                written_ok = all_of(float_cpu("q", "k", "v"), _one_token(kind, prefill="written"))
+                written_ok = all_of(float_cpu("q", "k", "v"), _attention_check(kind, prefill="written"))
                 unmasked, upcast = kind == "none", dtype is not None
                 inputs = cast([q_example, k, k.clone(), *masks_example[kind]])
                 register_named("decode_attention", _written_form(gqa, True, kind, upcast),
@@ -386,7 +386,7 @@ def _register_written_attention(dtype: torch.dtype | None) -> None:
             register_named("decode_attention", _softcapped_form(gqa, kind, dtype is not None),
                            unmasked_softcapped_attention_fused if kind == "none" else softcapped_attention_fused,
                            cast([q, keys[gqa], keys[gqa].clone(), *masks[kind]]),
-                           extra_check=all_of(float_cpu("q", "k", "v"), _one_token(kind), number("scale"), _a_cap),
+                           extra_check=all_of(float_cpu("q", "k", "v"), _attention_check(kind), number("scale"), _a_cap),
                            scalar_workaround={"scale": 0.3125, "softcap": 7.5}, builtin=True)
     for kind in ("additive", "none"):  # SDPA's math path: a bool mask reaches it as an additive one
         unmasked = kind == "none"
@@ -394,7 +394,7 @@ def _register_written_attention(dtype: torch.dtype | None) -> None:
         register_named("decode_attention", _math_form(kind, dtype is not None),
                        unmasked_math_attention_fused if unmasked else math_attention_fused,
                        cast([q, k, k.clone(), *masks[kind]]),
-                       extra_check=all_of(float_cpu("q", "k", "v"), _one_token(kind), _sdpa_scales),
+                       extra_check=all_of(float_cpu("q", "k", "v"), _attention_check(kind), _sdpa_scales),
                        scalar_workaround={"sq": 0.3125, "sk": 0.4375}, builtin=True)
 
 
@@ -467,7 +467,7 @@ def register_attention(dtype: torch.dtype | None) -> None:
                 # many query rows: only where the repeat's copy is saved (Note [Which attention forms a prefill fuses])
                 prefill = "sdpa" if gqa != "none" else None
                 inputs = [q, k, k.clone(), *masks.get(kind, [])]
-                checks = [float_cpu("q", "k", "v"), _one_token(kind, prefill)] + ([number("scale")] if scaled else [])
+                checks = [float_cpu("q", "k", "v"), _attention_check(kind, prefill)] + ([number("scale")] if scaled else [])
                 register_named("decode_attention", _sdpa_form(gqa, scaled, kind), _sdpa_fused_form(scaled, kind),
                                inputs, extra_check=all_of(*checks),
                                scalar_workaround={"scale": 0.3125} if scaled else None, builtin=True,

@@ -959,7 +959,7 @@ ALIBI_MUTATIONS = {
 # What this file found, now fixed, each still a variant above: decode_attention took a row as masked everywhere from
 # a NaN softmax sum (a NaN input, a +inf score: the SDPA forms gave 0 where eager gives NaN), fired on an empty KV
 # cache (NaN where eager gives 0), and the written forms' retrace divided by a head count of 0 (a ZeroDivisionError
-# failed the fused compile): Note [A row's edge cases are eager's] (csrc/fused/attention.cpp), _one_token
+# failed the fused compile): Note [A row's edge cases are eager's] (csrc/fused/attention.cpp), _attention_check
 # (graphex/fusion/patterns.py), Note [A pattern that cannot retrace a match declines it] (graphex/compat/inductor.py).
 XFAIL: dict[str, str] = {}  # variant id: what is wrong (a bug found and not fixed yet stays here, failing strictly)
 
