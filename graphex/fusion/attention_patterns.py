@@ -334,7 +334,7 @@ def _kernel_by_length(match: Match) -> str:
     return "decode_attention" if val(match, "q").shape[2] == 1 else "prefill_attention"
 
 
-def _is_prefill(match: Match) -> str:  # SDPA's is_causal forms run prefill_attention at every length
+def _prefill_kernel(match: Match) -> str:  # SDPA's is_causal forms run prefill_attention at every length
     return "prefill_attention"
 
 
@@ -471,4 +471,4 @@ def register_attention(dtype: torch.dtype | None) -> None:
                 register_named("decode_attention", _sdpa_form(gqa, scaled, kind), _sdpa_fused_form(scaled, kind),
                                inputs, extra_check=all_of(*checks),
                                scalar_workaround={"scale": 0.3125} if scaled else None, builtin=True,
-                               count_as=_is_prefill if kind == "causal" else _kernel_by_length)
+                               count_as=_prefill_kernel if kind == "causal" else _kernel_by_length)
