@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
-from typing import Any, Callable
 
 import torch
 
@@ -25,18 +23,6 @@ from bench import measure
 
 def gelu_new(x: torch.Tensor) -> torch.Tensor:  # transformers' NewGELUActivation (GPT-2)
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
-
-
-def _runner(fn: Callable[..., Any], x: torch.Tensor) -> measure.Runner:
-    def run(seconds: float) -> list[float]:
-        out, end = [], time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            t0 = time.perf_counter()
-            fn(x)
-            out.append((time.perf_counter() - t0) * 1e6)
-        return out
-
-    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_inductor:
                 fns["inductor"] = torch.compile(gelu_new, backend="inductor", fullgraph=True, dynamic=False)
             outs = {n: f(x) for n, f in fns.items()}
-            samples = measure.interleaved({n: _runner(f, x) for n, f in fns.items()}, args.rounds, args.round_s)
+            samples = measure.interleaved({n: measure.call_runner(f, (x,)) for n, f in fns.items()}, args.rounds,
+                                          args.round_s)
             med = {n: measure.summarize(s)["median_us"] for n, s in samples.items()}
             ind = med.get("inductor")
             diff = (outs["fused"].double() - outs["eager"].double()).abs().max().item()
@@ -81,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         x = torch.randn(shape)
         pools = {"eager": lambda x: torch.ops.aten.max_pool2d_with_indices(x, k, st, p),
                  "graphex": lambda x: torch.ops.graphex_fused.max_pool2d(x, k, st, p, [1, 1], False)}
-        samples = measure.interleaved({n: _runner(f, x) for n, f in pools.items()}, args.rounds, args.round_s)
+        samples = measure.interleaved({n: measure.call_runner(f, (x,)) for n, f in pools.items()}, args.rounds,
+                                      args.round_s)
         med = {n: measure.summarize(s)["median_us"] for n, s in samples.items()}
         same = torch.equal(pools["eager"](x)[0], pools["graphex"](x))
         print(f"  {str(list(shape)):18s} kernel {k} stride {st} padding {p}: eager {med['eager']:8.1f}  "

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from typing import Any, Callable
 
 import torch
@@ -52,18 +51,6 @@ class ResidualLayerNorm(torch.nn.Module):
         return self.ln(h), h
 
 
-def _runner(fn: Callable[..., Any], args: tuple[Any, ...]) -> measure.Runner:
-    def run(seconds: float) -> list[float]:
-        out, end = [], time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            t0 = time.perf_counter()
-            fn(*args)
-            out.append((time.perf_counter() - t0) * 1e6)
-        return out
-
-    return run
-
-
 def _leaves(x: Any) -> list[torch.Tensor]:
     return list(x) if isinstance(x, (tuple, list)) else [x]
 
@@ -79,7 +66,7 @@ def _row(label: str, fn: Callable[..., Any], args: tuple[Any, ...], rounds: int,
         fns["inductor"] = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=False)
     with torch.no_grad():
         outs = {n: _leaves(f(*args)) for n, f in fns.items()}
-        samples = measure.interleaved({n: _runner(f, args) for n, f in fns.items()}, rounds, round_s)
+        samples = measure.interleaved({n: measure.call_runner(f, args) for n, f in fns.items()}, rounds, round_s)
     med = {n: measure.summarize(s)["median_us"] for n, s in samples.items()}
     ind = med.get("inductor")
     diff = max((a.double() - b.double()).abs().max().item() for a, b in zip(outs["fused"], outs["eager"]))

@@ -34,6 +34,7 @@
 #include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/eq.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/linspace.h>
@@ -47,6 +48,7 @@
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/tanh.h>
 #include <ATen/ops/where.h>
+#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include <cstring>
@@ -415,9 +417,13 @@ at::Tensor prefill_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
   at::Tensor out = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
       q, repeat ? k.repeat_interleave(group, 1) : k, repeat ? v.repeat_interleave(group, 1) : v, /*dropout_p=*/0.0,
       is_causal, mask, scale));
-  // the layout the meta kernel promised (Note [A replacement keeps the layout], graphex/fusion/manager.py)
-  const at::Tensor want = zero_masked_rows ? at::empty_like(q_in) : at::empty(q.sizes(), q.options());
-  if (out.strides() != want.strides()) return want.copy_(out);
+  // The layout the meta kernel promised (Note [A replacement keeps the layout], graphex/fusion/manager.py): q's own
+  // (empty_like keeps a dense q's strides) for SDPA's forms, contiguous for the written-out ones. Compared without
+  // allocating; copied only where the kernel laid the output out otherwise.
+  if (zero_masked_rows && !q_in.is_non_overlapping_and_dense()) return at::empty_like(q_in).copy_(out);
+  const c10::DimVector contiguous = c10::contiguous_strides(q.sizes());
+  const at::IntArrayRef want = zero_masked_rows ? q_in.strides() : at::IntArrayRef(contiguous);
+  if (out.strides() != want) return at::empty_strided(q.sizes(), want, q.options()).copy_(out);
   return out;
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import os
 import sys
@@ -55,6 +56,12 @@ def captures() -> list[CompiledGraph]:
     """CompiledGraph objects alive now, oldest first."""
     gc.collect()
     return live_graphs()
+
+
+def fused_ops(gm: torch.fx.GraphModule) -> collections.Counter[str]:
+    """The graphex_fused ops in a captured graph, by name: what fused mode fired there."""
+    return collections.Counter(n.target._opname for n in gm.graph.nodes
+                               if n.op == "call_function" and getattr(n.target, "namespace", "") == "graphex_fused")
 
 
 def engine_runs() -> int:

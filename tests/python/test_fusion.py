@@ -19,18 +19,13 @@ import torch
 import graphex
 from graphex.exporting import load_safetensors, safetensors_bytes
 
-from conftest import ROOT, captures
+from conftest import ROOT, captures, fused_ops
 
 from examples.models.decoder import DecoderConfig, build_decoder, decode
 from sweeps.fusion_coverage import MODEL_TOL as MODEL_TOL_PER_DTYPE  # fused mode's model tolerance, defined once
 
 MODEL_TOL = dict(atol=MODEL_TOL_PER_DTYPE[torch.float32], rtol=MODEL_TOL_PER_DTYPE[torch.float32])
 FUSED = {"pattern_fusion_pass": True}
-
-
-def fused_ops(gm: torch.fx.GraphModule) -> collections.Counter[str]:
-    return collections.Counter(n.target._opname for n in gm.graph.nodes
-                               if n.op == "call_function" and getattr(n.target, "namespace", "") == "graphex_fused")
 
 
 def compile_decoder(model, **options):

@@ -11,21 +11,15 @@ ATen's tiled kernel, with the heads as they are], csrc/fused/attention.cpp).
 
 from __future__ import annotations
 
-import collections
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import captures, compile_graphex, fused_op_tol
+from conftest import captures, compile_graphex, fused_op_tol, fused_ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def _fused(gm: torch.fx.GraphModule) -> collections.Counter[str]:
-    return collections.Counter(n.target._opname for n in gm.graph.nodes
-                               if n.op == "call_function" and getattr(n.target, "namespace", "") == "graphex_fused")
 
 
 def _repeat_kv(x, n):  # transformers' repeat_kv
@@ -88,9 +82,10 @@ def _run(fn, args):
     compiled = compile_graphex(fn, pattern_fusion_pass=True, pointwise_fusion=False)
     with torch.no_grad():
         got, want = compiled(*args), fn(*args)
-    return got, want, _fused(captures()[-1].gm)
+    return got, want, fused_ops(captures()[-1].gm)
 
 
+@pytest.mark.default_isa
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("repeat", list(REPEATS))
 @pytest.mark.parametrize("mask_kind", ["bool", "additive", "none", "causal"])
