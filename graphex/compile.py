@@ -25,6 +25,7 @@ from torch._functorch._aot_autograd.utils import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._guards import TracingContext, detect_fake_mode
 
+from . import _C, compat
 from .base import log as _log
 from .base.source import pretty_source
 from .custom_ops import check_dynamo_graph, install_trace_checks
@@ -76,8 +77,11 @@ def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
     user_names = [pretty_source(n._dynamo_source.name) if getattr(n, "_dynamo_source", None) else n.name
                   for n in gm.graph.find_nodes(op="placeholder")]
 
+    captured: list[tuple[CompiledGraph, torch.fx.GraphModule]] = []
+
     def engine_compiler(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any]) -> CompiledGraph:
         compiled = capture(fx_gm, flat_inputs, options, user_names)
+        captured.append((compiled, fx_gm))
         if on_capture is not None:
             on_capture(compiled)
         for hook in _capture_hooks:
@@ -106,12 +110,32 @@ def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
         return aot_module_simplified(gm, example_inputs, fw_compiler=engine_compiler,
                                      inference_compiler=engine_compiler, bw_compiler=make_boxed_func_nop())
 
-    return aot_module_simplified(
+    aot = aot_module_simplified(
         gm, example_inputs,
         fw_compiler=engine_compiler,  # only if AOTAutograd still picks its training path
         inference_compiler=engine_compiler,
         keep_inference_input_mutations=True,
     )
+    return _direct_call(aot, gm, example_inputs, captured, options)
+
+
+def _direct_call(aot: Callable[..., Any], gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                 captured: list[tuple[CompiledGraph, torch.fx.GraphModule]], options: Options) -> Callable[..., Any]:
+    """What Dynamo calls per step: a DirectCall into the one inference graph when AOTAutograd's wrapper would only
+    bump version counters and turn grad mode off (Note [A plain inference graph skips AOTAutograd's wrapper]),
+    else AOTAutograd's own callable."""
+    if not options.direct_call:
+        return aot
+    if len(captured) != 1:
+        _log.detail("graphex: AOTAutograd's wrapper kept: %d graphs were compiled for one Dynamo graph", len(captured))
+        return aot
+    compiled, fw_graph = captured[0]
+    why = compat.why_aot_wrapper_is_needed(compiled.aot_metadata, fw_graph, gm, example_inputs)
+    if why:
+        _log.detail("graphex: %s: AOTAutograd's wrapper kept: %s", compiled.name, why)
+        return aot
+    mutated = compat.mutated_in_graph(compiled.aot_metadata) or ()
+    return _C.DirectCall(compiled, aot, mutated, torch._C._increment_version)
 
 
 def make_boxed_func_nop() -> Callable[..., Any]:

@@ -127,6 +127,13 @@ class Options:
         "Compute a pure ATen call repeated with the same arguments once (a mask or a table "
         "recomputed per layer): the same value, bit for bit. Custom operators are never merged.")
 
+    direct_call: bool = _option(
+        True, (bool,),
+        "Where AOTAutograd's per-call wrapper would only bump the version counters of the inputs the graph mutates "
+        "and turn grad mode off (no mutation left to apply, no output aliasing an input), Dynamo calls graphex's "
+        "C++ DirectCall instead, which does exactly those two: the same results, tens of microseconds less per "
+        "call after a real step. False keeps AOTAutograd's wrapper on every graph.")
+
     pattern_fusion_pass: bool = _option(
         False, (bool,),
         "Fused mode (npugraph_ex's option of the same name; off by default here, so the default stays bit for "

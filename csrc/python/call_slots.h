@@ -1,4 +1,4 @@
-// graphex._C's call slots: FastCall, CachedCall and RunnerCall (csrc/python/call_slots.cpp).
+// graphex._C's call slots: FastCall, CachedCall, RunnerCall and DirectCall (csrc/python/call_slots.cpp).
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -10,6 +10,7 @@ with a note of what differs and since which version; one module per area of torc
                registry, the pattern matcher's register_replacement
   library      torch.library: trivial fakes, effectful ops, where an op was registered
   dynamo       the backend tracing on this thread, config, sources, guards, side effects
+  aot          what AOTAutograd's runtime wrapper would do per call, from its metadata
   distributed  the process groups of this process
   devices      the graph class a device captures with, streams, traced side streams
 
@@ -61,6 +62,11 @@ from .dynamo import (  # noqa: F401
     treespec_children,
     opaque_guard_fn,
     dynamo_side_effects,
+)
+
+from .aot import (  # noqa: F401
+    why_aot_wrapper_is_needed,
+    mutated_in_graph,
 )
 
 from .distributed import (  # noqa: F401
