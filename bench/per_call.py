@@ -21,16 +21,19 @@ The layers, innermost first:
 
   engine   CompiledGraph.executor(args)   the bare C++ engine on the flat arguments AOTAutograd passes it
   runner   CompiledGraph(args)            graphex's Python runner around it (phase, options, watchers)
-  aot      the backend's callable         what graphex's backend handed Dynamo: AOTAutograd's runtime wrapper
+  aot      the backend's callable         what graphex's backend handed Dynamo: its DirectCall where AOTAutograd's
+                                          runtime wrapper has nothing to do but bump versions and turn grad off
+                                          (Note [A plain inference graph skips AOTAutograd's wrapper]), else the
+                                          wrapper itself
   call     compiled(*inputs)              the user's call: Dynamo's frame evaluation and guards, then `aot`
   guards   Dynamo's guard check alone     the frame's GuardManager (`check` on the frame's locals), with the
                                           number of leaf guards and their kinds
 
-so graphex Python = runner, AOTAutograd wrapper = aot - runner, Dynamo = call - aot (of which `guards` is
-the guard evaluation), outside the engine = call (each counted outside the engine). The guard manager and the
-frame's locals come from Dynamo's own testing hook (torch._dynamo.guards.guard_manager_testing_hook_fn, set for
-the compile only): bench code, never the library's. The call's outputs are compared with eager's (bitwise), so a
-layer that would skip work is caught.
+so graphex Python = runner, AOTAutograd wrapper = aot - runner (the DirectCall's own cost where there is one),
+Dynamo = call - aot (of which `guards` is the guard evaluation), outside the engine = call (each counted outside
+the engine). The guard manager and the frame's locals come from Dynamo's own testing hook
+(torch._dynamo.guards.guard_manager_testing_hook_fn, set for the compile only): bench code, never the library's.
+The call's outputs are compared with eager's (bitwise), so a layer that would skip work is caught.
 
 With each of torch's guard filters (GUARD_FILTERS: `torch.compile(..., options={"guard_filter_fn": f})`) the
 workload is compiled again and its call timed the same way: what dropping those guards would buy, and what

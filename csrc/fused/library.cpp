@@ -11,6 +11,7 @@
 //   gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down,
 //             str activation="silu") -> Tensor                               gated_mlp.cpp
 //   rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor   rotary.cpp
+//   partial_rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor                    rotary.cpp
 //   decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale,
 //                    bool zero_masked_rows=False) -> Tensor                  attention.cpp
 //   one_token_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float q_scale, float scale,
@@ -87,6 +88,9 @@ TORCH_LIBRARY(graphex_fused, m) {
   // interleaved: rotate the pairs (x[2i], x[2i + 1]) (GPT-J), cos/sin per element or per pair; False (the default, and
   // every program exported before it): the two halves (rotate_half)
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor");
+  // the first cos.size(-1) elements of each row rotated (rotate_half), the rest copied: a partial rotary and the cat
+  // after it (Note [A partial rotary writes its tail in the same pass], rotary.cpp)
+  m.def("partial_rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, bool zero_masked_rows=False) -> Tensor");
   m.def("one_token_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float q_scale, float scale, float softcap, "
         "bool zero_masked_rows, bool round_scores) -> Tensor");

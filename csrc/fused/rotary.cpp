@@ -19,6 +19,7 @@
 #include <ATen/ops/sub.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <type_traits>
 
 namespace graphex::fused {
@@ -126,6 +127,67 @@ at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return out;
 }
 
+// Note [A partial rotary writes its tail in the same pass]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// GPT-NeoX (rotary_pct < 1), Phi and others rotate only the first r elements of each head and pass the rest through:
+// cat([rotary(x[..., :r], cos, sin), x[..., r:]], -1). Fused mode ran that as two slices, the rotary kernel and a cat
+// (4-5 us per call on a one-token step, twice per layer). partial_rotary writes the whole row at once: the first r
+// elements as rotary's row kernel computes them (so each is the rotary op's value, eager's bit for bit), the other
+// n - r copied. Its output is contiguous, as cat's is; graphex/fusion/partial_rotary.py rewrites only where the cat's
+// result was contiguous, of x's shape and dtype.
+at::DimVector partial_rotary_shape(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() >= 1 && cos.dim() >= 1 && sin.dim() >= 1 && cos.size(-1) == sin.size(-1) &&
+                  cos.size(-1) % 2 == 0 && cos.size(-1) <= x.size(-1),
+              "graphex_fused::partial_rotary: cos and sin must have one even last dimension r <= x's, got x ", x.sizes(),
+              ", cos ", cos.sizes(), ", sin ", sin.sizes());
+  auto lead = [](const at::Tensor& t) { return t.sizes().slice(0, t.dim() - 1); };
+  at::DimVector shape = at::infer_size_dimvector(at::infer_size_dimvector(lead(x), lead(cos)), lead(sin));
+  TORCH_CHECK(at::IntArrayRef(shape) == lead(x), "graphex_fused::partial_rotary: cos and sin must broadcast to x's ",
+              "rows, got x ", x.sizes(), ", cos ", cos.sizes(), ", sin ", sin.sizes());
+  shape.push_back(x.size(-1));
+  return shape;
+}
+
+at::Tensor partial_rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto shape = partial_rotary_shape(x, cos, sin);
+  const int64_t n = shape.back(), r = cos.size(-1);
+  if (!all_cpu_one_float_dtype(x, cos, sin))
+    return at::cat({rotary_cpu(x.slice(-1, 0, r), cos, sin, false), x.slice(-1, r, n)}, -1).contiguous();
+  at::Tensor out = at::empty(shape, x.options());
+  if (out.numel() == 0) return out;
+  at::DimVector table_shape(shape.begin(), shape.end());
+  table_shape.back() = r;
+  std::array<at::Tensor, 4> ops{rows_view(x, shape), rows_view(cos, table_shape), rows_view(sin, table_shape), out};
+  dispatch_float(x.scalar_type(), [&](auto t) {
+    using T = decltype(t);
+    const T* xp = ops[0].const_data_ptr<T>();
+    const T* cp = ops[1].const_data_ptr<T>();
+    const T* sp = ops[2].const_data_ptr<T>();
+    T* op = out.mutable_data_ptr<T>();
+    const RowKernels& K = row_kernels();
+    for_each_row(at::IntArrayRef(shape), ops, 2 * n, [&](int64_t row, const std::array<int64_t, 4>& off) {
+      const T* xr = xp + off[0];
+      T* orow = op + off[3];
+      if (r > 0) {
+        if constexpr (!std::is_same_v<T, float>) {  // Note [Rotary rounds as eager rounds]
+          rotary_row_rounded(xr, cp + off[1], sp + off[2], orow, r, false, false);
+        } else {
+          K.rotary(xr, cp + off[1], sp + off[2], orow, r);
+        }
+      }
+      std::memcpy(orow + r, xr + r, static_cast<size_t>(n - r) * sizeof(T));
+    });
+  });
+  return out;
+}
+
+at::Tensor partial_rotary_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.scalar_type() == cos.scalar_type() && x.scalar_type() == sin.scalar_type(),
+              "graphex_fused::partial_rotary: x, cos and sin must have one dtype, got ", x.scalar_type(), ", ",
+              cos.scalar_type(), ", ", sin.scalar_type());
+  return at::empty(partial_rotary_shape(x, cos, sin), x.options());
+}
+
 at::Tensor rotary_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
   return rotary_output(x, rotary_shape(x, cos, sin, interleaved),
                        c10::promoteTypes(at::result_type(x, cos), sin.scalar_type()));
@@ -134,6 +196,12 @@ at::Tensor rotary_meta(const at::Tensor& x, const at::Tensor& cos, const at::Ten
 }  // namespace
 }  // namespace graphex::fused
 
-TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) { m.impl("rotary", &graphex::fused::rotary_cpu); }
+TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) {
+  m.impl("rotary", &graphex::fused::rotary_cpu);
+  m.impl("partial_rotary", &graphex::fused::partial_rotary_cpu);
+}
 
-TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) { m.impl("rotary", &graphex::fused::rotary_meta); }
+TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) {
+  m.impl("rotary", &graphex::fused::rotary_meta);
+  m.impl("partial_rotary", &graphex::fused::partial_rotary_meta);
+}

@@ -13,8 +13,9 @@
                                      grouped_heads.py)
      common subexpressions           (option cse; pure ATen calls repeated with the same arguments, cse.py)
      element-wise chains, pooling    (fused mode only: max pooling whose indices nothing reads as
-                                     graphex_fused::max_pool2d, graphex/fusion/pooling.py; with option
-                                     pointwise_fusion, inference batch norms as a multiply and an add
+                                     graphex_fused::max_pool2d, graphex/fusion/pooling.py; a partial rotary
+                                     and its cat as graphex_fused::partial_rotary, partial_rotary.py; with
+                                     option pointwise_fusion, inference batch norms as a multiply and an add
                                      (graphex/fusion/batch_norm.py) and connected element-wise ops of one shape as one
                                      graphex_fused::pointwise, graphex/fusion/chains.py; after CSE, so a
                                      repeated op is computed once inside its chain)
@@ -118,11 +119,16 @@ def _fused_rules(r: _Run) -> None:
     from ..fusion import say_if_nothing_fused
     from ..fusion.batch_norm import split_batch_norm
     from ..fusion.chains import fuse_elementwise_chains
+    from ..fusion.partial_rotary import fuse_partial_rotary
     from ..fusion.pooling import replace_max_pool
 
     pooled = replace_max_pool(r.gm.graph)  # Note [Max pooling without its indices]
     if pooled:
         r.fused["max_pool2d"] = r.fused.get("max_pool2d", 0) + pooled
+        r.gm.recompile()
+    partial = fuse_partial_rotary(r.gm.graph)  # Note [A partial rotary writes its tail in the same pass]
+    if partial:
+        r.fused["partial_rotary"] = r.fused.get("partial_rotary", 0) + partial
         r.gm.recompile()
     if r.options.pointwise_fusion:
         split = split_batch_norm(r.gm.graph)  # Note [An inference batch norm is a multiply and an add]
