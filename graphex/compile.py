@@ -14,6 +14,7 @@ graph still runs on the engine and the backward on AOTAutograd's eager path
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 import time
@@ -77,11 +78,13 @@ def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
     user_names = [pretty_source(n._dynamo_source.name) if getattr(n, "_dynamo_source", None) else n.name
                   for n in gm.graph.find_nodes(op="placeholder")]
 
-    captured: list[tuple[CompiledGraph, torch.fx.GraphModule]] = []
+    # (graph, its ATen graph, whether AOTAutograd compiled it as its inference graph) for each graph compiled
+    captured: list[tuple[CompiledGraph, torch.fx.GraphModule, bool]] = []
 
-    def engine_compiler(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any]) -> CompiledGraph:
+    def engine_compiler(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any],
+                        inference: bool = False) -> CompiledGraph:
         compiled = capture(fx_gm, flat_inputs, options, user_names)
-        captured.append((compiled, fx_gm))
+        captured.append((compiled, fx_gm, inference))
         if on_capture is not None:
             on_capture(compiled)
         for hook in _capture_hooks:
@@ -112,15 +115,17 @@ def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
 
     aot = aot_module_simplified(
         gm, example_inputs,
-        fw_compiler=engine_compiler,  # only if AOTAutograd still picks its training path
-        inference_compiler=engine_compiler,
+        # AOTAutograd may still pick its training path (grad re-enabled inside the graph, an input requiring grad)
+        fw_compiler=engine_compiler,
+        inference_compiler=functools.partial(engine_compiler, inference=True),
         keep_inference_input_mutations=True,
     )
     return _direct_call(aot, gm, example_inputs, captured, options)
 
 
 def _direct_call(aot: Callable[..., Any], gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                 captured: list[tuple[CompiledGraph, torch.fx.GraphModule]], options: Options) -> Callable[..., Any]:
+                 captured: list[tuple[CompiledGraph, torch.fx.GraphModule, bool]],
+                 options: Options) -> Callable[..., Any]:
     """What Dynamo calls per step: a DirectCall into the one inference graph when AOTAutograd's wrapper would only
     bump version counters and turn grad mode off (Note [A plain inference graph skips AOTAutograd's wrapper]),
     else AOTAutograd's own callable."""
@@ -129,7 +134,11 @@ def _direct_call(aot: Callable[..., Any], gm: torch.fx.GraphModule, example_inpu
     if len(captured) != 1:
         _log.detail("graphex: AOTAutograd's wrapper kept: %d graphs were compiled for one Dynamo graph", len(captured))
         return aot
-    compiled, fw_graph = captured[0]
+    compiled, fw_graph, inference = captured[0]
+    if not inference:
+        _log.detail("graphex: %s: AOTAutograd's wrapper kept: it compiled a training graph (autograd runs around it)",
+                    compiled.name)
+        return aot
     why = compat.why_aot_wrapper_is_needed(compiled.aot_metadata, fw_graph, gm, example_inputs)
     if why:
         _log.detail("graphex: %s: AOTAutograd's wrapper kept: %s", compiled.name, why)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 
 def why_aot_wrapper_is_needed(meta: Any, fw_graph: torch.fx.GraphModule, dynamo_graph: torch.nn.Module,
@@ -29,9 +31,15 @@ def why_aot_wrapper_is_needed(meta: Any, fw_graph: torch.fx.GraphModule, dynamo_
     if placeholders != len(example_inputs):
         return (f"the graph takes {placeholders} inputs for Dynamo's {len(example_inputs)} (duplicated or aliased "
                 "arguments, effect tokens or RNG state, which the wrapper rearranges per call)")
-    if any(type(x) not in (torch.Tensor, torch.nn.Parameter) and isinstance(x, torch.Tensor)
-           for x in example_inputs if not _is_fake(x)):
-        return "a tensor subclass input"
+    outputs, dynamo_outputs = _outputs(fw_graph), _outputs(dynamo_graph)
+    if outputs is None or dynamo_outputs is None or len(outputs) != len(dynamo_outputs):
+        return "the graph returns other values than Dynamo's graph (tensor subclasses unwrapped, or extra outputs)"
+    values = [*example_inputs, *(_example(n) for n in dynamo_graph.graph.find_nodes(op="placeholder")),
+              *(_example(n) for n in dynamo_outputs)]
+    if any(isinstance(v, torch.Tensor) and (is_traceable_wrapper_subclass(v) or
+                                           type(v) not in (torch.Tensor, torch.nn.Parameter, FakeTensor))
+           for v in values):
+        return "a tensor subclass input or output"
     jobs = (
         ("num_mutated_inp_runtime_indices", 0, "an input mutation left for the wrapper to apply"),
         ("num_outputs_aliased", 0, "an output that aliases an input or an intermediate (regenerated per call)"),
@@ -68,7 +76,17 @@ def mutated_in_graph(meta: Any) -> tuple[int, ...] | None:
     return None if indices is None else tuple(int(i) for i in indices)
 
 
-def _is_fake(x: Any) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
+def _outputs(graph: torch.fx.GraphModule) -> list[Any] | None:
+    """The values a graph returns (its output node's flattened argument), or None when it has no one output node."""
+    nodes = graph.graph.find_nodes(op="output")
+    if len(nodes) != 1:
+        return None
+    out = nodes[0].args[0]
+    return list(out) if isinstance(out, (tuple, list)) else [out]
 
-    return isinstance(x, FakeTensor)
+
+def _example(node: Any) -> Any:
+    """What Dynamo traced a node's value as (its example value), or None."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    return node.meta.get("example_value", node.meta.get("val"))

@@ -303,3 +303,38 @@ def test_the_backend_hands_a_direct_call_through_torch_compile():
         for _ in range(3):
             assert torch.equal(compiled(x), model(x))
     assert graphex.Options.from_user(None).direct_call is True
+
+
+def test_grad_enabled_inside_the_graph_keeps_autograd():
+    # Found by a helper: under no_grad a function that re-enables grad gets AOTAutograd's training graph although
+    # grad mode was off at compile time; a direct call ran its forward without autograd (no grad_fn from the 2nd call).
+    def f(x, w):
+        with torch.enable_grad():
+            return x @ w
+
+    compiled, handed = _compiled(f, True)
+    x, w = torch.randn(2, 3), torch.randn(3, 3, requires_grad=True)
+    for _ in range(3):
+        with torch.no_grad():
+            out = compiled(x, w)
+        assert out.requires_grad and out.grad_fn is not None
+    out.sum().backward()
+    assert w.grad is not None
+    assert not any(isinstance(h, C.DirectCall) for h in handed)
+
+
+def test_a_tensor_subclass_output_keeps_the_wrapper():
+    # Found by a helper: plain inputs, a traceable subclass built and returned; AOTAutograd compiles the unwrapped
+    # graph and wraps its outputs per call, which a direct call skipped (a plain tensor from the 2nd call).
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def f(a, b):
+        return TwoTensor(a + 1, b * 5) * 3
+
+    compiled, handed = _compiled(f, True)
+    with torch.no_grad():
+        for _ in range(3):
+            out = compiled(torch.ones(3), torch.ones(3))
+            assert type(out) is TwoTensor and torch.equal(out.a, torch.full((3,), 6.0))
+            assert torch.equal(out.b, torch.full((3,), 15.0))
+    assert not any(isinstance(h, C.DirectCall) for h in handed)
