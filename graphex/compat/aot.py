@@ -6,8 +6,8 @@ grad mode off. This module answers "would it do anything else?" from the ViewAnd
 the inference compiler (TracingContext.fw_metadata): each field below is one job of the wrapper, and a field this
 torch does not have counts as a job (the wrapper is kept). Read against the inference path of
 torch/_functorch/_aot_autograd/runtime_wrappers.py (_create_runtime_wrapper and the wrappers of
-graph_compile.aot_stage2_inference) in 2.13 and 2.14; on a version whose wrapper does more, the test
-test_direct_call.py::test_the_wrapper_does_only_what_direct_call_does fails there.
+graph_compile.aot_stage2_inference) in 2.13 and 2.14. On a version whose wrapper does more that a caller can see,
+tests/python/test_direct_call.py (which compares every visible effect of both paths) fails there.
 """
 
 from __future__ import annotations
