@@ -354,9 +354,12 @@ PyTypeObject runnerCallType = callSlotType(
 // wrapper: Python code (its generated `_runtime_wrapper`, aot_module_simplified's `forward`) that applies input
 // mutations the graph left out, regenerates outputs that alias inputs, dedupes arguments, turns grad mode off, and
 // bumps the version counters of inputs the graph mutates. After a real step that Python runs on evicted memory:
-// 24-52 us on the shipped decoder (bench/per_call.py, "AOTAutograd wrapper"). When AOTAutograd's own metadata says
-// all but the last two are no-ops for this graph (graphex/compat/aot.py reads it: the ViewAndMutationMeta it
-// hands the compiler), the backend returns a DirectCall instead, which does exactly those two in C++:
+// 24-52 us on the shipped decoder (bench/per_call.py, "AOTAutograd wrapper"). When AOTAutograd compiled its
+// inference graph (not a training forward: grad re-enabled inside a no_grad graph picks that path), the graph takes
+// and returns Dynamo's values one to one (no tensor subclass unwrapped, no argument deduped) and AOTAutograd's own
+// metadata says all but the last two jobs are no-ops (graphex/compile.py, graphex/compat/aot.py: the
+// ViewAndMutationMeta it hands the compiler), the backend returns a DirectCall instead, which does exactly those two
+// in C++:
 //   * the inputs whose mutation the graph performs (AOTAutograd's mutated_graph_handled_indices_seen_by_autograd)
 //     get their version counters bumped first, by torch's own function (torch._C._increment_version), as the
 //     wrapper does;
