@@ -122,6 +122,12 @@ class Options:
         "(CPU flash attention takes fewer key/value heads natively), without copying the KV cache per layer "
         "and step.")
 
+    index_as_view: bool = _option(
+        True, (bool,),
+        "Read a gather of constant consecutive positions (`x[..., [i], :]`, Falcon's key and value heads out of its "
+        "fused projection) through a slice of x instead of copying it: the same values, bit for bit, without the "
+        "copy; only where nothing writes x or the result and the result is not returned.")
+
     cse: bool = _option(
         True, (bool,),
         "Compute a pure ATen call repeated with the same arguments once (a mask or a table "

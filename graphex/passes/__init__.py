@@ -11,6 +11,7 @@
                                      reinplacing (which then sees fused ops as ordinary functional ops)
      grouped key/value heads         (option grouped_kv_heads; attention reads GQA heads, not a repeat_kv copy,
                                      grouped_heads.py)
+     constant indices as views       (option index_as_view; `x[..., [i], :]` reads a slice, no copy, index_view.py)
      common subexpressions           (option cse; pure ATen calls repeated with the same arguments, cse.py)
      element-wise chains, pooling    (fused mode only: max pooling whose indices nothing reads as
                                      graphex_fused::max_pool2d, graphex/fusion/pooling.py; a partial rotary
@@ -46,6 +47,7 @@ from .noop import remove_noop_ops_keeping_snapshots
 from .cse import eliminate_common_subexpressions
 from .fresh_constants import read_constants_in_place
 from .grouped_heads import read_grouped_heads_directly
+from .index_view import read_constant_indices_through_views
 from .keep_whole import restore_kept_kernels
 from .overloads import resolve_packets
 from .reinplace import KeptCopy, reinplace_graph
@@ -129,6 +131,11 @@ def _fused_rules(r: _Run) -> None:
     partial = fuse_partial_rotary(r.gm.graph)  # Note [A partial rotary writes its tail in the same pass]
     if partial:
         r.fused["partial_rotary"] = r.fused.get("partial_rotary", 0) + partial
+        left = r.fused.get("rotary", 0) - partial  # each absorbed one rotary the patterns counted
+        if left > 0:
+            r.fused["rotary"] = left
+        else:
+            r.fused.pop("rotary", None)
         r.gm.recompile()
     if r.options.pointwise_fusion:
         split = split_batch_norm(r.gm.graph)  # Note [An inference batch norm is a multiply and an add]
@@ -153,6 +160,19 @@ def _resolve_and_clean(r: _Run) -> None:
     r.gm.graph.eliminate_dead_code()
 
 
+def _index_as_view(r: _Run) -> None:
+    """Note [A constant index reads through a view]; the readers' fake values are refreshed for the view's strides
+    (as no-op removal refreshes them, Note [No-op removal refreshes the fake values it invalidates])."""
+    with V.set_fake_mode(r.fake_mode):
+        updater = fake_tensor_updater(r.gm)
+        done = read_constant_indices_through_views(r.gm, r.fake_mode)
+        if done:
+            updater.incremental_update()
+            from ..base import log
+
+            log.info("%s: %d constant index(es) read through a view (no copy)", r.name, done)
+
+
 def _grouped_heads(r: _Run) -> None:
     done = read_grouped_heads_directly(r.gm.graph)
     if done:
@@ -172,6 +192,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("no-op removal", ("remove_noop_ops",), _remove_noop_ops),
     Pass("pattern fusion", ("pattern_fusion_pass",), _pattern_fusion),
     Pass("attention over grouped key/value heads", ("grouped_kv_heads",), _grouped_heads),
+    Pass("constant indices as views", ("index_as_view",), _index_as_view),
     Pass("common subexpression elimination", ("cse",), _cse),
     Pass("element-wise chains, batch norm, max pooling", ("pointwise_fusion",), _fused_rules, gated=False),
     Pass("reinplacing", ("inplace_pass", "input_inplace_pass"), _reinplace, gated=False),
