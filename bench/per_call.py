@@ -216,7 +216,7 @@ def measure_case(case: cases_mod.Case, rounds: int, round_s: float, options: dic
 
 
 def measure_all(cases: list[cases_mod.Case], log: Any, rounds: int = 8, round_s: float = 0.15,
-                threads: int = 1, guard_filters: bool = True) -> dict[str, Any]:
+                threads: int = 1, guard_filters: bool = True, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every available case's layers at `threads` threads (the thread count is restored after)."""
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -231,7 +231,7 @@ def measure_all(cases: list[cases_mod.Case], log: Any, rounds: int = 8, round_s:
                 torch._dynamo.reset()
                 label = case.name + (f" with {guard_filter}" if guard_filter else "")
                 try:
-                    rows.append(measure_case(case, rounds, round_s, guard_filter=guard_filter))
+                    rows.append(measure_case(case, rounds, round_s, options=options, guard_filter=guard_filter))
                 except Exception as e:  # noqa: BLE001  one case failing is a line saying so, not a lost run
                     skipped[label] = f"{type(e).__name__}: {str(e)[:300]}"
             log(f"per-call layers: {case.name} done")
@@ -291,12 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-s", type=float, default=0.15)
     parser.add_argument("--no-guard-filters", action="store_true", help="skip the runs with torch's guard filters")
     parser.add_argument("--json", default="", help="also write the rows as JSON to this path")
+    parser.add_argument("--graphex-options", default="", metavar="JSON",
+                        help='graphex options for every compile, e.g. \'{"direct_call": false}\' (AOTAutograd\'s wrapper)')
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
     section = measure_all([cases_mod.find(n) for n in names] if names else cases_mod.CASES,
                           lambda m: print(f"per_call: {m}", file=sys.stderr, flush=True),
                           rounds=args.rounds, round_s=args.round_s, threads=args.threads,
-                          guard_filters=not args.no_guard_filters)
+                          guard_filters=not args.no_guard_filters,
+                          options=json.loads(args.graphex_options) if args.graphex_options else None)
     print("\n".join(markdown_lines(section)))
     if args.json:
         with open(args.json, "w") as f:

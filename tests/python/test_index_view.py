@@ -110,3 +110,19 @@ def test_consecutive_negative_positions_are_a_slice():
 
     gm, _ = _run(f, lambda: [torch.randn(1, 5, generator=torch.Generator().manual_seed(5))])
     assert _indexes(gm) == 0
+
+
+def test_transformers_falcon_stays_bit_for_bit_without_its_index_copies():
+    pytest.importorskip("transformers")
+    import copy
+
+    from bench import models
+
+    base = models.hf_family("falcon", "coverage", torch.float32)
+    eager = models.FamilyStep(copy.deepcopy(base), 32, 5)
+    compiled = compile_graphex(models.FamilyStep(copy.deepcopy(base), 32, 5))
+    with torch.no_grad():
+        for token in (3, 7, 11):
+            ids = torch.tensor([[token]])
+            assert torch.equal(compiled(ids, torch.tensor(5)), eager(ids, torch.tensor(5)))
+    assert _indexes(captures()[-1].gm) == 0
