@@ -94,16 +94,11 @@ void rotary_row_rounded(const T* x, const T* c, const T* s, T* out, int64_t n, b
   }
 }
 
-at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
-  const auto shape = rotary_shape(x, cos, sin, interleaved);
+// Rotates the first `rotated` elements of each row of `out` from x's rows (n wide) and copies the rest: the one row
+// loop of rotary (rotated = n) and partial_rotary (Note [A partial rotary writes its tail in the same pass]).
+void rotate_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& out,
+                 at::IntArrayRef shape, int64_t rotated, int64_t table_n, bool interleaved, bool half) {
   const int64_t n = shape.back();
-  const bool half = interleaved && half_tables(x, cos, sin);
-  const int64_t table_n = half ? n / 2 : n;
-  // The fast path: one float dtype, x not broadcast along its rows, cos and sin full rows (or one value).
-  if (!all_cpu_one_float_dtype(x, cos, sin) || x.size(-1) != n || cos.size(-1) != table_n || sin.size(-1) != table_n)
-    return rotary_eager(x, cos, sin, interleaved);
-  at::Tensor out = rotary_output(x, shape, x.scalar_type());
-  if (out.numel() == 0) return out;
   at::DimVector table_shape(shape.begin(), shape.end());
   table_shape.back() = table_n;
   std::array<at::Tensor, 4> ops{rows_view(x, shape), rows_view(cos, table_shape), rows_view(sin, table_shape), out};
@@ -114,16 +109,31 @@ at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tens
     const T* sp = ops[2].const_data_ptr<T>();
     T* op = out.mutable_data_ptr<T>();
     const RowKernels& K = row_kernels();
-    for_each_row(at::IntArrayRef(shape), ops, 4 * n, [&](int64_t row, const std::array<int64_t, 4>& off) {
+    for_each_row(shape, ops, 4 * n, [&](int64_t row, const std::array<int64_t, 4>& off) {
+      const T* xr = xp + off[0];
+      T* orow = op + off[3];
       if constexpr (!std::is_same_v<T, float>) {  // Note [Rotary rounds as eager rounds]
-        rotary_row_rounded(xp + off[0], cp + off[1], sp + off[2], op + off[3], n, interleaved, half);
+        rotary_row_rounded(xr, cp + off[1], sp + off[2], orow, rotated, interleaved, half);
       } else {
-        const float* xf = xp + off[0];
-        if (interleaved) K.rotary_pairs(xf, cp + off[1], sp + off[2], op + off[3], n, half);
-        else K.rotary(xf, cp + off[1], sp + off[2], op + off[3], n);
+        if (interleaved) K.rotary_pairs(xr, cp + off[1], sp + off[2], orow, rotated, half);
+        else K.rotary(xr, cp + off[1], sp + off[2], orow, rotated);
       }
+      if (rotated < n) std::memcpy(orow + rotated, xr + rotated, static_cast<size_t>(n - rotated) * sizeof(T));
     });
   });
+}
+
+at::Tensor rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+  const auto shape = rotary_shape(x, cos, sin, interleaved);
+  const int64_t n = shape.back();
+  const bool half = interleaved && half_tables(x, cos, sin);
+  const int64_t table_n = half ? n / 2 : n;
+  // The fast path: one float dtype, x not broadcast along its rows, cos and sin full rows (or one value).
+  if (!all_cpu_one_float_dtype(x, cos, sin) || x.size(-1) != n || cos.size(-1) != table_n || sin.size(-1) != table_n)
+    return rotary_eager(x, cos, sin, interleaved);
+  at::Tensor out = rotary_output(x, shape, x.scalar_type());
+  if (out.numel() == 0) return out;
+  rotate_rows(x, cos, sin, out, shape, n, table_n, interleaved, half);
   return out;
 }
 
@@ -155,29 +165,7 @@ at::Tensor partial_rotary_cpu(const at::Tensor& x, const at::Tensor& cos, const 
     return at::cat({rotary_cpu(x.slice(-1, 0, r), cos, sin, false), x.slice(-1, r, n)}, -1).contiguous();
   at::Tensor out = at::empty(shape, x.options());
   if (out.numel() == 0) return out;
-  at::DimVector table_shape(shape.begin(), shape.end());
-  table_shape.back() = r;
-  std::array<at::Tensor, 4> ops{rows_view(x, shape), rows_view(cos, table_shape), rows_view(sin, table_shape), out};
-  dispatch_float(x.scalar_type(), [&](auto t) {
-    using T = decltype(t);
-    const T* xp = ops[0].const_data_ptr<T>();
-    const T* cp = ops[1].const_data_ptr<T>();
-    const T* sp = ops[2].const_data_ptr<T>();
-    T* op = out.mutable_data_ptr<T>();
-    const RowKernels& K = row_kernels();
-    for_each_row(at::IntArrayRef(shape), ops, 2 * n, [&](int64_t row, const std::array<int64_t, 4>& off) {
-      const T* xr = xp + off[0];
-      T* orow = op + off[3];
-      if (r > 0) {
-        if constexpr (!std::is_same_v<T, float>) {  // Note [Rotary rounds as eager rounds]
-          rotary_row_rounded(xr, cp + off[1], sp + off[2], orow, r, false, false);
-        } else {
-          K.rotary(xr, cp + off[1], sp + off[2], orow, r);
-        }
-      }
-      std::memcpy(orow + r, xr + r, static_cast<size_t>(n - r) * sizeof(T));
-    });
-  });
+  rotate_rows(x, cos, sin, out, shape, r, r, false, false);
   return out;
 }
 

@@ -33,7 +33,7 @@ import torch.fx
 from torch._guards import detect_fake_mode
 
 from .checks import FUSED_DTYPES as _FLOATS
-from .pooling import _contiguous_strides
+from .checks import contiguous_strides
 
 aten = torch.ops.aten
 
@@ -67,7 +67,7 @@ def _declines(node: torch.fx.Node) -> str:
             or not all(type(d) is int for d in xv.shape) or not xv.is_contiguous():
         return "its input is not a contiguous float tensor of static shape on the CPU"
     out = _val(next(iter(node.users))) if node.users else None
-    if not isinstance(out, torch.Tensor) or tuple(out.stride()) != _contiguous_strides(tuple(out.shape)):
+    if not isinstance(out, torch.Tensor) or tuple(out.stride()) != contiguous_strides(tuple(out.shape)):
         return "eager's result is not row-major"  # the chain writes row-major memory
     channels = xv.shape[1]
     if not (_channel_param(weight, channels, True) and _channel_param(bias, channels, True)

@@ -52,3 +52,12 @@ def number(name: str) -> Callable[[Match], bool]:
 
 def all_of(*checks: Callable[[Match], bool]) -> Callable[[Match], bool]:
     return lambda match: all(c(match) for c in checks)
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a row-major tensor of `shape` (what a kernel that writes fresh contiguous memory gives)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))

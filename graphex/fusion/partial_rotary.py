@@ -21,7 +21,7 @@ import sys
 import torch
 import torch.fx
 
-from .checks import FUSED_DTYPES
+from .checks import FUSED_DTYPES, contiguous_strides
 
 aten = torch.ops.aten
 
@@ -48,14 +48,6 @@ def _last_dim_slice(node: object) -> tuple[torch.fx.Node, int, int] | None:
     if type(end) is not int or end < start:
         return None
     return x, start, end
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def _rewrite(cat: torch.fx.Node) -> torch.fx.Node | None:
@@ -95,7 +87,7 @@ def _rewrite(cat: torch.fx.Node) -> torch.fx.Node | None:
         return None
     if tuple(rv.shape) != tuple(xv.shape[:-1]) + (r,) or tuple(out.shape) != tuple(xv.shape):
         return None  # cos or sin grew the rows: the kernel takes x's
-    if tuple(out.stride()) != _contiguous_strides(tuple(out.shape)):
+    if tuple(out.stride()) != contiguous_strides(tuple(out.shape)):
         return None
     graph = cat.graph
     with graph.inserting_before(cat):

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .checks import FUSED_DTYPES as _FLOATS
+from .checks import FUSED_DTYPES as _FLOATS, contiguous_strides
 
 aten = torch.ops.aten
 
@@ -43,14 +43,6 @@ def _arguments(node: torch.fx.Node) -> list[Any] | None:
     return [*lists, ceil_mode]
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
-
-
 def replace_max_pool(graph: torch.fx.Graph) -> int:
     """Note [Max pooling without its indices]; returns how many nodes were replaced."""
     done = 0
@@ -64,7 +56,7 @@ def replace_max_pool(graph: torch.fx.Graph) -> int:
                 x.dim() not in (3, 4) or not all(type(d) is int for d in x.shape) or not x.is_contiguous():
             continue
         out = next(iter(node.users)).meta.get("val") if node.users else None
-        if not isinstance(out, torch.Tensor) or tuple(out.stride()) != _contiguous_strides(tuple(out.shape)):
+        if not isinstance(out, torch.Tensor) or tuple(out.stride()) != contiguous_strides(tuple(out.shape)):
             # the kernel writes row-major memory; eager's result of a channels_last input with one channel (which is
             # also contiguous) is channels_last, its size-1 dimension strided otherwise (found by a helper)
             continue
