@@ -7,24 +7,33 @@ key and one value head). A Python list index reaches the ATen graph as `aten.ind
 tensor, which copies the rows into new memory: 5-7 us per call on a one-token step, two per layer. When the index is a
 constant of consecutive positions `i, i+1, ..., i+k-1` on one dimension, the copy holds exactly the values of
 `slice(x, dim, i, i+k)`, so its readers can read through that view instead: every value they read is the same, bit for
-bit, and the copy is gone. The pass rewrites only when
+bit, and the copy is gone. A reader must not be able to tell the view from the copy, so the pass rewrites only when
   * one dimension is indexed (the others None) by an integer constant of the graph (a get_attr, or AOTAutograd's
     `lift_fresh_copy` of one that nothing writes) of one dimension, whose positions are consecutive and in range;
-  * the view walks memory in the copy's order: every dimension of more than one element has the copy's stride, so a
-    kernel reading the view sees the layout it saw when the graph was traced;
+  * the view has the copy's sizes and strides, every one: where the slice's stride differs only on a dimension of
+    one element (Falcon's case), `as_strided` gives it the copy's (the same elements), because ops that keep their
+    input's layout carry those strides into what they return (found by a helper: `x[:, [1]] * 2` came back with
+    other strides than eager's);
+  * its data starts where a fresh tensor's would, on a 64-byte boundary of memory the graph itself allocated (a
+    kernel may pick another path, and another summation order, for a misaligned pointer); so `x` is a view of an
+    op's result, never an input or a constant, at an offset known when the graph is traced;
   * nothing may write `x`'s memory in the graph (an input an in-place op updates later would change under the view,
-    where the copy kept the old values), and nothing writes the copy or a view of it;
-  * neither the copy nor a view of it is an output of the graph (the caller would get a view of another tensor where
-    eager gives new memory).
+    where the copy kept the old values);
+  * no value that may share the copy's memory (a view of it, an item of a split of it, an `unsafe_split`) is written,
+    returned (the caller would get a view of another tensor where eager gives new memory; found by a helper: a
+    split's piece), or handed to an op that addresses memory by an explicit storage offset (`as_strided`, `set_`:
+    the offset would count from x's storage, not the copy's; found by a helper).
 Option index_as_view=False keeps the copies.
 """
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
 
-from .aliasing import is_view_op, root, written_nodes
+from .aliasing import is_view_op, op_name, root, written_nodes
 
 aten = torch.ops.aten
 
@@ -58,21 +67,43 @@ def _positions(index: torch.Tensor, size: int) -> tuple[int, int] | None:
     return start, len(values)
 
 
-def _not_returned(node: torch.fx.Node) -> bool:
-    """Neither `node` nor a view of it is an output of the graph (Note above)."""
-    for user in node.users:
-        if user.op == "output":
+def _shares_memory_with_input(user: torch.fx.Node) -> bool:
+    """Whether `user`'s result may share its first input's memory: a view (by schema), an `unsafe_` split or chunk (no
+    alias annotation, views all the same), or an item of one of those (a split's piece)."""
+    if user.target is operator.getitem:
+        return True  # only reached from a value already known to share the memory (a split)
+    if not isinstance(user.target, torch._ops.OpOverload):
+        return True
+    return is_view_op(user.target) or user.target._schema.name.startswith("aten::unsafe_")
+
+
+def _stays_a_private_read(node: torch.fx.Node, written: set[torch.fx.Node]) -> bool:
+    """No value that may share `node`'s memory is returned, written or handed to an op that addresses memory by an
+    explicit storage offset (Note above)."""
+    stack, seen = [node], {node}
+    while stack:
+        value = stack.pop()
+        if value in written:
             return False
-        if user.op != "call_function":
-            return False
-        if is_view_op(user.target) and not _not_returned(user):
-            return False
+        for user in value.users:
+            if user.op != "call_function":
+                return False  # the output, or something the analysis does not know
+            name = op_name(user.target)
+            if "as_strided" in name or name.endswith("::set_"):
+                return False
+            if _shares_memory_with_input(user) and user not in seen:
+                seen.add(user)
+                stack.append(user)
     return True
 
 
-def _same_order(copy: torch.Tensor, view: torch.Tensor) -> bool:
-    return tuple(copy.shape) == tuple(view.shape) and all(
-        size <= 1 or a == b for size, a, b in zip(copy.shape, copy.stride(), view.stride()))
+def _fresh_and_aligned(x: torch.fx.Node, xv: torch.Tensor, dim: int, start: int) -> bool:
+    """The view's data starts on a 64-byte boundary of memory an op of the graph allocated (Note above)."""
+    base = root(x)
+    if base.op != "call_function" or not isinstance(xv.storage_offset(), int):
+        return False
+    offset = (xv.storage_offset() + start * xv.stride(dim)) * xv.element_size()
+    return offset % 64 == 0
 
 
 def read_constant_indices_through_views(gm: torch.fx.GraphModule, fake_mode: object) -> int:
@@ -94,17 +125,25 @@ def read_constant_indices_through_views(gm: torch.fx.GraphModule, fake_mode: obj
         if index is None or not all(type(s) is int for s in xv.shape):
             continue
         span = _positions(index, xv.shape[dim])
-        if span is None or root(x) in written or node in written or not _not_returned(node):
+        if span is None or root(x) in written or not _stays_a_private_read(node, written):
             continue
         start, count = span
+        if not _fresh_and_aligned(x, xv, dim, start):
+            continue
         with fake_mode:
             view_val = aten.slice.Tensor(xv, dim, start, start + count)
-        if not _same_order(out, view_val) or view_val.dtype != out.dtype:
-            continue
+        if tuple(view_val.shape) != tuple(out.shape) or view_val.dtype != out.dtype or any(
+                size > 1 and a != b for size, a, b in zip(out.shape, out.stride(), view_val.stride())):
+            continue  # the slice walks memory in another order than the copy
         with graph.inserting_before(node):
             view = graph.call_function(aten.slice.Tensor, (x, dim, start, start + count))
-        view.meta.update(node.meta)
-        view.meta["val"] = view_val
+            view.meta["val"] = view_val
+            if tuple(view_val.stride()) != tuple(out.stride()):  # only on dimensions of one element: the copy's
+                with fake_mode:
+                    view_val = aten.as_strided.default(view_val, list(out.shape), list(out.stride()))
+                view = graph.call_function(aten.as_strided.default, (view, list(out.shape), list(out.stride())))
+                view.meta["val"] = view_val
+        view.meta.update({k: v for k, v in node.meta.items() if k != "val"})
         node.replace_all_uses_with(view)
         graph.erase_node(node)
         done += 1
