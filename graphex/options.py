@@ -125,8 +125,9 @@ class Options:
     index_as_view: bool = _option(
         True, (bool,),
         "Read a gather of constant consecutive positions (`x[..., [i], :]`, Falcon's key and value heads out of its "
-        "fused projection) through a slice of x instead of copying it: the same values, bit for bit, without the "
-        "copy; only where nothing writes x or the result and the result is not returned.")
+        "fused projection) through a slice of x instead of copying it: the same values and strides, bit for bit, "
+        "without the copy; only for memory the graph allocated, where nothing writes it or the result and the "
+        "result is not returned (Note [A constant index reads through a view]).")
 
     cse: bool = _option(
         True, (bool,),

@@ -11,7 +11,6 @@
                                      reinplacing (which then sees fused ops as ordinary functional ops)
      grouped key/value heads         (option grouped_kv_heads; attention reads GQA heads, not a repeat_kv copy,
                                      grouped_heads.py)
-     constant indices as views       (option index_as_view; `x[..., [i], :]` reads a slice, no copy, index_view.py)
      common subexpressions           (option cse; pure ATen calls repeated with the same arguments, cse.py)
      element-wise chains, pooling    (fused mode only: max pooling whose indices nothing reads as
                                      graphex_fused::max_pool2d, graphex/fusion/pooling.py; a partial rotary
@@ -21,6 +20,9 @@
                                      graphex_fused::pointwise, graphex/fusion/chains.py; after CSE, so a
                                      repeated op is computed once inside its chain)
   4. reinplace                       (options inplace_pass / input_inplace_pass; see reinplace.py)
+     constant indices as views       (option index_as_view; `x[..., [i], :]` of memory the graph allocated reads a
+                                     slice, no copy; after reinplacing, which then has made every write explicit;
+                                     index_view.py)
   5. operator packets resolved, torch.sym_sum as adds, read-only copies of constants dropped
      (fresh_constants.py), dead code elimination
   6. options.post_grad_custom_post_pass (the user's)
@@ -192,10 +194,11 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("no-op removal", ("remove_noop_ops",), _remove_noop_ops),
     Pass("pattern fusion", ("pattern_fusion_pass",), _pattern_fusion),
     Pass("attention over grouped key/value heads", ("grouped_kv_heads",), _grouped_heads),
-    Pass("constant indices as views", ("index_as_view",), _index_as_view),
     Pass("common subexpression elimination", ("cse",), _cse),
     Pass("element-wise chains, batch norm, max pooling", ("pointwise_fusion",), _fused_rules, gated=False),
     Pass("reinplacing", ("inplace_pass", "input_inplace_pass"), _reinplace, gated=False),
+    # after reinplacing: every write is then an explicit in-place op (Note [A constant index reads through a view])
+    Pass("constant indices as views", ("index_as_view",), _index_as_view),
     Pass("packets, sym_sum, read-only constants, dead code", (), _resolve_and_clean, gated=False, inherits_source=False),
     Pass("the user's post pass", ("post_grad_custom_post_pass",), _user_post_pass, inherits_source=False),
 )

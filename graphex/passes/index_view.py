@@ -7,7 +7,10 @@ key and one value head). A Python list index reaches the ATen graph as `aten.ind
 tensor, which copies the rows into new memory: 5-7 us per call on a one-token step, two per layer. When the index is a
 constant of consecutive positions `i, i+1, ..., i+k-1` on one dimension, the copy holds exactly the values of
 `slice(x, dim, i, i+k)`, so its readers can read through that view instead: every value they read is the same, bit for
-bit, and the copy is gone. A reader must not be able to tell the view from the copy, so the pass rewrites only when
+bit, and the copy is gone. It runs after reinplacing, so every write the replay makes is an explicit in-place op
+(found by a helper: run before, reinplacing turned a functional write of the copy into a write through the view,
+and two outputs came back sharing h's storage). A reader must not be able to tell the view from the copy, so the
+pass rewrites only when
   * one dimension is indexed (the others None) by an integer constant of the graph (a get_attr, or AOTAutograd's
     `lift_fresh_copy` of one that nothing writes) of one dimension, whose positions are consecutive and in range;
   * the view has the copy's sizes and strides, every one: where the slice's stride differs only on a dimension of
@@ -15,14 +18,16 @@ bit, and the copy is gone. A reader must not be able to tell the view from the c
     input's layout carry those strides into what they return (found by a helper: `x[:, [1]] * 2` came back with
     other strides than eager's);
   * its data starts where a fresh tensor's would, on a 64-byte boundary of memory the graph itself allocated (a
-    kernel may pick another path, and another summation order, for a misaligned pointer); so `x` is a view of an
-    op's result, never an input or a constant, at an offset known when the graph is traced;
-  * nothing may write `x`'s memory in the graph (an input an in-place op updates later would change under the view,
-    where the copy kept the old values);
+    kernel may pick another path, and another summation order, for a misaligned pointer); so `x`, followed back
+    through every op that may return its input's memory (views, `_unsafe_view`, `unsafe_split`, items of those,
+    in-place results), comes from an op that allocates, never from an input or a constant (found by a helper: an
+    input reached through `_unsafe_view` and written later), at an offset known when the graph is traced;
+  * nothing writes that memory anywhere in the graph (the copy froze the values it read);
   * no value that may share the copy's memory (a view of it, an item of a split of it, an `unsafe_split`) is written,
     returned (the caller would get a view of another tensor where eager gives new memory; found by a helper: a
-    split's piece), or handed to an op that addresses memory by an explicit storage offset (`as_strided`, `set_`:
-    the offset would count from x's storage, not the copy's; found by a helper).
+    split's piece), handed to an op that addresses memory by an explicit storage offset (`as_strided`, `set_`: the
+    offset would count from x's storage, not the copy's; found by a helper), or to an op outside ATen and graphex's
+    fused kernels (a custom op may read its input's storage offset; found by a helper).
 Option index_as_view=False keeps the copies.
 """
 
@@ -33,7 +38,7 @@ import operator
 import torch
 import torch.fx
 
-from .aliasing import is_view_op, op_name, root, written_nodes
+from .aliasing import op_name, returns_input, written_args, written_nodes
 
 aten = torch.ops.aten
 
@@ -67,14 +72,40 @@ def _positions(index: torch.Tensor, size: int) -> tuple[int, int] | None:
     return start, len(values)
 
 
-def _shares_memory_with_input(user: torch.fx.Node) -> bool:
-    """Whether `user`'s result may share its first input's memory: a view (by schema), an `unsafe_` split or chunk (no
-    alias annotation, views all the same), or an item of one of those (a split's piece)."""
-    if user.target is operator.getitem:
-        return True  # only reached from a value already known to share the memory (a split)
-    if not isinstance(user.target, torch._ops.OpOverload):
+def _aliased_argument(node: torch.fx.Node) -> torch.fx.Node | None | bool:
+    """The argument whose memory `node`'s result may be (a view of): for an in-place or out= op the argument it
+    returns; for a view by schema, `_unsafe_view`, an `unsafe_` split or chunk (no alias annotation, views all the
+    same), `alias` and an item of a list result, the first argument. None: new memory. True: a call the analysis
+    cannot see into (it may return any of its arguments)."""
+    if node.op != "call_function":
+        return None
+    first = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+    if node.target is operator.getitem:
+        return first
+    if not isinstance(node.target, torch._ops.OpOverload):
         return True
-    return is_view_op(user.target) or user.target._schema.name.startswith("aten::unsafe_")
+    returned = returns_input(node)
+    if returned is not None:
+        return returned
+    schema = node.target._schema
+    name = schema.name
+    if any(r.alias_info is not None for r in schema.returns) or name.startswith(("aten::unsafe_", "aten::_unsafe_")) \
+            or name == "aten::alias":
+        return first if first is not None else True
+    return None
+
+
+def _allocation(x: torch.fx.Node) -> torch.fx.Node:
+    """The node whose memory `x` names, followed back through every op whose result may be its argument's memory
+    (stricter than aliasing.root, which follows only what schemas declare); `x` itself when that is not known."""
+    node = x
+    while True:
+        arg = _aliased_argument(node)
+        if arg is None:
+            return node
+        if arg is True:
+            return x if node is x else node  # a call that may return any argument: treated as not fresh below
+        node = arg
 
 
 def _stays_a_private_read(node: torch.fx.Node, written: set[torch.fx.Node]) -> bool:
@@ -91,16 +122,22 @@ def _stays_a_private_read(node: torch.fx.Node, written: set[torch.fx.Node]) -> b
             name = op_name(user.target)
             if "as_strided" in name or name.endswith("::set_"):
                 return False
-            if _shares_memory_with_input(user) and user not in seen:
+            if user.target is not operator.getitem and not (
+                    isinstance(user.target, torch._ops.OpOverload) and user.target.namespace in ("aten", "graphex_fused")):
+                return False
+            shares = _aliased_argument(user)
+            if (shares is True or shares is value) and user not in seen:
                 seen.add(user)
                 stack.append(user)
     return True
 
 
-def _fresh_and_aligned(x: torch.fx.Node, xv: torch.Tensor, dim: int, start: int) -> bool:
-    """The view's data starts on a 64-byte boundary of memory an op of the graph allocated (Note above)."""
-    base = root(x)
-    if base.op != "call_function" or not isinstance(xv.storage_offset(), int):
+def _fresh_and_aligned(x: torch.fx.Node, xv: torch.Tensor, dim: int, start: int, written: set[torch.fx.Node]) -> bool:
+    """The view's data starts on a 64-byte boundary of memory an op of the graph allocated, which nothing writes
+    (Note above)."""
+    base = _allocation(x)
+    if base.op != "call_function" or _aliased_argument(base) is not None or base in written \
+            or not isinstance(xv.storage_offset(), int):
         return False
     offset = (xv.storage_offset() + start * xv.stride(dim)) * xv.element_size()
     return offset % 64 == 0
@@ -110,6 +147,7 @@ def read_constant_indices_through_views(gm: torch.fx.GraphModule, fake_mode: obj
     """Note [A constant index reads through a view]; returns how many copies were replaced by views."""
     graph = gm.graph
     written = written_nodes(graph)  # every node whose memory an op of the graph writes, views included
+    written |= {_allocation(n) for node in graph.nodes for n in written_args(node)}  # through _unsafe_view too
     done = 0
     for node in list(graph.find_nodes(op="call_function", target=aten.index.Tensor)):
         x, indices = node.args[0], node.args[1] if len(node.args) > 1 else None
@@ -125,10 +163,10 @@ def read_constant_indices_through_views(gm: torch.fx.GraphModule, fake_mode: obj
         if index is None or not all(type(s) is int for s in xv.shape):
             continue
         span = _positions(index, xv.shape[dim])
-        if span is None or root(x) in written or not _stays_a_private_read(node, written):
+        if span is None or not _stays_a_private_read(node, written):
             continue
         start, count = span
-        if not _fresh_and_aligned(x, xv, dim, start):
+        if not _fresh_and_aligned(x, xv, dim, start, written):
             continue
         with fake_mode:
             view_val = aten.slice.Tensor(xv, dim, start, start + count)
