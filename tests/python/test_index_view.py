@@ -35,6 +35,7 @@ class Split(torch.nn.Module):
 
 
 def _run(model, make_inputs, calls=3, **options):
+    options.setdefault("index_as_view", True)  # off by default (Note [A constant index reads through a view])
     torch.manual_seed(0)
     eager_inputs, inputs = make_inputs(), make_inputs()
     compiled = compile_graphex(model, **options)
@@ -62,6 +63,14 @@ def test_falcons_split_reads_through_views_bit_for_bit(fused):
 def test_index_as_view_false_keeps_the_copies():
     gm, _ = _run(Split().eval(), _split_inputs, index_as_view=False)
     assert _indexes(gm) == 2
+
+
+def test_the_default_keeps_the_copies():
+    torch.manual_seed(0)
+    model, inputs = Split().eval(), _split_inputs()
+    with torch.no_grad():
+        compile_graphex(model)(*inputs)
+    assert _indexes(captures()[-1].gm) == 2
 
 
 # Each near miss indexes an intermediate (memory the graph allocates, 64-byte aligned where the copy would start), so
@@ -141,7 +150,7 @@ def test_a_write_after_the_index_does_not_reach_the_view():
 
 
 def test_a_returned_copy_is_new_memory():
-    out = compile_graphex(_returned)(_inputs()[0])
+    out = compile_graphex(_returned, index_as_view=True)(_inputs()[0])
     assert out[1]._base is None and torch.equal(out[1], _returned(_inputs()[0])[1])
 
 
@@ -153,7 +162,7 @@ def test_transformers_falcon_stays_bit_for_bit_without_its_index_copies():
 
     base = models.hf_family("falcon", "coverage", torch.float32)
     eager = models.FamilyStep(copy.deepcopy(base), 32, 5)
-    compiled = compile_graphex(models.FamilyStep(copy.deepcopy(base), 32, 5))
+    compiled = compile_graphex(models.FamilyStep(copy.deepcopy(base), 32, 5), index_as_view=True)
     with torch.no_grad():
         for token in (3, 7, 11):
             ids = torch.tensor([[token]])
@@ -173,7 +182,7 @@ def _written_and_returned(x):
 
 def test_copies_written_and_returned_stay_fresh_memory():
     x = torch.randn(1, 4, 16, generator=torch.Generator().manual_seed(2))
-    compiled = compile_graphex(_written_and_returned)
+    compiled = compile_graphex(_written_and_returned, index_as_view=True)
     for _ in range(2):
         got = compiled(x.clone())
     want = _written_and_returned(x.clone())
