@@ -1,5 +1,6 @@
-// graphex._C: where C++ meets Python, with the other files of this folder (and nowhere else): call_slots.cpp (what
-// a call runs before the engine), state_watch.cpp (the guards' dict watch), gc.h, bound_program.h.
+// graphex._C: where C++ meets Python, with the other files of this folder (and nowhere else): call_slots.h with
+// cached_call.cpp, runner_call.cpp and direct_call.cpp (what a call runs before the engine), state_watch.cpp (the
+// guards' dict watch), gc.h, bound_program.h.
 //
 // Exposes Executor, built from program bytes (see
 // csrc/program/format.h) and called with the boxed calling convention that

@@ -1,6 +1,6 @@
 """What AOTAutograd's runtime wrapper would do per call for one inference graph, read from its own metadata.
 
-Note [A plain inference graph skips AOTAutograd's wrapper] (csrc/python/call_slots.cpp) says why graphex hands
+Note [A plain inference graph skips AOTAutograd's wrapper] (csrc/python/direct_call.cpp) says why graphex hands
 Dynamo a DirectCall instead of AOTAutograd's wrapper when that wrapper would only bump version counters and turn
 grad mode off. This module answers "would it do anything else?" from the ViewAndMutationMeta AOTAutograd hands
 the inference compiler (TracingContext.fw_metadata): each field below is one job of the wrapper, and a field this

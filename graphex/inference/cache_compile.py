@@ -189,7 +189,7 @@ def _fake_mismatch_details(loaded: _Loaded, e: Any) -> tuple[Any, ...]:
 class CachedFunction(_C.CachedCall):
     """The callable cache_compile returns. `stats` counts hits, misses, compiles and writes.
 
-    Calling it enters C++ at once (Note [cache_compile's call enters C++ at once], csrc/python/call_slots.cpp): a call
+    Calling it enters C++ at once (Note [cache_compile's call enters C++ at once], csrc/python/cached_call.cpp): a call
     without keywords tries the FastCall of the last plain hit (`_fast`); anything else comes to `_call`."""
 
     def __init__(self, func: Callable[..., Any], *, dynamic: bool, cache_dir: Any, options: Any) -> None:

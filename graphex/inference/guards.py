@@ -87,7 +87,7 @@ class GuardSet:
         self.count = len(records)
         self.always = 0  # records checked on every call (the rest: while the watch holds, by the watch)
         self._published: list[Any] = [(None, [])]
-        # Note [A plain call's fast path is one C++ call] (csrc/python/call_slots.cpp): what the fast path proves besides
+        # Note [A plain call's fast path is one C++ call] (csrc/python/cached_call.cpp): what the fast path proves besides
         # the watch, as C++ can check it, or None when it proves something C++ does not (a guard through a list, a
         # closure, a tensor an argument holds): {"args": {i: the class StateWatch or None}, "state": {kind: object}}.
         self.native: dict[str, Any] | None = None

@@ -87,7 +87,7 @@ Watcher = Callable[[list[Any], list[Any]], None]
 
 class CompiledGraph(_C.RunnerCall):
     """One captured graph. Calling it calls `self.runner(args)` from C++, with no Python frame of ours between
-    (Note [A compiled graph's call enters its runner at once], csrc/python/call_slots.cpp)."""
+    (Note [A compiled graph's call enters its runner at once], csrc/python/runner_call.cpp)."""
 
     _boxed_call = True  # AOTAutograd passes the inputs as one list
 

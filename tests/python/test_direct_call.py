@@ -1,5 +1,5 @@
 """Dynamo calls graphex's DirectCall where AOTAutograd's per-call wrapper would only bump version counters and turn
-grad mode off (Note [A plain inference graph skips AOTAutograd's wrapper], csrc/python/call_slots.cpp;
+grad mode off (Note [A plain inference graph skips AOTAutograd's wrapper], csrc/python/direct_call.cpp;
 graphex/compat/aot.py decides). Each case compiles the same code twice, with and without `direct_call`, and
 compares what a caller can see: outputs (bitwise, and which are inputs or views of them), the inputs' values and
 version counters, grad mode and requires_grad. Where the wrapper has more to do, it must be kept.
