@@ -126,26 +126,26 @@ def _fused_rules(r: _Run) -> None:
     from ..fusion.partial_rotary import fuse_partial_rotary
     from ..fusion.pooling import replace_max_pool
 
+    def fired(name: str, count: int) -> None:  # one count per fused op, over the patterns and these rules
+        total = r.fused.get(name, 0) + count
+        if total > 0:
+            r.fused[name] = total
+        else:
+            r.fused.pop(name, None)
+
     pooled = replace_max_pool(r.gm.graph)  # Note [Max pooling without its indices]
-    if pooled:
-        r.fused["max_pool2d"] = r.fused.get("max_pool2d", 0) + pooled
-        r.gm.recompile()
+    fired("max_pool2d", pooled)
     partial = fuse_partial_rotary(r.gm.graph)  # Note [A partial rotary writes its tail in the same pass]
     if partial:
-        r.fused["partial_rotary"] = r.fused.get("partial_rotary", 0) + partial
-        left = r.fused.get("rotary", 0) - partial  # each absorbed one rotary the patterns counted
-        if left > 0:
-            r.fused["rotary"] = left
-        else:
-            r.fused.pop("rotary", None)
+        fired("partial_rotary", partial)
+        fired("rotary", -partial)  # each absorbed one rotary the patterns counted
+    if pooled or partial:
         r.gm.recompile()
     if r.options.pointwise_fusion:
-        split = split_batch_norm(r.gm.graph)  # Note [An inference batch norm is a multiply and an add]
-        if split:
-            r.fused["batch_norm"] = r.fused.get("batch_norm", 0) + split
+        fired("batch_norm", split_batch_norm(r.gm.graph))  # Note [An inference batch norm is a multiply and an add]
         groups, replaced = fuse_elementwise_chains(r.gm)
+        fired("pointwise", groups)
         if groups:
-            r.fused["pointwise"] = r.fused.get("pointwise", 0) + groups
             log.info("%s: element-wise chains: %d ATen calls run as %d fused kernels", r.name, replaced, groups)
     say_if_nothing_fused(r.fused, r.name)  # Note [A fused compile that fused nothing says so]
 

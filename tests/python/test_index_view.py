@@ -155,7 +155,7 @@ def test_a_returned_copy_is_new_memory():
 
 
 def test_transformers_falcon_stays_bit_for_bit_without_its_index_copies():
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="transformers is not installed (a test-only dependency)")
     import copy
 
     from bench import models
