@@ -32,6 +32,7 @@ def _tables(shape, r, dtype, g):
     return torch.cat([angle, angle], -1).cos().to(dtype), torch.cat([angle, angle], -1).sin().to(dtype)
 
 
+@pytest.mark.default_isa
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n,r", [(64, 16), (64, 32), (64, 62), (40, 8), (6, 2), (128, 64)])
 def test_the_kernel_is_eagers_bit_for_bit(dtype, n, r):
@@ -85,6 +86,7 @@ def _run(form, dtype=torch.float32, r=16):
     return got, want, fused_ops(captures()[-1].gm)
 
 
+@pytest.mark.default_isa
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_neox_spelling_fuses_and_is_eagers_bit_for_bit(dtype):
     got, want, ops = _run(neox, dtype)
