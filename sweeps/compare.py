@@ -115,3 +115,40 @@ def clone_tree(x: Any, _storages: dict[int, Any] | None = None) -> Any:
     if isinstance(x, dict):
         return {k: clone_tree(v, storages) for k, v in x.items()}
     return x
+
+
+def aliasing(result: tuple[Any, list[torch.Tensor]]) -> list[tuple[bool, int | None, int | None]]:
+    """What a call's outputs say about memory, per output tensor (in flattening order): whether it is a view
+    (`_is_view()`), the first input whose storage it shares and the first earlier output whose storage it
+    shares (None: none). `result` is (outputs, the inputs after the call). Empty tensors share nothing."""
+    outputs, inputs = result
+    leaves = [t for t in torch.utils._pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+
+    def storage(t: torch.Tensor) -> int | None:
+        if t.layout != torch.strided or t.is_quantized or t.untyped_storage().nbytes() == 0:
+            return None
+        return t.untyped_storage().data_ptr()
+
+    ins = [storage(t) if isinstance(t, torch.Tensor) else None for t in inputs]
+    seen: list[int | None] = []
+    found = []
+    for t in leaves:
+        s = storage(t)
+        found.append((t._is_view(), next((i for i, p in enumerate(ins) if s is not None and p == s), None),
+                      next((j for j, p in enumerate(seen) if s is not None and p == s), None)))
+        seen.append(s)
+    return found
+
+
+def alias_difference(actual: tuple[Any, list[torch.Tensor]], expected: tuple[Any, list[torch.Tensor]],
+                     path: str = "outputs") -> str | None:
+    """None when every output is a view, shares an input's memory or another output's exactly where the expected
+    call's does (`aliasing`); else the first output that differs, and how."""
+    got, want = aliasing(actual), aliasing(expected)
+    if len(got) != len(want):
+        return f"{path}: {len(got)} tensors vs {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            what = ("a view" if g[0] else "not a view", g[1], g[2]), ("a view" if w[0] else "not a view", w[1], w[2])
+            return (f"{path}[{i}]: (view, shares input, shares output) {what[0]} where eager's is {what[1]}")
+    return None

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import fuzz_ops  # noqa: F401 - registers torch.ops.graphex_fuzz
-from .compare import clone_tree, difference
+from .compare import alias_difference, clone_tree, difference
 from .fuzz_gen import Input, Program
 
 FAILURES = ("graphex_diff", "graphex_error")
@@ -107,7 +107,8 @@ def _under(backend: str, source: str, inputs: list[torch.Tensor], dynamic: bool,
     except Exception as e:  # noqa: BLE001 - failures are data
         return _error(e), None
     return None, (difference(first[0], expected[0], "capture outputs") or difference(first[1], expected[1], "capture inputs")
-                  or difference(second[0], expected[0], "replay outputs") or difference(second[1], expected[1], "replay inputs"))
+                  or difference(second[0], expected[0], "replay outputs") or difference(second[1], expected[1], "replay inputs")
+                  or alias_difference(first, expected, "capture outputs") or alias_difference(second, expected, "replay outputs"))
 
 
 def check(program: Program, seed: int, time_limit: float = 30.0) -> Outcome:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 import graphex
-from .compare import clone_tree, difference
+from .compare import alias_difference, clone_tree, difference
 
 # Note [Uninitialized outputs]
 # These ops return memory no kernel writes (torch.empty and friends): eager, aot_eager and graphex each see
@@ -78,7 +78,8 @@ def _under(case: Any, backend: str, tensors: list[torch.Tensor], expected: tuple
     runs = graphex._C.total_run_count() - before
     values = case.id.split("/")[0] not in UNINITIALIZED
     found = (difference(first, expected, "capture call", values=values)
-             or difference(second, expected, "replay call", values=values))
+             or difference(second, expected, "replay call", values=values)
+             or alias_difference(first, expected, "capture call") or alias_difference(second, expected, "replay call"))
     return None, found, runs
 
 

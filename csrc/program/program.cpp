@@ -81,6 +81,23 @@ c10::OperatorHandle resolveOperator(const std::string& name, const std::string& 
   return *handle;
 }
 
+// Note [Under no_grad an operator's inner calls track no views]
+// In eager, under no_grad, a call to an ATen operator enters its autograd kernel (VariableType), which
+// redispatches past the autograd keys. An operator that neither returns a view nor writes an argument
+// (no kernel of its own at ADInplaceOrView) is redispatched past ADInplaceOrView too, under
+// AutoDispatchBelowADInplaceOrView, so the calls its kernel makes track no views: slice_scatter builds its
+// result as an as_strided of a flat clone, and eager's result has no _base. A view or in-place operator goes
+// through its ADInplaceOrView kernel, which does the same for its own inner calls. The executor skips the
+// autograd kernels under no_grad (they would only forward); for the first kind it excludes ADInplaceOrView
+// around the call as well, so every kernel runs with the key set eager gives it. Operators outside `aten`
+// (custom ops, graphex_fused) and those without an autograd kernel (CompositeImplicitAutograd ones, whose
+// inner calls go through the whole dispatcher in eager too) are called as they are.
+bool runsBelowInplaceOrView(const c10::OperatorHandle& op) {
+  const c10::OperatorName& name = op.operator_name();
+  return name.name.rfind("aten::", 0) == 0 && op.hasKernelForDispatchKey(c10::DispatchKey::Autograd) &&
+         !op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
+}
+
 Instruction buildOp(const fb::Node& node, const NodeInfo& info, const std::vector<at::Tensor>& constants,
                     uint32_t num_slots) {
   std::string what = nodeWhat(info);
@@ -88,6 +105,7 @@ Instruction buildOp(const fb::Node& node, const NodeInfo& info, const std::vecto
   instr.kind = InstrKind::Op;
   instr.op = resolveOperator(str(node.op()), str(node.overload()), what);
   const c10::FunctionSchema& schema = instr.op->schema();
+  instr.below_inplace_or_view = runsBelowInplaceOrView(*instr.op);
 
   const auto* args = node.args();
   const size_t num_args = args ? args->size() : 0;

@@ -72,6 +72,10 @@ using SymFn = fb::SymFn;
 struct Instruction {
   InstrKind kind = InstrKind::Op;
   std::optional<c10::OperatorHandle> op;  // InstrKind::Op
+  // An ATen operator that eager, under no_grad, runs below ADInplaceOrView: its autograd kernel
+  // redispatches there because it neither views nor writes an argument
+  // (Note [Under no_grad an operator's inner calls track no views]).
+  bool below_inplace_or_view = false;
   SymFn sym = SymFn::Add;                 // InstrKind::Sym
   std::vector<ArgSource> args;
   // One entry per value the instruction produces: the slot to store it in, or -1

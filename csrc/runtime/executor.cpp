@@ -353,7 +353,9 @@ std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int6
 
   // Under no_grad the autograd kernels only forward to the next key; skip them.
   // (Inference tensors skip them anyway.) View and version-counter bookkeeping
-  // (ADInplaceOrView) still runs, so results are indistinguishable from eager's.
+  // (ADInplaceOrView) still runs where eager's autograd kernel would let it
+  // (Note [Under no_grad an operator's inner calls track no views]), so results are
+  // indistinguishable from eager's.
   std::optional<c10::impl::ExcludeDispatchKeyGuard> no_autograd;
   if (!at::GradMode::is_enabled()) no_autograd.emplace(c10::autograd_dispatch_keyset);
 
@@ -374,7 +376,13 @@ std::vector<c10::IValue> Executor::runImpl(std::vector<c10::IValue> inputs, int6
       for (const ArgSource& a : instr.args) stack.push_back(argValue(a, slots));
       switch (instr.kind) {
         case InstrKind::Op:
-          instr.op->callBoxed(stack);
+          if (no_autograd && instr.below_inplace_or_view) {
+            // Note [Under no_grad an operator's inner calls track no views]
+            c10::impl::ExcludeDispatchKeyGuard below(c10::DispatchKey::ADInplaceOrView);
+            instr.op->callBoxed(stack);
+          } else {
+            instr.op->callBoxed(stack);
+          }
           TORCH_INTERNAL_ASSERT(stack.size() == instr.outs.size(), "operator returned ", stack.size(),
                                 " values, schema promises ", instr.outs.size());
           if constexpr (kValidate) validateOutputs(p, instr, stack);

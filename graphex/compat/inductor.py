@@ -46,7 +46,7 @@ def is_foreach_entry(target: Any) -> bool:
 def around_reinplacing(fake_tensor_updater: Any, graph: torch.fx.Graph, decide: Callable[[torch.fx.Graph], None]) -> None:
     """inductor's steps around its reinplacing core (the same in 2.11-2.15), with graphex's `decide` in its place:
     view scatters canonicalized to one generalized scatter, fake tensors refreshed, then `decide`, then the
-    generalized scatters that stayed functional decomposed back to ATen ops."""
+    generalized scatters decomposed back to ATen ops (Note [A scatter left functional is eager's scatter])."""
     from torch._dispatch.python import enable_python_dispatcher
     from torch._inductor.fx_passes import reinplace as inductor_reinplace
 
@@ -54,7 +54,33 @@ def around_reinplacing(fake_tensor_updater: Any, graph: torch.fx.Graph, decide: 
         inductor_reinplace.canonicalize_view_scatter_ops(graph)
         fake_tensor_updater.incremental_update()
         decide(graph)
-        inductor_reinplace.decompose_generalized_scatter(graph)
+        _decompose_generalized_scatters(graph)
+
+
+def _decompose_generalized_scatters(graph: torch.fx.Graph) -> None:
+    """inductor's decompose_generalized_scatter, but for the choice of form.
+
+    Note [A scatter left functional is eager's scatter]
+    A scatter written in place becomes its views and a `copy_` into them. One left functional becomes the
+    `*_scatter` ops it stands for, each eager's own kernel, which copies its input with the input's strides
+    (clone_preserve_strides). inductor writes diagonal and as_strided scatters as a `clone` and a `copy_` even
+    when functional (its lowering mutates them anyway); on an input with gaps (`h[:, :4]` of a wider h) that clone
+    is contiguous, so the result's strides, and the kernels later ops pick for it, would not be eager's.
+    """
+    import itertools
+
+    from torch._inductor.fx_passes import reinplace as inductor_reinplace
+
+    functional, in_place = inductor_reinplace._generalized_scatter, inductor_reinplace._inplace_generalized_scatter
+    for node in list(itertools.chain(graph.find_nodes(op="call_function", target=functional),
+                                     graph.find_nodes(op="call_function", target=in_place))):
+        with graph.inserting_before(node):
+            if node.target is in_place:
+                new_node = inductor_reinplace._decompose_scatter_mutating(graph, node)
+            else:
+                new_node = inductor_reinplace._decompose_scatter_functional(graph, node)
+        node.replace_all_uses_with(new_node)
+        graph.erase_node(node)
 
 
 def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:

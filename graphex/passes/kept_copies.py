@@ -26,6 +26,7 @@ class KeptCopy:
       "replaced"         a graph input overwritten by another tensor (no in-place form exists);
       "overlaps-itself"  the written tensor's elements share memory (an expanded view);
       "own-source"       the update reads the very memory it overwrites (`x[1:] = x[:-1]`);
+      "returned-view"    the result is returned, and the tensor it would write is a view of a larger one;
       "unproven"         the alias analysis could not prove the old value dead.
     """
 

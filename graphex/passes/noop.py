@@ -7,6 +7,11 @@ snapshot of its old value; inductor's remove_noop_ops replaces it with `x` itsel
 read the new value (found by the fuzzer, seed 2196: `a4.copy_(a6); a6.zero_()` left a4 zero). Here a
 no-op whose result is not a view of its source, and whose source is memory the graph writes (or a new value
 of a mutated input, which reinplacing puts into that input's memory: seed 8832), stays.
+
+Note [A returned view stays a view]
+A no-op view the graph returns (`view` to the same shape at the end of `torch.inner`, `tensordot`) stays: eager's
+result is that view (`_is_view()`, a `_base`), and without it the caller would get its source instead. Inductor
+drops it, because inductor's outputs are new memory anyway; graphex hands its outputs over as they are.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ def _hide_snapshots_of_written_memory(graph: torch.fx.Graph) -> Iterator[None]:
     written.discard(None)
     mutated_inputs = {n.args[0] for n in graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
                       if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"}
+    returned = {n for out in graph.find_nodes(op="output") for n in out.all_input_nodes}
     hidden = []
     for node in graph.nodes:
         if node.op != "call_function" or node.target not in noop_registry:
@@ -47,9 +53,14 @@ def _hide_snapshots_of_written_memory(graph: torch.fx.Graph) -> Iterator[None]:
         src = compat.noop_source(node, src_index)
         if not isinstance(src, torch.fx.Node):
             continue
+        is_view = get_node_storage(node) == get_node_storage(src)
+        if is_view and node in returned:
+            hidden.append((node, node.target))  # Note [A returned view stays a view]
+            node.args, node.target = (node.target, *node.args), _kept_noop
+            continue
         if get_node_storage(src) not in written and not _may_become(src, mutated_inputs):
             continue
-        if get_node_storage(node) == get_node_storage(src):
+        if is_view:
             continue  # a view sees later writes in eager too
         hidden.append((node, node.target))
         node.args, node.target = (node.target, *node.args), _kept_noop

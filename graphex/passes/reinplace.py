@@ -53,7 +53,7 @@ from torch._inductor.virtualized import V
 
 from ..base.source import display_name
 from ..compat import around_reinplacing, fake_tensor_updater, inplaceable_ops_table, is_foreach_entry, may_overlap
-from .aliasing import META_ONLY_OPS, is_view_op, op_name, resolve_inplace, same_layout
+from .aliasing import META_ONLY_OPS, is_view_op, op_name, resolve_inplace, returns_input, same_layout, view_base
 from .copy_back import fold_copy_backs
 from .kept_copies import Declined, KeptCopy, Why, input_copies, kept_copy, read_later
 
@@ -161,6 +161,9 @@ class _Reinplacer:
             written = copy_node.args[0]
         else:
             copy_node, written = None, arg
+            if _returned(node) and view_base(arg) is not None and returns_input(arg) is None:
+                return Why("its result is returned, and in place it would be a view of a larger tensor where eager "
+                           "returns new memory", "returned-view")  # Note [A returned result is not made a view]
         reader = self._reader_after(node, views, copy_node=copy_node, written=written)
         return read_later(reader) if reader is not None else None
 
@@ -290,6 +293,18 @@ class _Reinplacer:
                                                                           arg, node):
                 return None
         return copy_node
+
+
+def _returned(node: torch.fx.Node) -> bool:
+    """Whether the graph returns `node`'s value itself.
+
+    Note [A returned result is not made a view]
+    Written in place, a functional op's result becomes the tensor it writes. Where that is a view of an
+    intermediate (`h[:, :4].diagonal_scatter(...)`, h new memory) and the graph returns the result, the caller
+    would get a view of all of h, with a `_base`, where eager's result is new memory of its own; so such a write
+    keeps its copy (found by comparing what each output aliases with eager, sweeps/compare.aliasing).
+    """
+    return any(user.op == "output" for user in node.users)
 
 
 def _view_chain_base(node: torch.fx.Node) -> torch.fx.Node:

@@ -171,7 +171,7 @@ def user_copies(gm: torch.fx.GraphModule) -> tuple[int, str]:
 
 
 # the causes of a kept copy that are what the user's code asks for (graphex.passes.KeptCopy): no finding to fix
-_COPIES_THE_CODE_ASKS_FOR = ("replaced", "own-source", "overlaps-itself")
+_COPIES_THE_CODE_ASKS_FOR = ("replaced", "own-source", "overlaps-itself", "returned-view")
 
 
 def _fix_for_copy(copy: Any) -> str:
@@ -192,6 +192,9 @@ def _fix_for_copy(copy: Any) -> str:
     if copy.cause == "overlaps-itself":
         return ("none needed unless the tensor should not be an expanded view: its elements share memory, so it "
                 "cannot be written in place; write into a tensor with memory of its own (.contiguous()) instead.")
+    if copy.cause == "returned-view":
+        return ("none needed: the result is returned, so it gets memory of its own, as eager's does; written in "
+                "place it would be a view of a larger tensor.")
     if copy.cause == "replaced":
         return ("none needed: the code overwrites the whole input with another tensor, so a full copy is what it "
                 "asks for.")

@@ -1,0 +1,125 @@
+"""What the engine's results say about views is what eager's say (Note [Under no_grad an operator's inner calls
+track no views], csrc/program/program.cpp): an output eager returns as a fresh tensor has no `_base` from the
+engine either, on every call, and an output eager returns as a view is still one. Each case is compared against
+eager under the same grad mode, over three calls: the first runs through AOTAutograd's wrapper, later ones through
+the engine alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import captures, compile_graphex
+
+
+def _scatter_slice(x):
+    h = x * 1
+    return h.slice_scatter(torch.zeros(1, 1, 16), 1, 2, 3), h * 1
+
+
+def _scatter_select(x):
+    h = x + 1
+    return h.select_scatter(torch.zeros(1, 16), 1, 0), h.sum()
+
+
+def _scatter_diagonal(x):
+    h = x[0] * 2
+    return (h[:, :4].diagonal_scatter(torch.ones(4)),)
+
+
+def _scatter_as_strided(x):
+    h = x.exp()
+    return (h.as_strided_scatter(torch.ones(4), (4,), (16,), 1),)
+
+
+def _scatter_as_strided_with_gaps(x):
+    h = x[0] * 3
+    return (h[:, :8].as_strided_scatter(torch.ones(4), (4,), (9,), 1),)
+
+
+def _scatter_diagonal_of_slices(x):
+    h = x.exp()
+    h[0, :, 4:8].diagonal().copy_(torch.ones(4))
+    return h, h[0, :, :2].diagonal_scatter(torch.zeros(2))
+
+
+def _sliced_assignment(x):
+    h = x * 1
+    h[:, 2:3] = 0.0
+    return h, h.amax(-1)
+
+
+def _index_put(x):
+    h = x.clone()
+    h[0, torch.tensor([1, 3])] = 7.0
+    return (h,)
+
+
+def _view_of_input(x):
+    return x.view(4, 16), x[0, 1:3].t(), x.sum()
+
+
+def _view_and_base(x):
+    h = x.sin()
+    return h, h.view(-1), h.transpose(1, 2)
+
+
+def _in_place_on_input(x):
+    x.mul_(2)
+    return (x[0, 0] + 1,)
+
+
+CASES = [_scatter_slice, _scatter_select, _scatter_diagonal, _scatter_as_strided, _scatter_as_strided_with_gaps,
+         _scatter_diagonal_of_slices, _sliced_assignment, _index_put,
+         _view_of_input, _view_and_base, _in_place_on_input]
+
+
+def _seen(out, inputs):
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    return [{
+        "is_view": o._is_view(),
+        "views_input": o._base is not None and any(o._base is x for x in inputs),
+        "views_output": next((j for j, p in enumerate(outs) if o._base is p), None),
+        "shares_version_with_input": any(o._is_view() and o._version == x._version and
+                                         o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+                                         for x in inputs),
+        "stride": o.stride(),
+        "value": o.clone(),
+    } for o in outs]
+
+
+def _same(got, want, where):
+    assert len(got) == len(want), where
+    for i, (g, w) in enumerate(zip(got, want)):
+        for key in ("is_view", "views_input", "views_output", "shares_version_with_input", "stride"):
+            assert g[key] == w[key], f"{where}: output {i} {key}: graphex {g[key]}, eager {w[key]}"
+        assert torch.equal(g["value"], w["value"]), f"{where}: output {i} values differ"
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "grad"])
+@pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__.strip("_"))
+def test_outputs_are_views_exactly_where_eagers_are(fn, mode):
+    torch.manual_seed(0)
+    base = torch.randn(1, 4, 16)
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+               "grad": torch.enable_grad}[mode]
+    compiled = compile_graphex(fn)
+    for call in range(3):
+        with context():
+            x_eager, x_graphex = base.clone(), base.clone()
+            want = _seen(fn(x_eager), [x_eager])
+            got = _seen(compiled(x_graphex), [x_graphex])
+        _same(got, want, f"{fn.__name__} under {mode}, call {call}")
+        assert torch.equal(x_graphex, x_eager)
+
+
+def test_the_executor_itself_returns_a_fresh_tensor_under_no_grad():
+    """The same through graphex's Executor alone (what graphex-run and the device runner call), grad off and on:
+    slice_scatter's result is not a view; a view op's result still is."""
+    compile_graphex(_scatter_slice)(torch.randn(1, 4, 16))
+    executor = captures()[-1].executor
+    assert any("slice_scatter" in target for _, target in executor.node_names())
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            out = executor([torch.randn(1, 4, 16)])[0]
+        assert out._base is None and not out._is_view(), f"grad={grad}"
