@@ -10,7 +10,6 @@ import dataclasses
 import os
 from typing import Any, Callable
 
-from .errors import OptionsError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,31 +210,11 @@ class Options:
         if isinstance(options, Options):
             return options
         options = dict(options or {})
-        specs = _specs()
-        unknown = sorted(set(options) - set(specs))
-        if unknown:
-            raise OptionsError(
-                f"graphex: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}. "
-                f"Valid options: {', '.join(sorted(specs))}. See `python -m graphex options` for what each does.")
-        for key, value in options.items():
-            spec = specs[key]
-            ok = any(_is_instance(value, t) for t in spec.types)
-            if spec.types == (bool,) and not isinstance(value, bool):
-                ok = False
-            if spec.types == (int,) and (isinstance(value, bool) or not isinstance(value, int)):
-                ok = False
-            if not ok:
-                wanted = " or ".join(_type_name(t) for t in spec.types)
-                raise OptionsError(f"graphex: option {key!r} must be {wanted}, got {value!r}.")
-            if spec.minimum is not None and value < spec.minimum:
-                raise OptionsError(f"graphex: option {key!r} must be at least {spec.minimum}, got {value}.")
-            if spec.choices is not None and value not in spec.choices:
-                raise OptionsError(f"graphex: option {key!r} must be one of {', '.join(map(repr, spec.choices))}, "
-                                   f"got {value!r}.")
-        pool = options.get("use_graph_pool")
-        if pool is not None and (len(pool) != 2 or not all(isinstance(p, int) for p in pool)):
-            raise OptionsError(f"graphex: option 'use_graph_pool' must be a pool id, a pair of ints (e.g. "
-                               f"torch.cuda.graph_pool_handle()), got {pool!r}.")
+        problem = _problem(options, _specs())
+        if problem is not None:
+            from .errors import OptionsError  # Note [A cache hit imports no compiler] (errors.py imports Dynamo)
+
+            raise OptionsError(problem)
         if options.get("dump_dir") is None and os.environ.get("GRAPHEX_DUMP"):
             options["dump_dir"] = os.environ["GRAPHEX_DUMP"]
         for key in ("dump_dir", "data_dump_dir"):
@@ -286,3 +265,30 @@ def _callable_identity(fn: Callable[..., Any]) -> str:
         return name + "\n" + inspect.getsource(fn)
     except (OSError, TypeError):
         return name
+
+
+def _problem(options: dict[str, Any], specs: dict[str, Any]) -> str | None:
+    """What is wrong with a user's options dict (the OptionsError's message), or None."""
+    unknown = sorted(set(options) - set(specs))
+    if unknown:
+        return (f"graphex: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}. "
+                f"Valid options: {', '.join(sorted(specs))}. See `python -m graphex options` for what each does.")
+    for key, value in options.items():
+        spec = specs[key]
+        ok = any(_is_instance(value, t) for t in spec.types)
+        if spec.types == (bool,) and not isinstance(value, bool):
+            ok = False
+        if spec.types == (int,) and (isinstance(value, bool) or not isinstance(value, int)):
+            ok = False
+        if not ok:
+            wanted = " or ".join(_type_name(t) for t in spec.types)
+            return f"graphex: option {key!r} must be {wanted}, got {value!r}."
+        if spec.minimum is not None and value < spec.minimum:
+            return f"graphex: option {key!r} must be at least {spec.minimum}, got {value}."
+        if spec.choices is not None and value not in spec.choices:
+            return f"graphex: option {key!r} must be one of {', '.join(map(repr, spec.choices))}, got {value!r}."
+    pool = options.get("use_graph_pool")
+    if pool is not None and (len(pool) != 2 or not all(isinstance(p, int) for p in pool)):
+        return (f"graphex: option 'use_graph_pool' must be a pool id, a pair of ints (e.g. "
+                f"torch.cuda.graph_pool_handle()), got {pool!r}.")
+    return None

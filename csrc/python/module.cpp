@@ -166,9 +166,11 @@ py::object pythonCause(const std::exception_ptr& cause) {
   }
 }
 
-// The graphex.errors classes C++ raises. Imported once, under pybind11's GIL-safe one-time
-// initialization, and never destroyed (a function-local `static py::object` would be released
-// after the interpreter is gone, and its initialization can deadlock with the GIL).
+// The graphex.errors classes C++ raises. Imported once, at the first error (graphex.errors imports Dynamo, which a
+// process that only replays cache entries never needs: Note [A cache hit imports no compiler]), under pybind11's
+// GIL-safe one-time initialization (errors are translated with the GIL held), and never destroyed (a
+// function-local `static py::object` would be released after the interpreter is gone, and its initialization can
+// deadlock with the GIL).
 struct ErrorClasses {
   py::object program_error, signature_error, frozen_input_replaced, replay_error, fake_mismatch;
 };
@@ -335,7 +337,6 @@ py::object tryRunBound(const BoundProgram& bp, py::handle args, const py::list& 
 namespace {
 
 void registerErrors(py::module_& m) {
-  (void)errorClasses();  // imported now, with the GIL held by module init
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

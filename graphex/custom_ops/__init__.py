@@ -6,8 +6,22 @@ checks.py        the checks: at trace time (fake/Meta present and on `meta`), on
                  Dynamo graph (schema rules), and on the first replay (fake vs real)
 """
 
-from .checks import check_dynamo_graph, explain_fake_mismatch, install_trace_checks, reset_dynamo
-from .registration import Registration, describe, is_custom
+from __future__ import annotations
 
-__all__ = ["Registration", "describe", "is_custom", "check_dynamo_graph", "explain_fake_mismatch",
-           "install_trace_checks", "reset_dynamo"]
+import importlib
+from typing import Any
+
+# Imported on first use (PEP 562): a cache hit reads registration.py's descriptions for its key
+# (Note [A cache hit imports no compiler]); checks.py imports Dynamo.
+_PUBLIC = {"Registration": "registration", "describe": "registration", "is_custom": "registration",
+           "check_dynamo_graph": "checks", "explain_fake_mismatch": "checks", "install_trace_checks": "checks",
+           "reset_dynamo": "checks"}
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    globals()[name] = value
+    return value

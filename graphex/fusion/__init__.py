@@ -22,7 +22,18 @@ bitwise (Note [Fused kernels are close, not bitwise] in csrc/fused/library.cpp).
 
 from __future__ import annotations
 
-from .manager import run_fusion, say_if_nothing_fused
-from .registration import register_replacement
+import importlib
+from typing import Any
 
-__all__ = ["run_fusion", "say_if_nothing_fused", "register_replacement"]
+# Imported on first use (PEP 562): a process that only reads the compile cache needs manager.registered_patterns,
+# and registration.py imports inductor's pattern matcher (most of a second) at once.
+_PUBLIC = {"run_fusion": "manager", "say_if_nothing_fused": "manager", "register_replacement": "registration"}
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    globals()[name] = value
+    return value

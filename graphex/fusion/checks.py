@@ -3,10 +3,12 @@ checks the pattern files build their extra checks from (patterns.py, attention_p
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
-from torch._inductor.pattern_matcher import Match
+
+if TYPE_CHECKING:
+    from torch._inductor.pattern_matcher import Match
 
 # The dtypes of the fused kernels' fast paths (csrc/fused/rows.h: Note [Reduced precision runs the float32 rows]),
 # read by the patterns, the element-wise chains (chains.py) and max pooling (pooling.py).

@@ -15,18 +15,20 @@ import hashlib
 import inspect
 import operator
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
-from torch._inductor.pattern_matcher import Match, PatternMatcherPass
 
 from ..base import log as _log
 from ..base.warn import warn_once
 from .checks import REDUCED_DTYPES
 from .spellings import normalize_arguments
+
+if TYPE_CHECKING:
+    from torch._inductor.pattern_matcher import Match, PatternMatcherPass
 
 
 # Note [Fusion's state: one registry, counts per run]
@@ -41,10 +43,21 @@ class PatternRegistry:
     """Every fusion pattern of this process (built-ins and users'), in one PatternMatcherPass."""
 
     def __init__(self) -> None:
-        self.matcher = PatternMatcherPass(pass_name="graphex_pattern_fusion")
+        self._matcher: PatternMatcherPass | None = None
         self.lock = threading.RLock()
         self.builtin_groups: set[Any] = set()  # the keys of patterns.BUILTIN_GROUPS traced so far
         self.lines: list[str] = []  # one per user's pattern, for compile-cache keys
+
+    @property
+    def matcher(self) -> PatternMatcherPass:
+        """The one pass, made at first use: importing inductor's pattern matcher costs most of a second, which a
+        process that only reads the compile cache (registered_patterns) need not pay."""
+        with self.lock:
+            if self._matcher is None:
+                from torch._inductor.pattern_matcher import PatternMatcherPass
+
+                self._matcher = PatternMatcherPass(pass_name="graphex_pattern_fusion")
+            return self._matcher
 
     def ensure_builtins(self, dtypes: Any = None) -> None:
         """Trace the built-in patterns, once per group (Note [Built-in patterns are traced per dtype, when

@@ -14,6 +14,13 @@ and writes it to the cache directory; later calls, in this process or a fresh on
 load it, bind the module's current parameters and buffers by name and run on the
 C++ engine with no Dynamo and no AOTAutograd. See Note [What the compile cache
 keys on] (keys.py) for what makes an entry stale.
+
+Note [A cache hit imports no compiler]
+A process whose calls all hit the cache never traces, so it never imports Dynamo, AOTAutograd or inductor (about
+two seconds of imports on this project's VM, more than `import torch` itself): the cold path (capture.py) is
+imported by the first miss, graphex.errors (its classes derive from Dynamo's, Note [Our errors pass through
+Dynamo unwrapped]) where an error is raised, and fused mode's pattern matcher at its first use
+(fusion/manager.py). tests/python/test_cache_import.py checks that a warm process imports none of them.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import functools
 import glob
 import inspect
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -33,11 +41,10 @@ from .. import _C
 from ..base import log as _log
 from ..base.warn import warn_once
 from ..distributed import describe_world, world_key, world_mismatch
-from ..errors import OptionsError
 from ..fusion.manager import registered_patterns
 from ..options import Options
 from . import keys
-from .capture import compile_cold, guards_scope
+from .flat_call import guards_scope
 from .guards import GuardSet
 from .entry import SUFFIX, Entry, EntryError, read_entry, write_entry
 
@@ -144,12 +151,16 @@ class _Loaded:
         if inputs is None or not self.executor.fits(inputs):
             self.why = self._why_not(flat, held)
             return MISS
-        from ..custom_ops import explain_fake_mismatch
-        from ..errors import FakeMismatch
-
         try:
             outs = self.executor.run_validated(inputs)
-        except FakeMismatch as e:
+        except Exception as e:
+            # A FakeMismatch comes from C++, which imported graphex.errors to raise it; a run that raises nothing
+            # imports neither errors.py nor the custom-op checks (Note [A cache hit imports no compiler]).
+            errors = sys.modules.get("graphex.errors")
+            if errors is None or not isinstance(e, errors.FakeMismatch):
+                raise
+            from ..custom_ops import explain_fake_mismatch
+
             raise explain_fake_mismatch(*_fake_mismatch_details(self, e)) from None
         self.validate_next = False
         leaves = self.program.results(outs, flat)
@@ -364,6 +375,8 @@ class CachedFunction(_C.CachedCall):
 
     def _compile(self, flat: list[Any], in_spec: pytree.TreeSpec, call_key: Any, parts: dict[str, Any],
                  key: str, prefix: str, stale: list[str]) -> Any:
+        from .capture import compile_cold  # Note [A cache hit imports no compiler]
+
         start = time.perf_counter()
         result, entry, why = compile_cold(self._func, flat, in_spec, self._options, self._dynamic, parts)
         self.stats["compiles"] += 1
@@ -433,7 +446,7 @@ def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec, optio
     plain torch.compile. A cached entry checks those dicts (Note [cache_compile keys on what the
     trace read]); so that the uncached path is not stale where an entry would not be, its compiles
     build the hook guards. (A method assigned to the class is still torch.compile's to see.)"""
-    from .capture import make_flat
+    from .flat_call import make_flat
 
     compiled = torch.compile(make_flat(func, in_spec), backend="graphex", fullgraph=True, dynamic=dynamic,
                              options=options)
@@ -445,4 +458,4 @@ def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec, optio
     return call
 
 
-__all__ = ["cache_compile", "CachedFunction", "DEFAULT_DIR", "OptionsError"]
+__all__ = ["cache_compile", "CachedFunction", "DEFAULT_DIR"]

@@ -32,6 +32,7 @@ from .guard_records import GUARD_FORMAT, record
 from .guard_sources import NotCheckable, parse_source
 from .guards import GuardSet
 from .entry import Entry
+from .flat_call import guards_scope, make_flat
 
 
 class NotCacheable(Exception):
@@ -54,45 +55,11 @@ class _Recording:
     flat_call: Callable[..., Any] | None = None
 
 
-def make_flat(func: Callable[..., Any], in_spec: pytree.TreeSpec) -> Callable[..., Any]:
-    """The call with its arguments flattened, as a function with a code object of its own.
-
-    Note [A fresh code object per cold compile]
-    Dynamo caches compiled frames per code object and gives up after
-    torch._dynamo.config.recompile_limit (8) entries, which with fullgraph=True is a hard
-    failure. cache_compile compiles once per input signature and never asks Dynamo again
-    for it (hits replay the entry), so each cold compile gets a copy of `flat_call`'s
-    code (`code.replace()` makes a new object): every copy holds one cache entry and
-    is freed with the function, and a 9th batch size compiles like the first.
-
-    A call of positional tensors and numbers only (the common one) is passed on as it is, so
-    the trace does not go through pytree (whose internals Dynamo would guard, and every
-    replay would check: Note [cache_compile keys on what the trace read]).
-    """
-    if _positional_leaves(in_spec):
-        def flat_call(*flat_args: Any) -> Any:
-            return func(*flat_args)
-    else:
-        def flat_call(*flat_args: Any) -> Any:
-            args, kwargs = pytree.tree_unflatten(list(flat_args), in_spec)
-            return func(*args, **kwargs)
-
-    flat_call.__code__ = flat_call.__code__.replace()
-    return flat_call
-
-
 def _traced_code() -> list[Any]:
     from torch._guards import TracingContext
 
     ctx = TracingContext.try_get()
     return list(getattr(ctx, "traced_code", []) or [])
-
-
-def _positional_leaves(in_spec: pytree.TreeSpec) -> bool:
-    """(args, kwargs) with no kwargs and every arg a leaf."""
-    children = compat.treespec_children(in_spec)
-    return (len(children) == 2 and children[1].num_leaves == 0 and children[1].num_nodes == 1
-            and all(c.is_leaf() for c in compat.treespec_children(children[0])))
 
 
 # Note [A trace with side effects is not cached]
@@ -297,12 +264,6 @@ def _dynamo_guards(rec: _Recording, func: Callable[..., Any], flat_args: list[An
         raise NotCacheable(f"the state the trace read changed while the function ran ({problem}); a function "
                            "with side effects cannot be replayed from a cache entry")
     return records
-
-
-def guards_scope(func: Callable[..., Any], flat_args: list[Any],
-                 flat_call: Callable[..., Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The frame Dynamo traced, as guards name it: L is flat_call's locals, G its module's globals."""
-    return {"flat_args": flat_args, "func": func}, (flat_call or make_flat).__globals__
 
 
 def _check_aot_wrappers_are_trivial(graph: CompiledGraph, num_dynamo_inputs: int) -> None:

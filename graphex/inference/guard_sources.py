@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextvars
+import importlib
 import keyword
 import sys
 from typing import Any, Callable
@@ -103,7 +104,15 @@ def resolve_global(name: str, globals_: dict[str, Any]) -> Any:
     """A `G[name]` root: Dynamo's injected names (`__import_a_dot_b` for module a.b, `__builtins_dict___N`)
     or a global of the traced frame (graphex/inference/capture.py's `flat_call`)."""
     if name.startswith("__import_"):
-        return sys.modules.get(name[len("__import_"):].replace("_dot_", "."), _MISSING)
+        module = name[len("__import_"):].replace("_dot_", ".")
+        found = sys.modules.get(module, _MISSING)
+        if found is _MISSING and module.startswith("torch."):
+            # A module of torch's that the trace read and this process has not imported yet: Dynamo's polyfills
+            # (a keyword call's dict update), which a cache hit does not import by itself (Note [A cache hit imports
+            # no compiler]). Importing it gives what the check expects unless someone changed it, as in the
+            # process that traced; other modules are never imported here (a missing one fails the guard).
+            found = importlib.import_module(module)
+        return found
     if name.startswith("__builtins_dict__"):
         return builtins.__dict__
     return globals_.get(name, _MISSING)

@@ -50,6 +50,7 @@ import types
 from typing import Any, Callable
 
 import torch
+import torch.utils._device  # read by the default-device guard; imported by Dynamo, which a cache hit never imports
 
 from ..program import HELD_KINDS, Binding
 from .guard_sources import NotCheckable, Path, _KEYED_BY_PATH, _MISSING, _STEPS, contextvar_get, parse_source, resolve, resolve_global

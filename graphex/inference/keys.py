@@ -48,6 +48,8 @@ from typing import Any
 
 import torch
 
+from .flat_call import SPELLED_OUT
+
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _GRAPHEX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PRIMITIVES = (int, float, bool, str, type(None))
@@ -213,6 +215,8 @@ def source_fingerprints(traced_code: list[types.CodeType], root: str) -> tuple[l
     for code in traced_code:
         if code.co_filename.startswith("<frozen "):
             continue  # the interpreter's own modules (collections.abc, ...): keyed by the Python version (versions())
+        if code.co_filename == SPELLED_OUT:
+            continue  # Note [A keyword call is spelled out]: a function of the call's spec, which is keyed
         if code.co_filename == "<string>" and code.co_qualname.startswith("__create_fn__.<locals>."):
             defined_in = _dataclass_module_file(code)  # Note [A dataclass method is its class's source]
             if defined_in is not None:

@@ -32,6 +32,9 @@ def run(project: str, cache_dir: str, *flags: str, check: bool = True) -> dict:
 
 
 def is_hit(r: dict) -> bool:
+    """One hit, and Dynamo compiled nothing. (It may be imported all the same: torch imports it at the first call
+    of a torch.library.custom_op, which the project has; tests/python/test_cache_import.py checks that a hit
+    imports no compiler of its own accord.)"""
     return r["stats"] == {"hits": 1, "misses": 0, "compiles": 0, "writes": 0} and r["dynamo_compiles"] == 0
 
 
