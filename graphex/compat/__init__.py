@@ -40,6 +40,7 @@ from .fx import (  # noqa: F401
 from .inductor import (  # noqa: F401
     inplaceable_ops_table,
     is_foreach_entry,
+    view_scatter_ops,
     around_reinplacing,
     may_overlap,
     fake_tensor_updater,

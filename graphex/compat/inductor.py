@@ -36,6 +36,15 @@ def inplaceable_ops_table() -> dict[Any, Any]:
     return table
 
 
+def view_scatter_ops() -> list[Any]:
+    """The scatters of a view (slice_scatter, select_scatter, diagonal_scatter, as_strided_scatter): ops with no
+    in-place twin of their own name, which reinplacing writes into their input all the same (as one generalized
+    scatter, inductor's table of them)."""
+    from torch._inductor.fx_passes import reinplace as inductor_reinplace
+
+    return list(inductor_reinplace._SCATTER_OP_TO_VIEW)
+
+
 def is_foreach_entry(target: Any) -> bool:
     """True for a foreach op of inductor's table: its mutated argument is a list, each with a copy-back."""
     from torch._inductor.fx_passes import reinplace as inductor_reinplace

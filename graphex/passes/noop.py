@@ -75,12 +75,15 @@ def _hide_snapshots_of_written_memory(graph: torch.fx.Graph) -> Iterator[None]:
 def _may_become(src: torch.fx.Node, mutated_inputs: set[torch.fx.Node]) -> bool:
     """Whether reinplacing may put `src` into the memory of an input the graph writes back.
 
-    A new value of a mutated input (an auto_functionalized output for it, or a functional op on it that has an
-    in-place twin) becomes that input once reinplaced, and the input's own write-back may overwrite it before a
-    snapshot taken of it is read (fuzzer seed 8832: `add_one_(a4); a3.copy_(a4); a4.copy_(a5)` left a3 = a5).
+    A new value of a mutated input (an auto_functionalized output for it, a functional op on it that has an
+    in-place twin, one reinplacing's table writes in place, or a view scatter) becomes that input once
+    reinplaced, and the input's own write-back may overwrite it before a snapshot taken of it is read (fuzzer
+    seed 8832: `add_one_(a4); a3.copy_(a4); a4.copy_(a5)` left a3 = a5; `x[0].zero_(); return x.clone()`, a
+    select_scatter, which has no in-place twin of its own name, returned x itself, found by a helper).
     """
     from torch.fx.passes.reinplace import _is_view_op, _maybe_get_inplace_op
 
+    written_in_place = set(compat.inplaceable_ops_table()) | set(compat.view_scatter_ops())
     auto_functionalized = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
     seen: set[torch.fx.Node] = set()
     stack = [src]
@@ -97,8 +100,8 @@ def _may_become(src: torch.fx.Node, mutated_inputs: set[torch.fx.Node]) -> bool:
             stack.append(node.args[0])
         elif node.target in auto_functionalized:
             torch.fx.node.map_arg(node.kwargs, stack.append)
-        elif (_is_view_op(node.target) or _maybe_get_inplace_op(node.target) is not None) and node.args \
-                and isinstance(node.args[0], torch.fx.Node):
+        elif (_is_view_op(node.target) or _maybe_get_inplace_op(node.target) is not None
+              or node.target in written_in_place) and node.args and isinstance(node.args[0], torch.fx.Node):
             stack.append(node.args[0])
     return False
 
