@@ -301,10 +301,18 @@ std::vector<c10::IValue> boundArguments(const Binder& binder, const ArgItems& ar
 py::list pyResults(const Binder& binder, std::vector<c10::IValue> outputs, const ArgItems& args) {
   if (binder.leaves().empty()) return toPyList(std::move(outputs));
   py::list result(binder.leaves().size());
+  // A graph output the function returns twice (`return h, h`) is one Python object, made once: the second leaf
+  // must not read the IValue the first moved out.
+  std::vector<py::object> made(outputs.size());
   size_t k = 0;
   for (const Binder::Leaf& l : binder.leaves()) {
     switch (static_cast<fb::LeafKind>(l.kind)) {
-      case fb::LeafKind::Output: result[k++] = fromIValue(std::move(outputs[l.index])); break;
+      case fb::LeafKind::Output: {
+        py::object& out = made[l.index];
+        if (!out) out = fromIValue(std::move(outputs[l.index]));
+        result[k++] = out;
+        break;
+      }
       case fb::LeafKind::Argument: result[k++] = py::reinterpret_borrow<py::object>(args.items[l.index]); break;
       default: result[k++] = fromIValue(l.value); break;
     }

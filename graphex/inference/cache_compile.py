@@ -20,7 +20,9 @@ A process whose calls all hit the cache never traces, so it never imports Dynamo
 two seconds of imports on this project's VM, more than `import torch` itself): the cold path (capture.py) is
 imported by the first miss, graphex.errors (its classes derive from Dynamo's, Note [Our errors pass through
 Dynamo unwrapped]) where an error is raised, and fused mode's pattern matcher at its first use
-(fusion/manager.py). tests/python/test_cache_import.py checks that a warm process imports none of them.
+(fusion/manager.py); the call is traced spelled out (Note [A call is spelled out]), so its guards read nothing
+of Dynamo's. Where the traced code itself went through one of Dynamo's polyfills (torch.distributions does), the
+guard check imports that module (guard_sources.resolve_global). tests/python/test_cache_import.py checks it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from .. import _C
+from .. import _C, compat
 from ..base import log as _log
 from ..base.warn import warn_once
 from ..distributed import describe_world, world_key, world_mismatch
@@ -68,7 +70,21 @@ def cache_compile(func: Callable[..., Any], *, dynamic: bool = False, cache_dir:
     if isinstance(func, torch.nn.Module):
         raise TypeError("cache_compile: pass the module's method (e.g. model._forward or model.forward), "
                         "not the module itself")
+    _set_what_torch_compile_sets()
     return CachedFunction(func, dynamic=dynamic, cache_dir=cache_dir, options=options)
+
+
+@functools.cache
+def _set_what_torch_compile_sets() -> None:
+    """Note [cache_compile sets what torch.compile sets]
+    torch.compile, the first time it is called in a process, changes one piece of global state a trace can read:
+    torch.distributions' default `validate_args` becomes False (Dynamo's TorchPatcher.patch; its other changes
+    wrap tracing entry points a compiled function never calls). A cold process traces under it, so an entry of a
+    model that builds a distribution records False; a warm process, which never calls torch.compile, would have
+    True, miss every time, and rewrite the entry (found by a helper). cache_compile, the stand-in for
+    torch.compile, makes the same change when it is first called, in every process alike; a later change by the
+    user is still checked by the entry's guards, as under torch.compile."""
+    torch.distributions.Distribution.set_default_validate_args(False)
 
 
 class _Loaded:
@@ -83,6 +99,7 @@ class _Loaded:
         self.executor = self.program.executor
         self.validate_next = bool(entry.header.get("validate_fake"))
         self.out_spec = pytree.treespec_loads(entry.header["outputs"]["spec"])
+        self.unflatten = _unflattener(self.out_spec)
         self.bindings = entry.bindings
         self.single_leaf = self.out_spec.is_leaf()
         self.guard_set = GuardSet(entry.header["dynamo_guards"])
@@ -121,7 +138,7 @@ class _Loaded:
             return MISS
         if self.single_leaf:  # one result returned as it is: no pytree per call
             return leaves[0]
-        return pytree.tree_unflatten(leaves, self.out_spec)
+        return self.unflatten(leaves)
 
     def fast_call(self, args: tuple[Any, ...]) -> Any:
         """A _C.FastCall for calls like `args` (positional, a hit just now), or None when this entry's fast path
@@ -137,7 +154,7 @@ class _Loaded:
                  for i, a in enumerate(args)],
                 state["global_state"].check if "global_state" in state else None, "saved_tensors_hooks" in state,
                 "torch_function" in state, state.get("default_device"),
-                None if self.single_leaf else functools.partial(pytree.tree_unflatten, treespec=self.out_spec), MISS)
+                None if self.single_leaf else self.unflatten, MISS)
         return self._fast_call
 
     def _why_not(self, flat: list[Any], held: list[Any]) -> str:
@@ -165,7 +182,7 @@ class _Loaded:
             raise explain_fake_mismatch(*_fake_mismatch_details(self, e)) from None
         self.validate_next = False
         leaves = self.program.results(outs, flat)
-        return leaves[0] if self.single_leaf else pytree.tree_unflatten(leaves, self.out_spec)
+        return leaves[0] if self.single_leaf else self.unflatten(leaves)
 
 
 @contextlib.contextmanager
@@ -187,6 +204,33 @@ def _collector_paused() -> Any:
     finally:
         if enabled:
             gc.enable()
+
+
+def _unflattener(spec: pytree.TreeSpec) -> Callable[[list[Any]], Any]:
+    """The function that rebuilds a result from its leaves: pytree's, with a torch.Size put back where the function
+    returned one (pytree rebuilds a Size as a plain tuple; eager's `x.shape` is a Size, found by a helper)."""
+    plain = functools.partial(pytree.tree_unflatten, treespec=spec)
+    if not _holds_size(spec):
+        return plain
+    return lambda leaves: _sizes_restored(plain(leaves), spec)
+
+
+def _holds_size(spec: pytree.TreeSpec) -> bool:
+    return spec.type is torch.Size or any(_holds_size(c) for c in compat.treespec_children(spec))
+
+
+def _sizes_restored(value: Any, spec: pytree.TreeSpec) -> Any:
+    if spec.type is torch.Size:
+        return torch.Size(value)
+    children = compat.treespec_children(spec)
+    if not any(_holds_size(c) for c in children):
+        return value
+    if isinstance(value, dict):
+        return type(value)((k, _sizes_restored(value[k], c)) for k, c in zip(spec.context, children))
+    items = [_sizes_restored(v, c) for v, c in zip(value, children)]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*items)
+    return type(value)(items) if isinstance(value, (list, tuple)) else value
 
 
 MISS = object()  # _Loaded.try_run: the entry does not fit this call
@@ -255,7 +299,7 @@ class CachedFunction(_C.CachedCall):
         return state
 
     # -- the call ---------------------------------------------------------------------------------
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, /, *args: Any, **kwargs: Any) -> Any:
         """Every call the FastCall did not answer (CachedCall's call slot, C++)."""
         # Note [A plain call skips pytree]: positional tensors and numbers only (the common serving call)
         # flatten to themselves, so neither tree_flatten nor hashing a TreeSpec is paid per call; the key

@@ -5,6 +5,7 @@ imports Dynamo's compiler (Note [A cache hit imports no compiler], cache_compile
 from __future__ import annotations
 
 import keyword
+import unicodedata
 from typing import Any, Callable
 
 from torch.utils import _pytree as pytree
@@ -25,16 +26,15 @@ def make_flat(func: Callable[..., Any], in_spec: pytree.TreeSpec) -> Callable[..
 
     A call of positional tensors and numbers only (the common one) is passed on as it is, so
     the trace does not go through pytree (whose internals Dynamo would guard, and every
-    replay would check: Note [cache_compile keys on what the trace read]). So is a call whose
-    keyword arguments are leaves too (transformers' `input_ids=..., past_key_values=cache`):
-    Note [A keyword call is spelled out].
+    replay would check: Note [cache_compile keys on what the trace read]). Any other call whose
+    structure is plain (keywords, lists, tuples, dicts, None: transformers' `input_ids=...,
+    past_key_values=cache`) is spelled out: Note [A call is spelled out].
     """
-    keywords = _leaf_keywords(in_spec)
-    if keywords == ():
+    if _positional_leaves(in_spec):
         def flat_call(*flat_args: Any) -> Any:
             return func(*flat_args)
-    elif keywords is not None:
-        flat_call = _spelled_out(func, in_spec.num_leaves - len(keywords), keywords)
+    elif (spelled := _call_text(in_spec)) is not None:
+        flat_call = _spelled_out(func, spelled)
     else:
         def flat_call(*flat_args: Any) -> Any:
             args, kwargs = pytree.tree_unflatten(list(flat_args), in_spec)
@@ -44,47 +44,81 @@ def make_flat(func: Callable[..., Any], in_spec: pytree.TreeSpec) -> Callable[..
     return flat_call
 
 
-# co_filename of a spelled-out keyword call (keys.source_fingerprints: Note [A keyword call is spelled out]).
-SPELLED_OUT = "<graphex keyword call>"
+# co_filename of a spelled-out call (keys.source_fingerprints: Note [A call is spelled out]).
+SPELLED_OUT = "<graphex spelled-out call>"
 
 
-def _leaf_keywords(in_spec: pytree.TreeSpec) -> tuple[str, ...] | None:
-    """For (args, kwargs) whose every argument and keyword value is a leaf, the keywords in order (() for none);
-    else None. A keyword that is not an identifier (`**{"a-b": 1}`) cannot be spelled out: None."""
+def _positional_leaves(in_spec: pytree.TreeSpec) -> bool:
+    """(args, kwargs) with no kwargs and every arg a leaf."""
     children = compat.treespec_children(in_spec)
-    if len(children) != 2 or not all(c.is_leaf() for c in compat.treespec_children(children[0])):
+    return (len(children) == 2 and children[1].num_leaves == 0 and children[1].num_nodes == 1
+            and all(c.is_leaf() for c in compat.treespec_children(children[0])))
+
+
+def _call_text(in_spec: pytree.TreeSpec) -> str | None:
+    """The arguments of `func(...)` as source over `flat_args` (`flat_args[0], [flat_args[1], flat_args[2]],
+    scale=flat_args[3]`), for (args, kwargs) built only of leaves, lists, tuples, dicts keyed by str or int, and
+    None; else None (pytree rebuilds the call)."""
+    children = compat.treespec_children(in_spec)
+    if len(children) != 2 or children[0].type is not tuple or children[1].type is not dict:
         return None
-    kwargs = children[1]
-    if kwargs.num_nodes == 1 and kwargs.num_leaves == 0:
-        return ()
-    names = tuple(getattr(kwargs, "context", None) or ())
-    if (kwargs.type is not dict or len(names) != kwargs.num_leaves
-            or not all(c.is_leaf() for c in compat.treespec_children(kwargs))
-            or not all(isinstance(n, str) and n.isidentifier() and not keyword.iskeyword(n) for n in names)):
+    counter = iter(range(in_spec.num_leaves))
+    keywords = list(children[1].context or ())
+    if not all(_spells_itself(k) for k in keywords):
         return None
-    return names
+    values = [_value_text(c, counter) for c in compat.treespec_children(children[0])]
+    named = [_value_text(c, counter) for c in compat.treespec_children(children[1])]
+    if None in values or None in named:
+        return None
+    return ", ".join([*values, *(f"{k}={v}" for k, v in zip(keywords, named))])  # type: ignore[arg-type]
 
 
-def _spelled_out(func: Callable[..., Any], positional: int, keywords: tuple[str, ...]) -> Callable[..., Any]:
-    """`flat_call(*flat_args)` that calls `func(flat_args[0], ..., name=flat_args[k], ...)`.
+def _value_text(spec: pytree.TreeSpec, counter: Any) -> str | None:
+    if spec.is_leaf():
+        return f"flat_args[{next(counter)}]"
+    items = [_value_text(c, counter) for c in compat.treespec_children(spec)]
+    if None in items:
+        return None
+    if spec.type is list:
+        return f"[{', '.join(items)}]"
+    if spec.type is tuple:
+        return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+    if spec.type is dict:
+        keys = list(spec.context or ())
+        if not all(type(k) in (str, int) for k in keys):
+            return None
+        return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(keys, items)) + "}"
+    if spec.type is type(None):
+        return "None"
+    return None  # a namedtuple, an OrderedDict, a registered class: pytree rebuilds it
 
-    Note [A keyword call is spelled out]
-    Unflattening the keywords with pytree and calling `func(*args, **kwargs)` makes Dynamo trace pytree and its
+
+def _spells_itself(name: Any) -> bool:
+    """A keyword that, written in source, names itself: an identifier, not a Python keyword, and unchanged by the
+    NFKC normalization Python applies to identifiers in source (`**{"\ufb01": t}` would reach the function as
+    `fi`; found by a helper)."""
+    return (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+            and unicodedata.normalize("NFKC", name) == name)
+
+
+def _spelled_out(func: Callable[..., Any], call: str) -> Callable[..., Any]:
+    """`flat_call(*flat_args)` that calls `func(<call>)`.
+
+    Note [A call is spelled out]
+    Unflattening the arguments with pytree and calling `func(*args, **kwargs)` makes Dynamo trace pytree and its
     own polyfill for a dict update, and guard both; a cache hit then imports Dynamo to check them (Note [A cache
-    hit imports no compiler]). Written out, the call indexes a tuple and passes each keyword by name, which
-    Dynamo traces natively. The text is made here, from the keywords only (identifiers, checked), and executed
-    in this module's globals, as @dataclass makes its methods; it is part of no user file, and what it depends
-    on, the keywords and their order, is the call's pytree spec, which keys the entry. So keys.py does not ask
-    for its source (its co_filename is SPELLED_OUT).
+    hit imports no compiler]). Written out, the call indexes a tuple, builds its lists, tuples and dicts as
+    displays and passes each keyword by name, all of which Dynamo traces natively. The text is made here from the
+    call's pytree spec only (indices, dict keys by repr, keywords that are identifiers naming themselves), and
+    executed in this module's globals, as @dataclass makes its methods; it is part of no user file, and what it
+    depends on, the spec, keys the entry. So keys.py does not ask for its source (its co_filename is SPELLED_OUT).
     """
-    call = [f"flat_args[{i}]" for i in range(positional)]
-    call += [f"{name}=flat_args[{positional + j}]" for j, name in enumerate(keywords)]
     source = ("def make(func):\n"
               "    def flat_call(*flat_args):\n"
-              f"        return func({', '.join(call)})\n"
+              f"        return func({call})\n"
               "    return flat_call\n")
     namespace: dict[str, Any] = {}
-    exec(compile(source, SPELLED_OUT, "exec"), globals(), namespace)  # noqa: S102 - built from identifiers above
+    exec(compile(source, SPELLED_OUT, "exec"), globals(), namespace)  # noqa: S102 - built from the spec above
     return namespace["make"](func)
 
 

@@ -216,7 +216,7 @@ def source_fingerprints(traced_code: list[types.CodeType], root: str) -> tuple[l
         if code.co_filename.startswith("<frozen "):
             continue  # the interpreter's own modules (collections.abc, ...): keyed by the Python version (versions())
         if code.co_filename == SPELLED_OUT:
-            continue  # Note [A keyword call is spelled out]: a function of the call's spec, which is keyed
+            continue  # Note [A call is spelled out]: a function of the call's spec, which is keyed
         if code.co_filename == "<string>" and code.co_qualname.startswith("__create_fn__.<locals>."):
             defined_in = _dataclass_module_file(code)  # Note [A dataclass method is its class's source]
             if defined_in is not None:

@@ -302,9 +302,23 @@ def _returned(node: torch.fx.Node) -> bool:
     Written in place, a functional op's result becomes the tensor it writes. Where that is a view of an
     intermediate (`h[:, :4].diagonal_scatter(...)`, h new memory) and the graph returns the result, the caller
     would get a view of all of h, with a `_base`, where eager's result is new memory of its own; so such a write
-    keeps its copy (found by comparing what each output aliases with eager, sweeps/compare.aliasing).
+    keeps its copy (found by comparing what each output aliases with eager, sweeps/compare.aliasing). The same
+    holds where the graph returns a view of the result (`...diagonal_scatter(...).t()`: eager's `_base` is the
+    scatter's result, found by a helper), so views of it are followed to the output too.
     """
-    return any(user.op == "output" for user in node.users)
+    todo, seen = [node], set()
+    while todo:
+        value = todo.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        for user in value.users:
+            if user.op == "output":
+                return True
+            if user.op == "call_function" and (is_view_op(user.target) or user.target is operator.getitem) \
+                    and user.args and user.args[0] is value:
+                todo.append(user)
+    return False
 
 
 def _view_chain_base(node: torch.fx.Node) -> torch.fx.Node:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent('''
     import json, sys, time
     start = time.perf_counter()
@@ -91,3 +93,53 @@ def test_errors_raised_before_any_compile_are_graphexs_classes(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "ProgramError:" in proc.stdout
+
+
+@pytest.mark.parametrize("body, imports_dynamo", [
+    ("self.lin(x) + extra[0] * extra[1] * extra[2]['w']", False),
+    ("torch.distributions.Normal(0.0, 2.0).log_prob(self.lin(x)) + extra[0]", True),
+], ids=["list-and-dict-argument", "distribution"])
+def test_a_warm_process_hits(tmp_path, body, imports_dynamo):
+    """A list or dict argument is spelled out (Note [A call is spelled out]), so a warm process hits without
+    importing Dynamo (before, the call went through pytree and Dynamo's polyfills on every hit). A model that
+    builds a distribution sees the validate_args default torch.compile sets (Note [cache_compile sets what
+    torch.compile sets]), so it hits in every new process (before, it missed and rewrote its entry each time); its
+    trace reads one of Dynamo's polyfills, which the guard check imports."""
+    script = tmp_path / "model.py"
+    script.write_text(textwrap.dedent(f'''
+        import json, sys
+        import torch
+        from graphex.inference import cache_compile
+
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(4, 4)
+
+            def forward(self, x, extra):
+                return {body}
+
+        torch.manual_seed(0)
+        m = M().eval()
+        x, a, b = torch.randn(2, 4), torch.randn(4), torch.randn(4)
+        extra = [a, b, {{"w": a}}]
+        cached = cache_compile(m.forward, cache_dir=sys.argv[1])
+        with torch.no_grad():
+            got = cached(x, extra)
+            dynamo = "torch._dynamo" in sys.modules  # before eager's own call, which may import it
+            want = m(x, extra)
+        print(json.dumps({{"stats": cached.stats, "equal": bool(torch.equal(got, want)), "dynamo": dynamo}}))
+    '''))
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    runs = []
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, str(script), str(cache)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert all(r["equal"] for r in runs), runs
+    assert runs[0]["stats"]["compiles"] == 1
+    for warm in runs[1:]:
+        assert warm["stats"] == {"hits": 1, "misses": 0, "compiles": 0, "writes": 0}, runs
+        assert warm["dynamo"] == imports_dynamo, runs
+    assert len(list(cache.glob("*.gxc"))) == 1

@@ -43,6 +43,11 @@ def _scatter_diagonal_of_slices(x):
     return h, h[0, :, :2].diagonal_scatter(torch.zeros(2))
 
 
+def _scatter_then_a_view_of_it(x):
+    h = x[0] * 2
+    return h[:, :4].diagonal_scatter(torch.ones(4)).t(), h[:, 8:].select_scatter(torch.ones(4), 1, 0)[0]
+
+
 def _sliced_assignment(x):
     h = x * 1
     h[:, 2:3] = 0.0
@@ -70,7 +75,7 @@ def _in_place_on_input(x):
 
 
 CASES = [_scatter_slice, _scatter_select, _scatter_diagonal, _scatter_as_strided, _scatter_as_strided_with_gaps,
-         _scatter_diagonal_of_slices, _sliced_assignment, _index_put,
+         _scatter_diagonal_of_slices, _scatter_then_a_view_of_it, _sliced_assignment, _index_put,
          _view_of_input, _view_and_base, _in_place_on_input]
 
 
@@ -80,6 +85,7 @@ def _seen(out, inputs):
         "is_view": o._is_view(),
         "views_input": o._base is not None and any(o._base is x for x in inputs),
         "views_output": next((j for j, p in enumerate(outs) if o._base is p), None),
+        "base_shape": tuple(o._base.shape) if o._base is not None else None,
         "shares_version_with_input": any(o._is_view() and o._version == x._version and
                                          o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
                                          for x in inputs),
@@ -91,7 +97,7 @@ def _seen(out, inputs):
 def _same(got, want, where):
     assert len(got) == len(want), where
     for i, (g, w) in enumerate(zip(got, want)):
-        for key in ("is_view", "views_input", "views_output", "shares_version_with_input", "stride"):
+        for key in ("is_view", "views_input", "views_output", "base_shape", "shares_version_with_input", "stride"):
             assert g[key] == w[key], f"{where}: output {i} {key}: graphex {g[key]}, eager {w[key]}"
         assert torch.equal(g["value"], w["value"]), f"{where}: output {i} values differ"
 

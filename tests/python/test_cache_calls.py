@@ -1,0 +1,100 @@
+"""What a cache_compile'd call accepts and returns, on the call that compiles and on every replay: the results are
+eager's objects (one tensor returned twice is one object, a torch.Size stays a Size), and any argument structure
+eager accepts is accepted (keywords named `self` or `func`, keywords Python would normalize, lists and dicts),
+spelled out where it can be (Note [A call is spelled out], graphex/inference/flat_call.py). Each was found by a
+helper trying to break the cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphex.inference import cache_compile
+from graphex.inference.flat_call import SPELLED_OUT, make_flat
+from torch.utils import _pytree as pytree
+
+
+def _cached(fn, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700, exist_ok=True)
+    return cache_compile(fn, cache_dir=str(cache))
+
+
+def _returns_one_tensor_twice(x):
+    h = x * 2
+    return h, {"a": h, "b": [h, x]}
+
+
+def test_a_tensor_returned_twice_is_one_object_on_every_replay(tmp_path):
+    cached = _cached(_returns_one_tensor_twice, tmp_path)
+    x = torch.arange(4.0)
+    with torch.no_grad():
+        for _ in range(3):
+            h, d = cached(x)
+            assert torch.equal(h, x * 2) and d["a"] is h and d["b"][0] is h and d["b"][1] is x
+    assert cached.stats["hits"] == 0 and cached.stats["compiles"] == 1  # replays of the entry it wrote
+
+
+def test_a_size_is_returned_as_a_size(tmp_path):
+    def fn(x):
+        return x * 2, x.shape, [x.shape[0], x.size()]
+
+    cached = _cached(fn, tmp_path)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        for _ in range(3):
+            out, shape, rest = cached(x)
+            assert type(shape) is torch.Size and shape == x.shape and type(rest[1]) is torch.Size
+
+
+def _by_keyword(x, **kw):
+    return x + sum(v * ord(k[0]) * (i + 1) for i, (k, v) in enumerate(kw.items()))  # reads the names too
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"\ufb01": 1.0},                       # the "fi" ligature: an identifier Python's source normalizes to "fi"
+    {"fi": 1.0, "\ufb01": 2.0},            # both: written out they would collide
+    {"func": 1.0, "flat_args": 2.0},       # the names of the spelled-out function's own variables
+    {"a-b": 1.0},                          # not an identifier
+], ids=["nfkc", "nfkc-and-plain", "own-names", "not-identifier"])
+def test_keywords_reach_the_function_as_given(tmp_path, kwargs):
+    cached = _cached(_by_keyword, tmp_path)
+    x = torch.arange(4.0)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(cached(x, **kwargs), _by_keyword(x, **kwargs))
+
+
+def test_a_keyword_named_self(tmp_path):
+    def fn(x, self=None):
+        return x + self
+
+    cached = _cached(fn, tmp_path)
+    x, t = torch.arange(4.0), torch.ones(4)
+    with torch.no_grad():
+        assert torch.equal(cached(x, self=t), x + t) and torch.equal(cached(x, self=t), x + t)
+
+
+def _structured(x, pair, table=None, *, scale=1.0, nothing=None):
+    return x + pair[0] * pair[1] * table["w"] * scale + (table["i"][0] if nothing is None else 0)
+
+
+def test_lists_dicts_and_none_are_spelled_out_and_replayed(tmp_path):
+    x, a, b, w = (torch.randn(4) for _ in range(4))
+    args, kwargs = (x, [a, b], {"w": w, "i": (a,)}), {"scale": 0.5, "nothing": None}
+    spec = pytree.tree_flatten((args, kwargs))[1]
+    assert make_flat(_structured, spec).__code__.co_filename == SPELLED_OUT
+    cached = _cached(_structured, tmp_path)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(cached(*args, **kwargs), _structured(*args, **kwargs))
+            assert cached(*args, **{**kwargs, "scale": 0.25}).equal(_structured(*args, **{**kwargs, "scale": 0.25}))
+
+
+def test_a_structure_pytree_must_rebuild_is_not_spelled_out():
+    from collections import OrderedDict, namedtuple
+
+    Pair = namedtuple("Pair", "a b")
+    for arg in (Pair(torch.ones(1), torch.ones(1)), OrderedDict(a=torch.ones(1))):
+        spec = pytree.tree_flatten(((arg,), {}))[1]
+        assert make_flat(lambda p: p, spec).__code__.co_filename != SPELLED_OUT
