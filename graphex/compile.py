@@ -169,16 +169,17 @@ def capture(fx_gm: torch.fx.GraphModule, flat_inputs: Sequence[Any], options: Op
     name = f"graph_{graph_id}"
     fake_mode = detect_fake_mode(flat_inputs)
     original = keep_original(fx_gm, options)  # None unless data_dump_stage='original'
-    done = run_passes(fx_gm, options, fake_mode, name)
+    ctx = TracingContext.try_get()
+    aot_metadata = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    done = run_passes(fx_gm, options, fake_mode, name, new_outputs=compat.new_outputs(aot_metadata))
     for copy in done.kept:
         _log.info("%s: %s", name, copy)
 
     static_inputs = _static_input_indices(len(flat_inputs))
     compiled = CompiledGraph(name, fx_gm, options, static_inputs=static_inputs, kept_copies=done.kept,
                              in_place=done.in_place, fused=done.fused)
-    ctx = TracingContext.try_get()
     compiled.original_gm = original
-    compiled.aot_metadata = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    compiled.aot_metadata = aot_metadata
     elapsed = (time.perf_counter() - start) * 1000
     _log.info("%s: captured %d ops, %d inputs, %d outputs in %.1f ms%s", name, compiled.num_ops,
               len(flat_inputs), compiled.num_outputs, elapsed, " (dynamic shapes)" if compiled.dynamic else "")

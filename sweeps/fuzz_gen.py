@@ -274,6 +274,16 @@ def matmul(state: _State) -> bool:
     return True
 
 
+def snapshot(state: _State) -> bool:
+    """A copy of a value, often of one the program writes later (an input, a view of one): it must keep the values
+    it had (a helper found `x[0].zero_(); snap = x.clone(); x[1].zero_()` returning the second write in snap)."""
+    x = state.pick()
+    assert x is not None
+    form = state.rng.choice(("{x}.clone()", "torch.clone({x})", "{x}.detach().clone()", "{x}.contiguous().clone()"))
+    state.new(x.shape, x.dtype, "{y} = " + form.format(x=x.name))
+    return True
+
+
 def custom(state: _State) -> bool:
     x = state.pick()
     assert x is not None
@@ -282,7 +292,7 @@ def custom(state: _State) -> bool:
 
 
 GENERATORS = (unary, unary, binary, binary, reduction, view, view, inplace, inplace, indexing, indexing,
-              cat_split, matmul, custom)
+              cat_split, matmul, custom, snapshot)
 
 
 def merge(programs: list[Program]) -> Program:

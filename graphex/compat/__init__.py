@@ -68,6 +68,7 @@ from .dynamo import (  # noqa: F401
 from .aot import (  # noqa: F401
     why_aot_wrapper_is_needed,
     mutated_in_graph,
+    new_outputs,
 )
 
 from .distributed import (  # noqa: F401

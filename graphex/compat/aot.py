@@ -76,6 +76,18 @@ def mutated_in_graph(meta: Any) -> tuple[int, ...] | None:
     return None if indices is None else tuple(int(i) for i in indices)
 
 
+def new_outputs(meta: Any) -> list[int] | None:
+    """The positions, among the graph's outputs, of the user's outputs AOTAutograd found to be new memory (its
+    OutputType.non_alias: handed to the caller as they are; every other kind it regenerates per call); None when
+    this torch's metadata does not say (then every output counts)."""
+    infos = getattr(meta, "output_info", None)
+    first = getattr(meta, "num_mutated_inp_runtime_indices", None)  # the inputs' new values come first
+    if infos is None or first is None:
+        return None
+    return [first + i for i, info in enumerate(infos) if getattr(getattr(info, "output_type", None), "name", "")
+            == "non_alias"]
+
+
 def _outputs(graph: torch.fx.GraphModule) -> list[Any] | None:
     """The values a graph returns (its output node's flattened argument), or None when it has no one output node."""
     nodes = graph.graph.find_nodes(op="output")

@@ -26,6 +26,7 @@
   5. operator packets resolved, torch.sym_sum as adds, read-only copies of constants dropped
      (fresh_constants.py), dead code elimination
   6. options.post_grad_custom_post_pass (the user's)
+  7. outputs that were new memory stay new memory (fresh_outputs.py: a copy where a pass left one sharing memory)
 
 Steps 1-6 are PIPELINE, each with the options that switch it: run_passes runs that table, and
 `graphex triage` switches each of those options off in turn from the same table (pass_options()).
@@ -48,6 +49,7 @@ from ..options import Options
 from .noop import remove_noop_ops_keeping_snapshots
 from .cse import eliminate_common_subexpressions
 from .fresh_constants import read_constants_in_place
+from .fresh_outputs import keep_new_outputs_new, outputs_memory
 from .grouped_heads import read_grouped_heads_directly
 from .index_view import read_constant_indices_through_views
 from .keep_whole import restore_kept_kernels
@@ -220,16 +222,25 @@ def is_on(value: Any) -> bool:
     return value is not None and value is not False
 
 
-def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object, name: str = "") -> PassesDone:
+def run_passes(gm: torch.fx.GraphModule, options: Options, fake_mode: object, name: str = "",
+               new_outputs: list[int] | None = None) -> PassesDone:
     """Transform `gm` in place; returns what the passes decided (the copies the replay still has to make, with
-    reasons; the fusion patterns that fired)."""
+    reasons; the fusion patterns that fired). `new_outputs`: the outputs AOTAutograd hands to the caller as new
+    memory (None: every output), which stay new memory (Note [A new output stays new])."""
     restore_kept_kernels(gm.graph)  # Note [Interpolation runs eager's kernel]
+    before = outputs_memory(gm.graph)
     run = _Run(gm, options, fake_mode, name)
     for p in PIPELINE:
         if p.gated and not any(is_on(getattr(options, o)) for o in p.options):
             continue
         with _new_nodes_inherit_source(gm) if p.inherits_source else contextlib.nullcontext():
             p.run(run)
+    copied = keep_new_outputs_new(gm.graph, before, new_outputs, fake_mode)
+    if copied:
+        from ..base import log
+
+        log.info("%s: %d output(s) copied, which the passes had left sharing memory (Note [A new output stays new])",
+                 name, copied)
     gm.graph.lint()
     gm.recompile()
     return PassesDone(run.kept, run.in_place, run.fused)

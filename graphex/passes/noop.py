@@ -96,13 +96,16 @@ def _may_become(src: torch.fx.Node, mutated_inputs: set[torch.fx.Node]) -> bool:
             return True
         if node.op != "call_function":
             continue
-        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
-            stack.append(node.args[0])
-        elif node.target in auto_functionalized:
+        target, args = node.target, node.args
+        if target is _kept_noop:  # a no-op this walk already kept (a full-size slice_scatter): what it stands for
+            target, args = args[0], args[1:]
+        if target is operator.getitem and isinstance(args[0], torch.fx.Node):
+            stack.append(args[0])
+        elif target in auto_functionalized:
             torch.fx.node.map_arg(node.kwargs, stack.append)
-        elif (_is_view_op(node.target) or _maybe_get_inplace_op(node.target) is not None
-              or node.target in written_in_place) and node.args and isinstance(node.args[0], torch.fx.Node):
-            stack.append(node.args[0])
+        elif (_is_view_op(target) or _maybe_get_inplace_op(target) is not None
+              or target in written_in_place) and args and isinstance(args[0], torch.fx.Node):
+            stack.append(args[0])
     return False
 
 
