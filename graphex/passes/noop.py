@@ -58,6 +58,10 @@ def _hide_snapshots_of_written_memory(graph: torch.fx.Graph) -> Iterator[None]:
             hidden.append((node, node.target))  # Note [A returned view stays a view]
             node.args, node.target = (node.target, *node.args), _kept_noop
             continue
+        if not is_view and _copy_keeps_an_output_apart(node, src):
+            hidden.append((node, node.target))  # Note [A copy that keeps an output apart stays]
+            node.args, node.target = (node.target, *node.args), _kept_noop
+            continue
         if get_node_storage(src) not in written and not _may_become(src, mutated_inputs):
             continue
         if is_view:
@@ -70,6 +74,72 @@ def _hide_snapshots_of_written_memory(graph: torch.fx.Graph) -> Iterator[None]:
         for node, target in hidden:
             if node.graph is graph:
                 node.target, node.args = target, node.args[1:]
+
+
+def _copy_keeps_an_output_apart(node: torch.fx.Node, src: torch.fx.Node) -> bool:
+    """Note [A copy that keeps an output apart stays]
+    A no-op copy (`clone`, a same-dtype `_to_copy`) whose value the graph returns, through views or other no-ops
+    (`p.detach().clone().reshape(-1)`), is kept when what it copies is, through views and no-ops, a graph input or
+    a value returned by another route: removed, the output would be a view of the caller's input or share memory
+    with another output, where eager's is new memory (found by the fuzzer's copies). inductor's own test reads the
+    storages it computed before removing anything, so a chain of two copies of an input slipped past it."""
+    if not _reaches_output(node, skip=None):
+        return False
+    origin = _origin(src)
+    return origin.op == "placeholder" or _reaches_output(origin, skip=node)
+
+
+def _passes_memory_on(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The value whose memory `node`'s result may be after no-op removal: a view's base, a no-op's source (a kept
+    one only if it is a view), an item of a view's list; else None (new memory)."""
+    if node.op != "call_function" or not node.args:
+        return None
+    target, args = node.target, node.args
+    if target is _kept_noop:
+        target, args = args[0], args[1:]
+        if not _is_view(target):
+            return None  # a copy that stays: new memory
+    if target is operator.getitem:
+        first = args[0]
+        return first if isinstance(first, torch.fx.Node) and first.op == "call_function" and _is_view(first.target) \
+            else None
+    if _is_view(target):
+        return args[0] if isinstance(args[0], torch.fx.Node) else None
+    if target in noop_registry:
+        source = compat.noop_source(node, noop_registry[target][1]) if node.target is not _kept_noop else None
+        return source if isinstance(source, torch.fx.Node) else None
+    return None
+
+
+def _is_view(target: Any) -> bool:
+    from torch.fx.passes.reinplace import _is_view_op
+
+    return _is_view_op(target)
+
+
+def _origin(node: torch.fx.Node) -> torch.fx.Node:
+    """`node` followed back through views and no-ops to the value that owns its memory."""
+    while (source := _passes_memory_on(node)) is not None:
+        node = source
+    return node
+
+
+def _reaches_output(start: torch.fx.Node, skip: torch.fx.Node | None) -> bool:
+    """Whether the graph returns `start`'s memory: `start` itself, or a view or no-op of it, not through `skip`."""
+    todo, seen = [start], set()
+    while todo:
+        value = todo.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        for user in value.users:
+            if user is skip:
+                continue
+            if user.op == "output":
+                return True
+            if _passes_memory_on(user) is value:
+                todo.append(user)
+    return False
 
 
 def _may_become(src: torch.fx.Node, mutated_inputs: set[torch.fx.Node]) -> bool:

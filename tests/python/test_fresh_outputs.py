@@ -2,7 +2,8 @@
 memory from graphex too, whatever the passes removed or merged on the way; writing one output never changes an
 input or another output. Each case is a program the fuzzer shrank once it took copies of values (sweeps/fuzz_gen.py
 `snapshot`); each is compared with eager over three calls: values bitwise, and what each output is in memory
-(sweeps/compare.aliasing)."""
+(sweeps/compare.aliasing). Where the output is a view in eager, it must stay one: no-op removal keeps the copies
+that keep an output apart from an input (Note [A copy that keeps an output apart stays])."""
 
 from __future__ import annotations
 
@@ -51,7 +52,18 @@ def _copy_of_a_reshape(a):
     return (v.contiguous().clone(), v.unsqueeze(0).clone())
 
 
-CASES = [_copy_of_a_copy_of_an_input, _two_copies_of_one_value, _copy_of_a_row_of_a_custom_op_result,
+def _view_of_a_copy_of_a_copy(a):
+    return (a.clone().detach().clone().reshape(-1),)  # eager: a view of the second copy
+
+
+def _item_of_a_split_of_a_copy_of_a_row(a):
+    v = torch.sqrt(a.abs())
+    v.copy_(a)
+    return (v.select(0, 2).contiguous().clone().split(1, 0)[1],)
+
+
+CASES = [_view_of_a_copy_of_a_copy, _item_of_a_split_of_a_copy_of_a_row,
+         _copy_of_a_copy_of_an_input, _two_copies_of_one_value, _copy_of_a_row_of_a_custom_op_result,
          _copy_of_an_input_after_it_is_written, _copy_of_an_input_written_through_a_split,
          _copy_written_by_a_custom_op, _copy_of_a_reshape]
 
