@@ -8,8 +8,7 @@ checks.py        the checks: at trace time (fake/Meta present and on `meta`), on
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..base.lazy import lazy_names
 
 # Imported on first use (PEP 562): a cache hit reads registration.py's descriptions for its key
 # (Note [A cache hit imports no compiler]); checks.py imports Dynamo.
@@ -19,9 +18,4 @@ _PUBLIC = {"Registration": "registration", "describe": "registration", "is_custo
 __all__ = list(_PUBLIC)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _PUBLIC)

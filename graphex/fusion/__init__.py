@@ -22,8 +22,7 @@ bitwise (Note [Fused kernels are close, not bitwise] in csrc/fused/library.cpp).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..base.lazy import lazy_names
 
 # Imported on first use (PEP 562): a process that only reads the compile cache needs manager.registered_patterns,
 # and registration.py imports inductor's pattern matcher (most of a second) at once.
@@ -31,9 +30,4 @@ _PUBLIC = {"run_fusion": "manager", "say_if_nothing_fused": "manager", "register
 __all__ = list(_PUBLIC)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _PUBLIC)

@@ -2,9 +2,10 @@
 
 Used by reinplace.py (which ops count as views and metadata-only reads; who reads an input's old value before a
 copy-back no pass decided on), copy_back.py
-(to decide whether a copy-back can be folded) and lowering's fold.py (which values
-an op of the graph writes, so none of them is folded), so a kept copy is explained
-by the same analysis that kept it.
+(to decide whether a copy-back can be folded), lowering's fold.py (which values
+an op of the graph writes, so none of them is folded), noop.py and fresh_outputs.py
+(which outputs name whose memory), so a kept copy is explained by the same analysis
+that kept it.
 
 Note [One alias analysis]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -20,13 +21,14 @@ only cost a fold or a removed copy, too few would be silently wrong.
 from __future__ import annotations
 
 import operator
+from typing import Callable
 
 import torch
 import torch.fx
 from torch._inductor.fx_passes.reinplace import META_ONLY_OPS
 from torch.fx.passes.reinplace import _is_view_op as is_view_op
 
-__all__ = ["META_ONLY_OPS", "is_view_op", "op_name", "same_layout", "written_args", "returns_input", "resolve_inplace", "view_base", "root", "written_nodes",
+__all__ = ["META_ONLY_OPS", "is_view_op", "op_name", "same_layout", "written_args", "returns_input", "resolve_inplace", "view_base", "root", "reaches_output", "written_nodes",
            "reads_memory", "first_toucher_between"]
 
 
@@ -107,6 +109,27 @@ def root(node: torch.fx.Node) -> torch.fx.Node:
     while (base := view_base(node)) is not None:
         node = base
     return node
+
+
+def reaches_output(start: torch.fx.Node, passes_on: Callable[[torch.fx.Node], torch.fx.Node | None],
+                   skip: torch.fx.Node | None = None) -> bool:
+    """Whether the graph returns `start`'s memory: `start` itself, or a user that passes its memory on
+    (`passes_on(user)` is the value whose memory the user's result is: a view's base, ...), and so on, not through
+    `skip`."""
+    todo, seen = [start], set()
+    while todo:
+        value = todo.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        for user in value.users:
+            if user is skip:
+                continue
+            if user.op == "output":
+                return True
+            if passes_on(user) is value:
+                todo.append(user)
+    return False
 
 
 def written_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:

@@ -25,6 +25,7 @@ import torch.fx
 from torch._inductor.fx_passes.post_grad import noop_registry, remove_noop_ops
 
 from .. import compat
+from .aliasing import reaches_output
 from torch._inductor.fx_utils import get_node_storage
 
 
@@ -83,10 +84,10 @@ def _copy_keeps_an_output_apart(node: torch.fx.Node, src: torch.fx.Node) -> bool
     a value returned by another route: removed, the output would be a view of the caller's input or share memory
     with another output, where eager's is new memory (found by the fuzzer's copies). inductor's own test reads the
     storages it computed before removing anything, so a chain of two copies of an input slipped past it."""
-    if not _reaches_output(node, skip=None):
+    if not reaches_output(node, _passes_memory_on):
         return False
     origin = _origin(src)
-    return origin.op == "placeholder" or _reaches_output(origin, skip=node)
+    return origin.op == "placeholder" or reaches_output(origin, _passes_memory_on, skip=node)
 
 
 def _passes_memory_on(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -122,24 +123,6 @@ def _origin(node: torch.fx.Node) -> torch.fx.Node:
     while (source := _passes_memory_on(node)) is not None:
         node = source
     return node
-
-
-def _reaches_output(start: torch.fx.Node, skip: torch.fx.Node | None) -> bool:
-    """Whether the graph returns `start`'s memory: `start` itself, or a view or no-op of it, not through `skip`."""
-    todo, seen = [start], set()
-    while todo:
-        value = todo.pop()
-        if value in seen:
-            continue
-        seen.add(value)
-        for user in value.users:
-            if user is skip:
-                continue
-            if user.op == "output":
-                return True
-            if _passes_memory_on(user) is value:
-                todo.append(user)
-    return False
 
 
 def _may_become(src: torch.fx.Node, mutated_inputs: set[torch.fx.Node]) -> bool:

@@ -53,7 +53,8 @@ from torch._inductor.virtualized import V
 
 from ..base.source import display_name
 from ..compat import around_reinplacing, fake_tensor_updater, inplaceable_ops_table, is_foreach_entry, may_overlap
-from .aliasing import META_ONLY_OPS, is_view_op, op_name, resolve_inplace, returns_input, same_layout, view_base
+from .aliasing import (META_ONLY_OPS, is_view_op, op_name, reaches_output, resolve_inplace, returns_input, same_layout,
+                       view_base)
 from .copy_back import fold_copy_backs
 from .kept_copies import Declined, KeptCopy, Why, input_copies, kept_copy, read_later
 
@@ -306,19 +307,14 @@ def _returned(node: torch.fx.Node) -> bool:
     holds where the graph returns a view of the result (`...diagonal_scatter(...).t()`: eager's `_base` is the
     scatter's result, found by a helper), so views of it are followed to the output too.
     """
-    todo, seen = [node], set()
-    while todo:
-        value = todo.pop()
-        if value in seen:
-            continue
-        seen.add(value)
-        for user in value.users:
-            if user.op == "output":
-                return True
-            if user.op == "call_function" and (is_view_op(user.target) or user.target is operator.getitem) \
-                    and user.args and user.args[0] is value:
-                todo.append(user)
-    return False
+    return reaches_output(node, _view_of)
+
+
+def _view_of(user: torch.fx.Node) -> torch.fx.Node | None:
+    """The value `user` is a view (or an item of a list) of, else None."""
+    if user.op == "call_function" and (is_view_op(user.target) or user.target is operator.getitem) and user.args:
+        return user.args[0] if isinstance(user.args[0], torch.fx.Node) else None
+    return None
 
 
 def _view_chain_base(node: torch.fx.Node) -> torch.fx.Node:
