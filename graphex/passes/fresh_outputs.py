@@ -85,6 +85,8 @@ def _copy(graph: torch.fx.Graph, value: torch.fx.Node, was: Memory, fake_mode: A
     """A copy of `value` in the layout the output had as traced: `clone` where that keeps it, else an
     `empty_strided` of that layout and a `copy_` into it."""
     val = value.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return graph.call_function(aten.clone.default, (value,))
     static = all(type(v) is int for v in (*(was.size or ()), *(was.stride or ())))
     with fake_mode:
         cloned = aten.clone.default(val)
