@@ -29,26 +29,23 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import glob
 import inspect
 import os
-import sys
 import time
 from typing import Any, Callable
 
 import torch
 from torch.utils import _pytree as pytree
 
-from .. import _C, compat
+from .. import _C
 from ..base import log as _log
 from ..base.warn import warn_once
 from ..distributed import describe_world, world_key, world_mismatch
 from ..fusion.manager import registered_patterns
 from ..options import Options
 from . import keys
-from .flat_call import guards_scope
-from .guards import GuardSet
+from .loaded import MISS, Loaded, collector_paused
 from .entry import SUFFIX, Entry, EntryError, read_entry, write_entry
 
 DEFAULT_DIR = ".graphex_cache"
@@ -87,153 +84,6 @@ def _set_what_torch_compile_sets() -> None:
     torch.distributions.Distribution.set_default_validate_args(False)
 
 
-class _Loaded:
-    """A cache entry bound to this process: an executor plus how to feed it and read it."""
-
-    def __init__(self, entry: Entry, func: Callable[..., Any], path: str) -> None:
-        self.path = path
-        self.header = entry.header
-        self.func = func
-        # Note [One binder]: the program's bindings, shape guards and result leaves, resolved from its tables in C++
-        self.program = _C.BoundProgram(entry.program, path)
-        self.executor = self.program.executor
-        self.validate_next = bool(entry.header.get("validate_fake"))
-        self.out_spec = pytree.treespec_loads(entry.header["outputs"]["spec"])
-        self.unflatten = _unflattener(self.out_spec)
-        self.bindings = entry.bindings
-        self.single_leaf = self.out_spec.is_leaf()
-        self.guard_set = GuardSet(entry.header["dynamo_guards"])
-        self.bind: Callable[[list[Any], Any], list[Any] | None] | None = None
-        self.why = ""  # the guard that failed, for the cache-miss message
-        self._fast_call: Any = None  # built at the first plain hit (Note [A plain call's fast path is one C++ call])
-
-    def try_run(self, flat: list[Any]) -> Any:
-        """The call's result, or MISS (nothing run) if this entry does not fit the call.
-
-        Note [Entries are found by signature, not by exceptions]
-        A call key (argument structure and non-tensor values) can have several entries (one per
-        shape, dtype or stride signature, or per set of shape guards). Each is asked in turn
-        whether the call fits: its Dynamo guards and input bindings (one generated function,
-        Note [One function checks the guards and binds the inputs]), its shape guards, then the
-        program's input signature in C++ with Executor.try_run, which answers None instead of
-        raising; so finding the k-th entry costs k-1 checks and no exception.
-        """
-        bind = self.bind
-        if bind is None:  # the first call in this process: every guard resolved and compared (guards.py)
-            problem = self.guard_set.bind(*guards_scope(self.func, flat), inputs=self.bindings)
-            if problem is not None:
-                self.why = f"guard failed: {problem}"
-                return MISS
-            bind = self.bind = self.guard_set.run
-        held = bind(flat, self.func)
-        if held is None:
-            self.why = "a guard failed: the state the trace read changed since (Note [cache_compile keys on what " \
-                       "the trace read])"
-            return MISS
-        if self.validate_next:
-            return self._first_run_validated(flat, held)
-        leaves = self.program.try_run(flat, held)
-        if leaves is None:
-            self.why = self._why_not(flat, held)
-            return MISS
-        if self.single_leaf:  # one result returned as it is: no pytree per call
-            return leaves[0]
-        return self.unflatten(leaves)
-
-    def fast_call(self, args: tuple[Any, ...]) -> Any:
-        """A _C.FastCall for calls like `args` (positional, a hit just now), or None when this entry's fast path
-        proves something only Python checks (Note [A plain call's fast path is one C++ call])."""
-        if self._fast_call is None:
-            native = self.guard_set.native
-            if self.validate_next or self.bind is None or native is None:
-                return None
-            state = native["state"]
-            self._fast_call = _C.FastCall(
-                self.program, self.guard_set._published,
-                [(type(a), None if isinstance(a, torch.Tensor) else a, native["args"].get(i))
-                 for i, a in enumerate(args)],
-                state["global_state"].check if "global_state" in state else None, "saved_tensors_hooks" in state,
-                "torch_function" in state, state.get("default_device"),
-                None if self.single_leaf else self.unflatten, MISS)
-        return self._fast_call
-
-    def _why_not(self, flat: list[Any], held: list[Any]) -> str:
-        inputs = self.program.bind(flat, held)
-        if inputs is None:
-            return (f"{keys.describe_signature(flat)} fails the shape guards of {self.path} "
-                    "(Note [A dynamic entry carries its shape guards])")
-        return f"{keys.describe_signature(flat)}, the entry was built for {self.header.get('signature')}"
-
-    def _first_run_validated(self, flat: list[Any], held: list[Any]) -> Any:
-        inputs = self.program.bind(flat, held)
-        if inputs is None or not self.executor.fits(inputs):
-            self.why = self._why_not(flat, held)
-            return MISS
-        try:
-            outs = self.executor.run_validated(inputs)
-        except Exception as e:
-            # A FakeMismatch comes from C++, which imported graphex.errors to raise it; a run that raises nothing
-            # imports neither errors.py nor the custom-op checks (Note [A cache hit imports no compiler]).
-            errors = sys.modules.get("graphex.errors")
-            if errors is None or not isinstance(e, errors.FakeMismatch):
-                raise
-            from ..custom_ops import explain_fake_mismatch
-
-            raise explain_fake_mismatch(*_fake_mismatch_details(self, e)) from None
-        self.validate_next = False
-        leaves = self.program.results(outs, flat)
-        return leaves[0] if self.single_leaf else self.unflatten(leaves)
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Any:
-    """Python's cyclic garbage collector off for the block, back on after it (unless it was off already).
-
-    Note [Loading an entry pauses the collector]
-    Loading an entry and its first bind in a process (every guard resolved: hundreds of access paths parsed,
-    classes and code digested) make tens of thousands of short-lived objects. Each allocation burst may trigger a collection, and in a
-    process that has imported torch but no compiler (Note [A cache hit imports no compiler]) few objects are old
-    enough to hold off the full ones, which walk all of torch's objects: on the benchmark decoder that made the
-    first call about three times as long (0.05 s with the collector paused, 0.13-0.17 s without). What the bind
-    leaves behind is collected as usual afterwards."""
-    enabled = gc.isenabled()
-    if enabled:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _unflattener(spec: pytree.TreeSpec) -> Callable[[list[Any]], Any]:
-    """The function that rebuilds a result from its leaves: pytree's, with a torch.Size put back where the function
-    returned one (pytree rebuilds a Size as a plain tuple; eager's `x.shape` is a Size, found by a helper)."""
-    plain = functools.partial(pytree.tree_unflatten, treespec=spec)
-    if not _holds_size(spec):
-        return plain
-    return lambda leaves: _sizes_restored(plain(leaves), spec)
-
-
-def _holds_size(spec: pytree.TreeSpec) -> bool:
-    return spec.type is torch.Size or any(_holds_size(c) for c in compat.treespec_children(spec))
-
-
-def _sizes_restored(value: Any, spec: pytree.TreeSpec) -> Any:
-    if spec.type is torch.Size:
-        return torch.Size(value)
-    children = compat.treespec_children(spec)
-    if not any(_holds_size(c) for c in children):
-        return value
-    if isinstance(value, dict):
-        return type(value)((k, _sizes_restored(value[k], c)) for k, c in zip(spec.context, children))
-    items = [_sizes_restored(v, c) for v, c in zip(value, children)]
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*items)
-    return type(value)(items) if isinstance(value, (list, tuple)) else value
-
-
-MISS = object()  # _Loaded.try_run: the entry does not fit this call
 _NOT_A_LEAF = object()  # CachedFunction.__call__: an argument that pytree flattens further
 
 
@@ -254,14 +104,6 @@ def _call_value(a: Any, any_leaf: bool = False) -> Any:
 _LEAF_TYPES = (torch.Tensor, int, float, bool)  # pytree leaves (Note [A plain call skips pytree])
 
 
-def _fake_mismatch_details(loaded: _Loaded, e: Any) -> tuple[Any, ...]:
-    node_names = loaded.executor.node_names()
-    name, target = node_names[e.node_index]
-    op_name, _, overload = target.partition(".")
-    ns, _, opname = op_name.partition("::")
-    op = getattr(getattr(getattr(torch.ops, ns), opname), overload or "default")
-    return op, name, e.output, e.expected, e.actual, ""
-
 
 class CachedFunction(_C.CachedCall):
     """The callable cache_compile returns. `stats` counts hits, misses, compiles and writes.
@@ -275,7 +117,7 @@ class CachedFunction(_C.CachedCall):
         self._dynamic = bool(dynamic)
         self._options = Options.from_user(options)
         self.cache_dir = os.fspath(cache_dir or os.environ.get("GRAPHEX_CACHE_DIR") or DEFAULT_DIR)
-        self._by_call: dict[Any, list[_Loaded]] = {}
+        self._by_call: dict[Any, list[Loaded]] = {}
         self._plain_specs: dict[int, pytree.TreeSpec] = {}  # Note [A plain call skips pytree]
         self._uncacheable: dict[Any, Callable[..., Any]] = {}
         self.stats = {"hits": 0, "misses": 0, "compiles": 0, "writes": 0}
@@ -378,7 +220,7 @@ class CachedFunction(_C.CachedCall):
         prefix = os.path.join(self.cache_dir, f"{self._name}-{key[:24]}")
         why, stale = "no entry yet", []
         for path in _candidates(prefix):
-            with _collector_paused():  # Note [Loading an entry pauses the collector]
+            with collector_paused():  # Note [Loading an entry pauses the collector]
                 loaded, why = self._try_load(path, key)
                 result = loaded.try_run(flat) if loaded is not None else MISS
             if loaded is None:
@@ -419,7 +261,7 @@ class CachedFunction(_C.CachedCall):
         warn_once(f"cache-world:{self.cache_dir}:{self._name}", f"graphex cache: {why}.")
         return why
 
-    def _try_load(self, path: str, key: str) -> tuple[_Loaded | None, str]:
+    def _try_load(self, path: str, key: str) -> tuple[Loaded | None, str]:
         if not os.path.exists(path):
             return None, "no entry yet"
         try:
@@ -435,7 +277,7 @@ class CachedFunction(_C.CachedCall):
                      or keys.check_custom_ops(header.get("custom_ops", [])))
             if stale:
                 return None, f"stale: {stale}"
-            return _Loaded(entry, self._func, path), ""
+            return Loaded(entry, self._func, path), ""
         except (EntryError, KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
             warn_once(f"cache-bad:{path}", f"graphex cache: ignoring {path}: {e}. It will be rebuilt and replaced.")
             return None, f"unusable entry ({e})"
@@ -462,7 +304,7 @@ class CachedFunction(_C.CachedCall):
                 if old != path:
                     with contextlib.suppress(OSError):
                         os.remove(old)
-        loaded = _Loaded(entry, self._func, path)
+        loaded = Loaded(entry, self._func, path)
         loaded.validate_next = False  # the cold run already validated custom ops' fakes
         self._by_call.setdefault(call_key, []).insert(0, loaded)
         _log.info("cache: compiled %s %s in %.2f s -> %s", self._name, entry.header["signature"],

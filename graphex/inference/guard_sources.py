@@ -107,9 +107,9 @@ def resolve_global(name: str, globals_: dict[str, Any]) -> Any:
         module = name[len("__import_"):].replace("_dot_", ".")
         found = sys.modules.get(module, _MISSING)
         if found is _MISSING and module.startswith("torch."):
-            # A module of torch's that the trace read and this process has not imported yet: Dynamo's polyfills
-            # (a keyword call's dict update), which a cache hit does not import by itself (Note [A cache hit imports
-            # no compiler]). Importing it gives what the check expects unless someone changed it, as in the
+            # A module of torch's that the trace read and this process has not imported yet: one of Dynamo's
+            # polyfills (torch.distributions' code, an argument pytree rebuilds), which a cache hit does not import
+            # by itself (Note [A cache hit imports no compiler]). Importing it gives what the check expects unless someone changed it, as in the
             # process that traced; other modules are never imported here (a missing one fails the guard).
             found = importlib.import_module(module)
         return found

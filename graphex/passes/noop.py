@@ -46,6 +46,7 @@ def _hide_snapshots_of_written_memory(graph: torch.fx.Graph) -> Iterator[None]:
     mutated_inputs = {n.args[0] for n in graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
                       if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"}
     returned = {n for out in graph.find_nodes(op="output") for n in out.all_input_nodes}
+    written_in_place = set(compat.inplaceable_ops_table()) | set(compat.view_scatter_ops())  # once per graph
     hidden = []
     for node in graph.nodes:
         if node.op != "call_function" or node.target not in noop_registry:
@@ -63,7 +64,7 @@ def _hide_snapshots_of_written_memory(graph: torch.fx.Graph) -> Iterator[None]:
             hidden.append((node, node.target))  # Note [A copy that keeps an output apart stays]
             node.args, node.target = (node.target, *node.args), _kept_noop
             continue
-        if get_node_storage(src) not in written and not _may_become(src, mutated_inputs):
+        if get_node_storage(src) not in written and not _may_become(src, mutated_inputs, written_in_place):
             continue
         if is_view:
             continue  # a view sees later writes in eager too
@@ -125,7 +126,7 @@ def _origin(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
-def _may_become(src: torch.fx.Node, mutated_inputs: set[torch.fx.Node]) -> bool:
+def _may_become(src: torch.fx.Node, mutated_inputs: set[torch.fx.Node], written_in_place: set[Any]) -> bool:
     """Whether reinplacing may put `src` into the memory of an input the graph writes back.
 
     A new value of a mutated input (an auto_functionalized output for it, a functional op on it that has an
@@ -136,7 +137,6 @@ def _may_become(src: torch.fx.Node, mutated_inputs: set[torch.fx.Node]) -> bool:
     """
     from torch.fx.passes.reinplace import _is_view_op, _maybe_get_inplace_op
 
-    written_in_place = set(compat.inplaceable_ops_table()) | set(compat.view_scatter_ops())
     auto_functionalized = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
     seen: set[torch.fx.Node] = set()
     stack = [src]
