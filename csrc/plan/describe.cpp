@@ -51,7 +51,8 @@ std::string describeProgram(const Program& p) {
   std::ostringstream os;
   os << "program " << p.name << ": " << p.inputs.size() << " inputs, " << p.instructions.size()
      << " instructions (" << p.numOps() << " operator calls), " << p.num_slots << " slots\n";
-  os << "  (%N! = last read, moved onto the operator's stack; 'free' = released after the instruction)\n";
+  os << "  (%N! = last read, moved onto the operator's stack; 'free' = released after the instruction; 'unseen view' = "
+        "a view only read, made without autograd metadata under no_grad)\n";
   for (size_t i = 0; i < p.inputs.size(); ++i) {
     os << "  in  " << i << ' ' << p.inputs[i].name << " -> ";
     if (p.input_slots[i] >= 0) os << '%' << p.input_slots[i];
@@ -75,6 +76,9 @@ std::string describeProgram(const Program& p) {
       printArg(os, instr.args[a]);
     }
     os << ')';
+    // Note [A view nobody can see runs below ADInplaceOrView] (program.cpp): the views that skip it under no_grad.
+    if (instr.below_inplace_or_view && instr.op && instr.op->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView))
+      os << "  unseen view";
     if (!instr.frees.empty()) {
       os << "  free";
       for (int32_t s : instr.frees) os << " %" << s;

@@ -98,6 +98,82 @@ bool runsBelowInplaceOrView(const c10::OperatorHandle& op) {
          !op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
 }
 
+// Note [A view nobody can see runs below ADInplaceOrView]
+// Under no_grad, eager runs a view operator through its ADInplaceOrView kernel: the CPU kernel makes the alias,
+// then `as_view` gives it autograd metadata (its `_base`, the version counter it shares with its base). That
+// metadata costs about half a view's time in the engine (~0.85 us a view in a decode step, which runs 70-110 of
+// them) and is read by nobody when the view is an intermediate that only feeds kernels reading it: a weight's
+// `t` into `addmm`, a `view` into `mm`. Such a view runs below ADInplaceOrView as well; its sizes, strides,
+// offset and storage are the CPU kernel's, so every value computed from it is eager's. A view keeps its
+// metadata where anything could see it: returned from the program, written in place or aliased by a reader
+// (its schema annotates the argument), read by an operator outside `aten` and `graphex_fused` (a custom op may
+// ask for `_base`), by one that could return its argument itself (no autograd kernel of its own), or by a
+// view that keeps its own (the `_base` of a view of a view is the first view's base). Views of views are
+// decided from the last instruction back, so a chain of them that ends in readers runs below as a whole.
+// Only under no_grad: with grad enabled the executor calls every operator as eager does.
+bool isViewOp(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (schema.name().rfind("aten::", 0) != 0 || !op.hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView))
+    return false;
+  if (schema.returns().size() != 1 || schema.returns()[0].type()->kind() != c10::TypeKind::TensorType) return false;
+  const c10::AliasInfo* ret = schema.returns()[0].alias_info();
+  if (ret == nullptr || ret->isWrite()) return false;
+  for (const c10::Argument& a : schema.arguments())
+    if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return false;
+  return true;
+}
+
+// Whether an operator reading a tensor through `formal` can neither show nor keep the tensor's view metadata: the
+// argument is neither written nor aliased by a result (its schema would say so), and the kernel is ATen's own
+// (one with an autograd kernel: a composite one might hand its argument back) or one of graphex's fused kernels.
+// An in-place operator's other arguments count: `index_copy_`'s source is only read.
+bool readsOnly(const c10::OperatorHandle& op, const c10::Argument& formal) {
+  if (formal.alias_info() != nullptr) return false;
+  const std::string& name = op.schema().name();
+  if (name.rfind("graphex_fused::", 0) == 0) return true;
+  return name.rfind("aten::", 0) == 0 && op.hasKernelForDispatchKey(c10::DispatchKey::Autograd);
+}
+
+void markUnseenViews(Program& p) {
+  // Who reads each slot: (instruction, formal argument), or -1 for a builtin or a program output.
+  std::vector<std::vector<std::pair<int64_t, size_t>>> readers(p.num_slots);
+  for (size_t i = 0; i < p.instructions.size(); ++i) {
+    const Instruction& instr = p.instructions[i];
+    for (size_t k = 0; k < instr.args.size(); ++k) {
+      const int64_t who = instr.kind == InstrKind::Op ? static_cast<int64_t>(i) : -1;
+      if (instr.args[k].slot >= 0) readers[instr.args[k].slot].emplace_back(who, k);
+      for (const ListItem& li : instr.args[k].items)
+        if (li.slot >= 0) readers[li.slot].emplace_back(who, k);
+    }
+  }
+  for (const ArgSource& out : p.outputs)
+    if (out.slot >= 0) readers[out.slot].emplace_back(-1, 0);
+  for (const ArgSource& out : p.outputs)
+    for (const ListItem& li : out.items)
+      if (li.slot >= 0) readers[li.slot].emplace_back(-1, 0);
+  // Backwards, so that a view's readers are decided before it (SSA: a reader comes after what it reads).
+  std::vector<bool> unseen(p.instructions.size(), false);
+  for (size_t i = p.instructions.size(); i-- > 0;) {
+    Instruction& instr = p.instructions[i];
+    if (instr.kind != InstrKind::Op || instr.outs.size() != 1 || instr.outs[0] < 0 || !isViewOp(*instr.op)) continue;
+    bool ok = true;
+    for (const auto& [r, k] : readers[instr.outs[0]]) {
+      if (r < 0) {
+        ok = false;
+        break;
+      }
+      const Instruction& reader = p.instructions[r];
+      const c10::Argument& formal = reader.op->schema().arguments()[k];
+      if (readsOnly(*reader.op, formal)) continue;
+      // A view of this view that keeps no metadata either, reading it as the argument it aliases.
+      if (unseen[r] && formal.alias_info() != nullptr && !formal.alias_info()->isWrite()) continue;
+      ok = false;
+      break;
+    }
+    if (ok) unseen[i] = instr.below_inplace_or_view = true;
+  }
+}
+
 Instruction buildOp(const fb::Node& node, const NodeInfo& info, const std::vector<at::Tensor>& constants,
                     uint32_t num_slots) {
   std::string what = nodeWhat(info);
@@ -265,6 +341,7 @@ Program Program::fromTable(const fb::Program& root, std::vector<at::Tensor> cons
   } catch (const format::FormatError& e) {
     throw ProgramError(e.what());
   }
+  markUnseenViews(p);  // Note [A view nobody can see runs below ADInplaceOrView]
   planLiveness(p);
   return p;
 }
