@@ -12,7 +12,11 @@ same value the replay would have computed, so results stay bit for bit.
 What is never folded: ops with mutable arguments or random results, ops that return
 several values or none, graph outputs (an output must be a fresh tensor each call), values
 an in-place op of the graph writes (through any view), and anything fed by a parameter the
-graph itself mutates.
+graph itself mutates. Nor a value an output is a view of (`(w + 1).view(-1)` returned): the
+caller may write the output, which would write the folded value every later call reads (found
+2026-12-06: the second call returned what the caller wrote into the first's result). A view
+of a frozen parameter itself may be returned through a view: eager's output is a view of the
+parameter too.
 
 A folded value goes stale if its parameter changes after lowering, so the engine watches
 each parameter a fold reads (Note [A frozen parameter is checked by identity]):
@@ -43,7 +47,7 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _C
-from ..passes.aliasing import written_nodes
+from ..passes.aliasing import root, view_base, written_nodes
 
 # What the engine watches on a frozen input (Note [Folding frozen parameters]); ordered by strength. Defined once,
 # by the engine (csrc/runtime/executor.h, Executor::Watch).
@@ -79,10 +83,13 @@ def fold_frozen(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> Fo
             sources[node] = {}
 
     outputs = set(_output_nodes(gm))
+    returned = _returned_memory(outputs)
     folded: list[torch.fx.Node] = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or not _foldable_op(node) or node in outputs or node in written:
             continue
+        if node in returned and root(node).op != "placeholder":
+            continue  # an output is a view of it: the caller may write it (Note [Folding frozen parameters])
         inputs = node.all_input_nodes
         if not inputs or any(i not in value for i in inputs):
             continue  # factory ops (no inputs) are left alone: they may depend on the call's state
@@ -147,6 +154,16 @@ def _foldable_op(node: torch.fx.Node) -> bool:
 def _is_view(target: Any) -> bool:
     returns = target._schema.returns
     return bool(returns) and returns[0].alias_info is not None
+
+
+def _returned_memory(outputs: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The outputs and every value an output is a view of (through views, items of views and in-place results)."""
+    returned: set[torch.fx.Node] = set()
+    for node in outputs:
+        while node is not None and node not in returned:
+            returned.add(node)
+            node = view_base(node)
+    return returned
 
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:

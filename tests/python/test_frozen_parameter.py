@@ -333,3 +333,41 @@ def test_a_computed_fold_is_bounded_by_the_contents_limit(dim, folded):
     model.weight.data.copy_(torch.randn(dim))
     assert_same(compiled(x), model(x))
     assert graph.relowerings == (1 if folded else 0)
+
+
+class _ReturnsViewsOfFolds(torch.nn.Module):
+    """Outputs that are views of values computed only from parameters: each spelling of a view AOTAutograd
+    produces (view, _unsafe_view after a matmul, unbind, split, chunk, diagonal, permute, expand, squeeze, slicing,
+    as_strided), and the views of a parameter itself that eager returns as views of it too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(2, 4, 4), requires_grad=False)
+        self.b = torch.nn.Parameter(torch.randn(4), requires_grad=False)
+        self.register_buffer("buf", torch.randn(4, 4))
+
+    def forward(self, x: torch.Tensor):
+        w = self.w
+        return ((w @ w).reshape(-1), (w @ w).flatten(), torch.matmul(w, w).view(2, 16), (w + 1).unbind(0)[0],
+                (w * 2).split(2, -1)[1], (w - 2).chunk(2)[0], w.exp().diagonal(0, 1, 2), (w + 3).movedim(0, 2),
+                (self.b * 2).expand(3, 4), (self.b + 5).unsqueeze(0).squeeze(0), (self.buf + 1)[None],
+                (self.buf * 1).T, w.sum(0).as_strided((4,), (5,)), self.b.clone().view(2, 2),
+                self.buf.t().contiguous().view(-1), self.buf.t()[1:], x + 1)
+
+
+def test_an_output_that_views_a_folded_value_is_new_on_every_call():
+    """Note [Folding frozen parameters]: a value computed from parameters alone is folded, but not where an output
+    is a view of it: the caller writes the outputs after each call, and the next call must not return (or compute
+    from) what was written. Before 2026-12-06, 15 of these 17 outputs were the caller's zeros from the second call on."""
+    model = _ReturnsViewsOfFolds()
+    compiled = _compiled(model)
+    x = torch.randn(4)
+    for call in range(3):
+        got, want = compiled(x), model(x)
+        assert_same(got, want)
+        for g, w in zip(got, want):
+            assert g._is_view() == w._is_view()
+        for g in got:
+            if g._base is None or all(g._base is not p for p in (model.w, model.b, model.buf)):
+                g.zero_()  # a view of a parameter is written in eager's model too: leave those alone
+    assert engine_runs() > 0
