@@ -1,4 +1,15 @@
-"""Folding what depends only on frozen parameters: computed once, when the program is lowered.
+"""Folding what depends only on frozen parameters or on nothing at all: computed once, when the program is lowered.
+
+Note [Folding what reads no input]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A chain of operators that starts at factory calls or the graph's own tensor constants and
+reads no input, parameter or buffer gives the same value on every call: Bloom's ALiBi slopes (`full`, `arange`, `pow`),
+the `arange`s and `unsqueeze`s a causal mask is built from. It is run once, here, with eager's
+kernels, in every mode, and read as a constant (6-17 operator calls a decode step on the
+transformers families). The same rules as below keep it exact (never an output or a value an
+output views, never written), and a few more: never a factory whose contents are unspecified
+(`empty` and its kin) or seeded by the generator, only CPU values of static shape, and at most
+FOLD_FACTORY_LIMIT bytes each, so that a model's large masks are not kept alive between calls.
 
 Note [Folding frozen parameters]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -12,7 +23,8 @@ same value the replay would have computed, so results stay bit for bit.
 What is never folded: ops with mutable arguments or random results, ops that return
 several values or none, graph outputs (an output must be a fresh tensor each call), values
 an in-place op of the graph writes (through any view), and anything fed by a parameter the
-graph itself mutates. Nor a value an output is a view of (`(w + 1).view(-1)` returned): the
+graph itself mutates. Nor a value a custom operator reads (its schema is its author's), nor a
+value an output is a view of (`(w + 1).view(-1)` returned): the
 caller may write the output, which would write the folded value every later call reads (found
 2026-12-06: the second call returned what the caller wrote into the first's result). A view
 of a frozen parameter itself may be returned through a view: eager's output is a view of the
@@ -57,6 +69,15 @@ WATCH_IDENTITY, WATCH_DATA, WATCH_CONTENTS = _C.WATCH_IDENTITY, _C.WATCH_DATA, _
 # (each run compares them with a copy).
 FOLD_CONTENTS_LIMIT = 64 * 1024
 
+# torch's ops and our fused kernels (csrc/fused/: deterministic, no state, schemas that say what they write).
+_TRUSTED = ("aten", "prims", "graphex_fused")
+
+# Note [Folding what reads no input]: the most bytes one value computed from factory calls alone may hold.
+FOLD_FACTORY_LIMIT = 64 * 1024
+
+# Factories whose result has unspecified contents: what reads it must not be computed once and kept.
+_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"})
+
 
 @dataclasses.dataclass
 class Folded:
@@ -66,8 +87,9 @@ class Folded:
     count: int  # operator calls removed from every run
 
 
-def fold_frozen(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> Folded:
-    """Evaluate every foldable node of `gm` given the frozen inputs (index -> real tensor)."""
+def fold_constants(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> Folded:
+    """Evaluate every foldable node of `gm` given the frozen inputs (index -> real tensor; none without
+    frozen_parameter, where only chains from factories fold)."""
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     written = written_nodes(gm.graph)  # Note [One alias analysis]
     value: dict[torch.fx.Node, Any] = {}
@@ -76,23 +98,31 @@ def fold_frozen(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> Fo
         if index in frozen and node not in written:
             value[node] = frozen[index]
             sources[node] = {index: WATCH_IDENTITY}
+    # Note [Folding what reads no input]: a tensor constant of the graph (`torch.tensor(...)` in the traced code) is
+    # the graph's own, as fixed as a factory call's result.
+    factory: set[torch.fx.Node] = set()
     for node in gm.graph.find_nodes(op="get_attr"):
         attr = operator.attrgetter(str(node.target))(gm)
         if isinstance(attr, torch.Tensor) and node not in written:
             value[node] = attr
             sources[node] = {}
+            factory.add(node)
 
     outputs = set(_output_nodes(gm))
     returned = _returned_memory(outputs)
+    handed_out = _given_to_untrusted(gm.graph)
     folded: list[torch.fx.Node] = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or not _foldable_op(node) or node in outputs or node in written:
             continue
-        if node in returned and root(node).op != "placeholder":
-            continue  # an output is a view of it: the caller may write it (Note [Folding frozen parameters])
+        if (node in returned or node in handed_out) and root(node).op != "placeholder":
+            continue  # an output or a custom op could write it (Note [Folding frozen parameters])
         inputs = node.all_input_nodes
-        if not inputs or any(i not in value for i in inputs):
-            continue  # factory ops (no inputs) are left alone: they may depend on the call's state
+        from_factories = all(i in factory for i in inputs)
+        if from_factories and not _factory_foldable(node):
+            continue
+        if any(i not in value for i in inputs):
+            continue
         is_view = _is_view(node.target)
         reads: dict[int, int] = {}
         for i in inputs:
@@ -110,6 +140,8 @@ def fold_frozen(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> Fo
         value[node] = result
         sources[node] = reads
         folded.append(node)
+        if from_factories:
+            factory.add(node)
 
     folded_set = set(folded)
     used = {n: value[n] for n in folded if any(u not in folded_set for u in n.users)}
@@ -145,15 +177,39 @@ def _foldable_op(node: torch.fx.Node) -> bool:
         return False
     # torch's ops and our fused kernels (csrc/fused/: deterministic, no state); a user's op may read state it does not
     # declare, so it runs on every call
-    if torch.Tag.nondeterministic_seeded in target.tags or target.namespace not in ("aten", "prims", "graphex_fused"):
+    if torch.Tag.nondeterministic_seeded in target.tags or target.namespace not in _TRUSTED:
         return False
     val = node.meta.get("val")
     return isinstance(val, torch.Tensor) and not any(isinstance(s, torch.SymInt) for s in val.shape)
 
 
+def _factory_foldable(node: torch.fx.Node) -> bool:
+    """Note [Folding what reads no input]: a call in a chain from factories alone that may be run once and kept."""
+    if node.target._schema.name.split("::")[-1] in _UNINITIALIZED:
+        return False
+    val = node.meta["val"]  # _foldable_op: a tensor of static shape
+    return val.device.type == "cpu" and val.numel() * val.element_size() <= FOLD_FACTORY_LIMIT
+
+
 def _is_view(target: Any) -> bool:
     returns = target._schema.returns
     return bool(returns) and returns[0].alias_info is not None
+
+
+def _given_to_untrusted(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The values a call outside _TRUSTED reads, and every value they are views of: a custom op's schema is its
+    author's, and one that writes an argument it declares read-only would write a folded value for every later
+    call (Note [A constant only read is not copied] trusts custom ops no further)."""
+    given: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or (isinstance(node.target, torch._ops.OpOverload)
+                                          and node.target.namespace in _TRUSTED):
+            continue
+        for value in node.all_input_nodes:
+            while value is not None and value not in given:
+                given.add(value)
+                value = view_base(value)
+    return given
 
 
 def _returned_memory(outputs: set[torch.fx.Node]) -> set[torch.fx.Node]:

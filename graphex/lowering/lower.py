@@ -23,7 +23,7 @@ from ..program import Const, GetItemNode, Input, Node, OpNode, Program, Slot, Sy
 from ..fb import SymFn as _fb_sym
 from ..custom_ops.registration import is_custom
 from ..errors import CaptureError, Finding
-from .fold import fold_frozen
+from .fold import fold_constants
 from ..compat import traces_side_streams
 from .streams import ENTRY_STREAM, NOT_MADE_HERE, is_control_deps, slots_in, stream_of
 
@@ -98,7 +98,7 @@ class _Lowering:
         self.num_ops = 0
         self.dynamic = False
         self.node_ops: dict[int, torch._ops.OpOverload] = {}
-        self.folded = fold_frozen(gm, frozen) if frozen else None
+        self.folded = fold_constants(gm, frozen)  # Note [Folding frozen parameters], Note [Folding what reads no input]
         self.stream: int | None = None  # Note [Side streams in a program]: the stream the next op runs on
         self.lower_streams = traces_side_streams()  # torch < 2.13: annotations not lowered (compat)
         self.produced_on: dict[int, int | None] = {}  # slot -> the stream its op ran on
@@ -144,7 +144,7 @@ class _Lowering:
             watch.update(self.folded.watch)
             folded_ops = self.folded.count
             if folded_ops:
-                _log.info("%s: folded %d operator calls that read only frozen parameters (frozen_parameter)",
+                _log.info("%s: folded %d operator calls that read only frozen parameters or no input at all",
                           self.name, folded_ops)
         return LoweredGraph(program, self.constants, self.num_ops, sorted(self.frozen), self.dynamic, node_ops,
                             frozen_watch=watch, folded_ops=folded_ops)

@@ -7,7 +7,7 @@ import operator
 import torch
 import torch.fx
 
-from graphex.lowering.fold import fold_frozen
+from graphex.lowering.fold import fold_constants
 from graphex.passes.aliasing import root, written_nodes
 
 
@@ -60,5 +60,5 @@ def test_fold_leaves_a_buffer_written_through_an_item_of_its_split():
                         ("bumped", buf[:2]), ("doubled", buf * 2), ("out", buf * 2)):
         n[node].meta["val"] = value
     assert n["buf"] in written_nodes(g)
-    folded = fold_frozen(torch.fx.GraphModule(torch.nn.Module(), g), {0: buf})
+    folded = fold_constants(torch.fx.GraphModule(torch.nn.Module(), g), {0: buf})
     assert n["doubled"] not in folded.nodes

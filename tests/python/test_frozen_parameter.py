@@ -371,3 +371,26 @@ def test_an_output_that_views_a_folded_value_is_new_on_every_call():
             if g._base is None or all(g._base is not p for p in (model.w, model.b, model.buf)):
                 g.zero_()  # a view of a parameter is written in eager's model too: leave those alone
     assert engine_runs() > 0
+
+
+def test_a_folded_value_given_to_a_custom_op_is_computed_on_every_call():
+    """A custom op that writes an argument its schema calls read-only writes eager's new `w + 1` on every call;
+    folded, it would write the one kept value, and every later call would read what it wrote."""
+    lib = torch.library.Library("graphex_test_frozen", "FRAGMENT")  # noqa: TOR901
+    lib.define("scale_in_place_undeclared(Tensor x) -> Tensor")
+    lib.impl("scale_in_place_undeclared", lambda x: x.mul_(2).clone(), "CPU")
+    lib.impl("scale_in_place_undeclared", lambda x: torch.empty_like(x), "Meta")
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4), requires_grad=False)
+
+        def forward(self, x):
+            return torch.ops.graphex_test_frozen.scale_in_place_undeclared((self.w + 1)[1:]) + x[1:]
+
+    model = Model()
+    compiled = _compiled(model)
+    for _ in range(3):
+        x = torch.randn(4)
+        assert_same(compiled(x), model(x))
