@@ -59,7 +59,7 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _C
-from ..passes.aliasing import root, view_base, written_nodes
+from ..passes.aliasing import allocation, memory_argument, written_args, written_nodes
 
 # What the engine watches on a frozen input (Note [Folding frozen parameters]); ordered by strength. Defined once,
 # by the engine (csrc/runtime/executor.h, Executor::Watch).
@@ -91,7 +91,7 @@ def fold_constants(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) ->
     """Evaluate every foldable node of `gm` given the frozen inputs (index -> real tensor; none without
     frozen_parameter, where only chains from factories fold)."""
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    written = written_nodes(gm.graph)  # Note [One alias analysis]
+    written = _written(gm.graph)
     value: dict[torch.fx.Node, Any] = {}
     sources: dict[torch.fx.Node, dict[int, int]] = {}  # foldable node -> frozen inputs it reads, with watch level
     for index, node in enumerate(placeholders):
@@ -115,7 +115,7 @@ def fold_constants(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) ->
     for node in gm.graph.nodes:
         if node.op != "call_function" or not _foldable_op(node) or node in outputs or node in written:
             continue
-        if (node in returned or node in handed_out) and root(node).op != "placeholder":
+        if (node in returned or node in handed_out) and allocation(node).op != "placeholder":
             continue  # an output or a custom op could write it (Note [Folding frozen parameters])
         inputs = node.all_input_nodes
         from_factories = all(i in factory for i in inputs)
@@ -206,20 +206,42 @@ def _given_to_untrusted(graph: torch.fx.Graph) -> set[torch.fx.Node]:
                                           and node.target.namespace in _TRUSTED):
             continue
         for value in node.all_input_nodes:
-            while value is not None and value not in given:
-                given.add(value)
-                value = view_base(value)
+            _mark_memory(value, given)
     return given
 
 
 def _returned_memory(outputs: set[torch.fx.Node]) -> set[torch.fx.Node]:
-    """The outputs and every value an output is a view of (through views, items of views and in-place results)."""
+    """The outputs and every value an output may share memory with (views, `_unsafe_view`, `unsafe_split`, items of
+    those, in-place results)."""
     returned: set[torch.fx.Node] = set()
     for node in outputs:
-        while node is not None and node not in returned:
-            returned.add(node)
-            node = view_base(node)
+        _mark_memory(node, returned)
     return returned
+
+
+def _mark_memory(node: torch.fx.Node, marked: set[torch.fx.Node]) -> None:
+    """Add `node` and every value whose memory it may be (aliasing.memory_argument, followed back; a call the
+    analysis cannot see into may be any of its arguments)."""
+    todo = [node]
+    while todo:
+        value = todo.pop()
+        if value in marked:
+            continue
+        marked.add(value)
+        arg = memory_argument(value)
+        if arg is True:
+            todo += value.all_input_nodes
+        elif arg is not None:
+            todo.append(arg)
+
+
+def _written(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Every value an op of the graph may write: written_nodes (Note [One alias analysis]), and the values sharing
+    memory with a written one through what schemas do not declare (a write into `_unsafe_view(clone)` writes the
+    clone)."""
+    written = written_nodes(graph)
+    allocations = {allocation(n) for node in graph.nodes for n in written_args(node)}
+    return written | {n for n in graph.nodes if allocation(n) in allocations}
 
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:

@@ -13,7 +13,10 @@ A node names the memory of its `view_base` when it is a view (its first argument
 an alias the op does not write: `t`, `view`, `split`), the result of an in-place or
 out= op (the argument it returns), or an item of a view op's list (`split(x)[1]`);
 `root` follows those steps to the value that owns the memory. Anything else is new
-memory. Where the analysis cannot see inside a call (a higher-order op, with_effects)
+memory. `allocation` follows more: also the ops whose result shares its argument's memory
+without a schema that says so (`_unsafe_view`, `unsafe_split`, `unsafe_chunk`), for the
+passes where missing one would be silently wrong (a copy replaced by a view, a folded value
+an output shares). Where the analysis cannot see inside a call (a higher-order op, with_effects)
 `written_nodes` assumes the call writes every tensor it is given: too many writes
 only cost a fold or a removed copy, too few would be silently wrong.
 """
@@ -28,7 +31,7 @@ import torch.fx
 from torch._inductor.fx_passes.reinplace import META_ONLY_OPS
 from torch.fx.passes.reinplace import _is_view_op as is_view_op
 
-__all__ = ["META_ONLY_OPS", "is_view_op", "op_name", "same_layout", "written_args", "returns_input", "resolve_inplace", "view_base", "root", "reaches_output", "written_nodes",
+__all__ = ["META_ONLY_OPS", "is_view_op", "op_name", "same_layout", "written_args", "returns_input", "resolve_inplace", "view_base", "root", "memory_argument", "allocation", "reaches_output", "written_nodes",
            "reads_memory", "first_toucher_between"]
 
 
@@ -109,6 +112,42 @@ def root(node: torch.fx.Node) -> torch.fx.Node:
     while (base := view_base(node)) is not None:
         node = base
     return node
+
+
+def memory_argument(node: torch.fx.Node) -> torch.fx.Node | None | bool:
+    """The argument whose memory `node`'s result may be (a view of): for an in-place or out= op the argument it
+    returns; for a view by schema, `_unsafe_view`, an `unsafe_` split or chunk (no alias annotation, views all the
+    same), `alias` and an item of a list result, the first argument. None: new memory. True: a call the analysis
+    cannot see into (it may return any of its arguments)."""
+    if node.op != "call_function":
+        return None
+    first = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+    if node.target is operator.getitem:
+        return first
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return True
+    returned = returns_input(node)
+    if returned is not None:
+        return returned
+    schema = node.target._schema
+    name = schema.name
+    if any(r.alias_info is not None for r in schema.returns) or name.startswith(("aten::unsafe_", "aten::_unsafe_")) \
+            or name == "aten::alias":
+        return first if first is not None else True
+    return None
+
+
+def allocation(x: torch.fx.Node) -> torch.fx.Node:
+    """The node whose memory `x` names, followed back through every op whose result may be its argument's memory
+    (stricter than aliasing.root, which follows only what schemas declare); `x` itself when that is not known."""
+    node = x
+    while True:
+        arg = memory_argument(node)
+        if arg is None:
+            return node
+        if arg is True:
+            return x if node is x else node  # a call that may return any argument: treated as not fresh below
+        node = arg
 
 
 def reaches_output(start: torch.fx.Node, passes_on: Callable[[torch.fx.Node], torch.fx.Node | None],

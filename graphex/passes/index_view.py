@@ -40,7 +40,7 @@ import operator
 import torch
 import torch.fx
 
-from .aliasing import op_name, returns_input, written_args, written_nodes
+from .aliasing import allocation, memory_argument, op_name, written_args, written_nodes
 
 aten = torch.ops.aten
 
@@ -74,42 +74,6 @@ def _positions(index: torch.Tensor, size: int) -> tuple[int, int] | None:
     return start, len(values)
 
 
-def _aliased_argument(node: torch.fx.Node) -> torch.fx.Node | None | bool:
-    """The argument whose memory `node`'s result may be (a view of): for an in-place or out= op the argument it
-    returns; for a view by schema, `_unsafe_view`, an `unsafe_` split or chunk (no alias annotation, views all the
-    same), `alias` and an item of a list result, the first argument. None: new memory. True: a call the analysis
-    cannot see into (it may return any of its arguments)."""
-    if node.op != "call_function":
-        return None
-    first = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
-    if node.target is operator.getitem:
-        return first
-    if not isinstance(node.target, torch._ops.OpOverload):
-        return True
-    returned = returns_input(node)
-    if returned is not None:
-        return returned
-    schema = node.target._schema
-    name = schema.name
-    if any(r.alias_info is not None for r in schema.returns) or name.startswith(("aten::unsafe_", "aten::_unsafe_")) \
-            or name == "aten::alias":
-        return first if first is not None else True
-    return None
-
-
-def _allocation(x: torch.fx.Node) -> torch.fx.Node:
-    """The node whose memory `x` names, followed back through every op whose result may be its argument's memory
-    (stricter than aliasing.root, which follows only what schemas declare); `x` itself when that is not known."""
-    node = x
-    while True:
-        arg = _aliased_argument(node)
-        if arg is None:
-            return node
-        if arg is True:
-            return x if node is x else node  # a call that may return any argument: treated as not fresh below
-        node = arg
-
-
 def _stays_a_private_read(node: torch.fx.Node, written: set[torch.fx.Node]) -> bool:
     """No value that may share `node`'s memory is returned, written or handed to an op that addresses memory by an
     explicit storage offset (Note above)."""
@@ -127,7 +91,7 @@ def _stays_a_private_read(node: torch.fx.Node, written: set[torch.fx.Node]) -> b
             if user.target is not operator.getitem and not (
                     isinstance(user.target, torch._ops.OpOverload) and user.target.namespace in ("aten", "graphex_fused")):
                 return False
-            shares = _aliased_argument(user)
+            shares = memory_argument(user)
             if (shares is True or shares is value) and user not in seen:
                 seen.add(user)
                 stack.append(user)
@@ -137,8 +101,8 @@ def _stays_a_private_read(node: torch.fx.Node, written: set[torch.fx.Node]) -> b
 def _fresh_and_aligned(x: torch.fx.Node, xv: torch.Tensor, dim: int, start: int, written: set[torch.fx.Node]) -> bool:
     """The view's data starts on a 64-byte boundary of memory an op of the graph allocated, which nothing writes
     (Note above)."""
-    base = _allocation(x)
-    if base.op != "call_function" or _aliased_argument(base) is not None or base in written \
+    base = allocation(x)
+    if base.op != "call_function" or memory_argument(base) is not None or base in written \
             or not isinstance(xv.storage_offset(), int):
         return False
     offset = (xv.storage_offset() + start * xv.stride(dim)) * xv.element_size()
@@ -149,7 +113,7 @@ def read_constant_indices_through_views(gm: torch.fx.GraphModule, fake_mode: obj
     """Note [A constant index reads through a view]; returns how many copies were replaced by views."""
     graph = gm.graph
     written = written_nodes(graph)  # every node whose memory an op of the graph writes, views included
-    written |= {_allocation(n) for node in graph.nodes for n in written_args(node)}  # through _unsafe_view too
+    written |= {allocation(n) for node in graph.nodes for n in written_args(node)}  # through _unsafe_view too
     done = 0
     for node in list(graph.find_nodes(op="call_function", target=aten.index.Tensor)):
         x, indices = node.args[0], node.args[1] if len(node.args) > 1 else None

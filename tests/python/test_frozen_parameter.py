@@ -352,13 +352,18 @@ class _ReturnsViewsOfFolds(torch.nn.Module):
                 (w * 2).split(2, -1)[1], (w - 2).chunk(2)[0], w.exp().diagonal(0, 1, 2), (w + 3).movedim(0, 2),
                 (self.b * 2).expand(3, 4), (self.b + 5).unsqueeze(0).squeeze(0), (self.buf + 1)[None],
                 (self.buf * 1).T, w.sum(0).as_strided((4,), (5,)), self.b.clone().view(2, 2),
-                self.buf.t().contiguous().view(-1), self.buf.t()[1:], x + 1)
+                self.buf.t().contiguous().view(-1), self.buf.t()[1:], x + 1,
+                # through ops whose schema declares no alias: clone + _unsafe_view, unsafe_split / unsafe_chunk
+                self.buf.t().reshape(-1), (self.buf * 2).t().reshape(-1)[:3], self.buf.t().flatten(),
+                self.b.expand(4, 4).reshape(-1), torch.matmul(w, self.buf.t()).view(-1), (self.buf * 2).unsafe_split(2)[0],
+                (self.buf - 1).unsafe_chunk(2)[1], self.buf[:, None].expand(4, 2, 4).reshape(8, 4))
 
 
 def test_an_output_that_views_a_folded_value_is_new_on_every_call():
     """Note [Folding frozen parameters]: a value computed from parameters alone is folded, but not where an output
     is a view of it: the caller writes the outputs after each call, and the next call must not return (or compute
-    from) what was written. Before 2026-12-06, 15 of these 17 outputs were the caller's zeros from the second call on."""
+    from) what was written. Before 2026-12-06, 15 of the first 17 outputs were the caller's zeros from the second call
+    on, and the last 8 (found by a helper) until the fold followed `_unsafe_view` and `unsafe_split` too."""
     model = _ReturnsViewsOfFolds()
     compiled = _compiled(model)
     x = torch.randn(4)
