@@ -62,7 +62,12 @@ def _item_of_a_split_of_a_copy_of_a_row(a):
     return (v.select(0, 2).contiguous().clone().split(1, 0)[1],)
 
 
-CASES = [_view_of_a_copy_of_a_copy, _item_of_a_split_of_a_copy_of_a_row,
+def _empty_slice_of_a_copy_written_in_place(a):
+    v = a[:1].contiguous().clone()
+    return v[1:], v.index_put((torch.tensor([0]),), v[:1] * 2)  # the slice is empty: eager's is still a view
+
+
+CASES = [_empty_slice_of_a_copy_written_in_place, _view_of_a_copy_of_a_copy, _item_of_a_split_of_a_copy_of_a_row,
          _copy_of_a_copy_of_an_input, _two_copies_of_one_value, _copy_of_a_row_of_a_custom_op_result,
          _copy_of_an_input_after_it_is_written, _copy_of_an_input_written_through_a_split,
          _copy_written_by_a_custom_op, _copy_of_a_reshape]
