@@ -284,6 +284,24 @@ def snapshot(state: _State) -> bool:
     return True
 
 
+def factory(state: _State) -> bool:
+    """A value made inside the program, from nothing the caller passed: a factory call or a tensor constant, often
+    combined with an input, viewed, written or returned (graphex computes such chains once: Note [Folding what
+    reads no input])."""
+    rng = state.rng
+    shape = rng.choice([v.shape for v in state.values] + [_shape(rng)])
+    dtype = rng.choice(DTYPES)
+    torch_dtype = f"torch.{dtype}"
+    n = _numel(shape)
+    forms = [f"torch.ones({shape}, dtype={torch_dtype})", f"torch.zeros({shape}, dtype={torch_dtype})",
+             f"torch.full({shape}, 3, dtype={torch_dtype})",
+             f"torch.arange({n}, dtype={torch_dtype}).reshape({shape})",
+             f"(torch.arange({n}) % 3).to({torch_dtype}).reshape({shape})",
+             f"torch.tensor({[rng.randint(-3, 3) for _ in range(n)]}, dtype={torch_dtype}).reshape({shape})"]
+    state.new(shape, dtype, "{y} = " + rng.choice(forms))
+    return True
+
+
 def custom(state: _State) -> bool:
     x = state.pick()
     assert x is not None
@@ -292,7 +310,7 @@ def custom(state: _State) -> bool:
 
 
 GENERATORS = (unary, unary, binary, binary, reduction, view, view, inplace, inplace, indexing, indexing,
-              cat_split, matmul, custom, snapshot)
+              cat_split, matmul, custom, snapshot, factory)
 
 
 def merge(programs: list[Program]) -> Program:
