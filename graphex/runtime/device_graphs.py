@@ -30,6 +30,13 @@ raise when an overwritten output is read; graphex copies every output the graph 
 pool before returning it (one device copy per output: a decode step's logits), so an output a
 caller holds is never changed by a later call. Outputs that alias an input are that input's memory
 and are returned as they are.
+
+Note [Outputs that share memory are copied together]
+Outputs that share the pool's memory (`y, y.view(-1)`: eager's second is a view of the first) are
+copied out as one: the memory they share once, each output rebuilt on the copy with its own sizes,
+strides and offset, as a view of the output that is not a view (else of a base over the whole
+copy), so writing one shows through the others, as in eager (found by a helper: each was copied
+on its own, and a write into `y` no longer showed in the view).
 """
 
 from __future__ import annotations
@@ -141,6 +148,9 @@ class _Captured:
     copied: list[int]          # inputs copied into `inputs[i]` before each replay
     outputs: list[Any]         # what the capture produced (in the pool, or aliases of inputs)
     copy_out: list[int]        # outputs copied out of the pool (Note [Device graph outputs are never overwritten])
+    # Note [Outputs that share memory are copied together]: groups of copy_out sharing one storage, each with the
+    # index of its output that is not a view (or None); those outputs are not in copy_out.
+    copy_together: list[tuple[list[int], int | None]] = dataclasses.field(default_factory=list)
 
 
 class DeviceGraphs:
@@ -215,6 +225,8 @@ class DeviceGraphs:
         outs = list(entry.outputs)
         for i in entry.copy_out:
             outs[i] = outs[i].clone()
+        for group, base in entry.copy_together:
+            _copy_together(outs, group, base)
         return outs
 
     def _moved(self, entry: _Captured, args: list[Any]) -> str:
@@ -318,7 +330,41 @@ class DeviceGraphs:
         self.captures += 1
         _log.info("%s: captured device graph %d on %s", self.name, len(self.graphs) + 1, self.device)
         copy_out = [i for i in self._pool_outputs if isinstance(outputs[i], torch.Tensor)]
-        return _Captured(graph, inputs, addresses, copied, list(outputs), copy_out)
+        copy_out, together = _sharing_groups(outputs, copy_out)
+        return _Captured(graph, inputs, addresses, copied, list(outputs), copy_out, together)
+
+
+def _sharing_groups(outputs: Sequence[Any], copy_out: list[int]) -> tuple[list[int], list[tuple[list[int], int | None]]]:
+    """copy_out split into the outputs copied alone and the groups that share one storage (Note [Outputs that share
+    memory are copied together]); a group of several dtypes stays apart (copied alone each, as before)."""
+    by_storage: dict[int, list[int]] = {}
+    for i in copy_out:
+        by_storage.setdefault(outputs[i].untyped_storage().data_ptr(), []).append(i)
+    alone: list[int] = []
+    together: list[tuple[list[int], int | None]] = []
+    for group in by_storage.values():
+        if len(group) == 1 or len({outputs[i].dtype for i in group}) > 1:
+            alone += group
+            continue
+        bases = [i for i in group if not outputs[i]._is_view()]
+        together.append((group, bases[0] if bases else None))
+    return sorted(alone), together
+
+
+def _copy_together(outs: list[Any], group: list[int], base: int | None) -> None:
+    """Copy the storage `group`'s outputs share once and rebuild each on the copy (Note [Outputs that share memory
+    are copied together])."""
+    first = outs[group[0]]
+    storage = first.untyped_storage().clone()
+    if base is not None:
+        b = outs[base]
+        root = torch.empty(0, dtype=b.dtype, device=b.device).set_(storage, b.storage_offset(), b.size(), b.stride())
+    else:
+        root = torch.empty(0, dtype=first.dtype, device=first.device).set_(
+            storage, 0, (storage.nbytes() // first.element_size(),), (1,))
+    for i in group:
+        o = outs[i]
+        outs[i] = root if i == base else root.as_strided(o.size(), o.stride(), o.storage_offset())
 
 
 class StreamLeftError(RuntimeError):

@@ -270,6 +270,32 @@ def test_graphs_of_two_functions_sharing_one_pool_keep_their_outputs():
         assert same(a, (x * 2).exp()) and same(b, (x + 3).sin() * x)
 
 
+def _outputs_sharing_memory(x):
+    y = x * 2
+    h = x.exp()
+    return y, y.view(-1), y[1:], h[0], h[1:], x + 1
+
+
+def test_outputs_that_share_memory_in_eager_share_it_after_a_replay():
+    """Note [Outputs that share memory are copied together]: a write into one output shows through the outputs that
+    are its views, and outputs that view one intermediate view one copy of it; each is a view where eager's is."""
+    c = compiled(_outputs_sharing_memory)
+    before = {id(g) for g in captures()}
+    with torch.no_grad():
+        for call in range(4):  # the engine, the capture, then replays
+            x = torch.arange(12.0).view(3, 4)
+            got, want = c(x.to(DEV)), _outputs_sharing_memory(x)
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert same(g, w), (call, i)
+                assert g._is_view() == w._is_view(), (call, i)
+            got[0].zero_(), want[0].zero_()
+            got[3].fill_(5), want[3].fill_(5)
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert same(g, w), f"call {call}: output {i} after the caller wrote outputs 0 and 3"
+            assert got[1]._base is got[0] and got[2]._base is got[0]
+    assert runner_of(before).replays >= 2
+
+
 def test_custom_ops_of_each_registration_style_replay_inside_the_graph():
     """custom_op + register_fake (in place, on a cache: zero copies) and Library define/impl + Meta with a
     PrivateUse1 kernel, inside one device graph; the C++ TORCH_LIBRARY style is the shipped decoder's test above."""
