@@ -13,6 +13,7 @@
 #include "fused/rows.h"
 #include "fused/vec.h"
 
+#include <ATen/ops/_unsafe_view.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/mm.h>
@@ -102,7 +103,9 @@ at::Tensor gated_mlp_cpu(const at::Tensor& x, const at::Tensor& w_gate, const at
   } else {
     gate = at::mul(at::silu(gate), up);
   }
-  return linear(gate, w_down).view(mlp_shape(x, w_down));
+  // The schema returns a new tensor: the product reshaped without becoming a view of it (`_unsafe_view`, as
+  // at::matmul does), so the result has no `_base`, as eager's linear's has none (found by a helper).
+  return at::_unsafe_view(linear(gate, w_down), mlp_shape(x, w_down));
 }
 
 at::Tensor gated_mlp_meta(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
