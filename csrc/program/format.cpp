@@ -71,10 +71,10 @@ const fb::Program& verify(std::string_view bytes) {
     throw FormatError("graphex program is corrupt (" + std::to_string(bytes.size()) +
                       " bytes fail the FlatBuffers verifier); rebuild it (graphex.export, or delete the cache entry)");
   const fb::Program& p = *fb::GetSizePrefixedProgram(bytes.data());
-  if (p.format_version() != kFormatVersion)
+  if (p.format_version() < kOldestReadableVersion || p.format_version() > kFormatVersion)
     throw FormatError("graphex program has format version " + std::to_string(p.format_version()) +
-                      "; this build reads version " + std::to_string(kFormatVersion) +
-                      ". Export it again with this graphex");
+                      "; this build reads versions " + std::to_string(kOldestReadableVersion) + " to " +
+                      std::to_string(kFormatVersion) + ". Export it again with this graphex");
   return p;
 }
 

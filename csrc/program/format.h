@@ -35,8 +35,11 @@
 namespace graphex::format {
 
 // Bump with FORMAT_VERSION in graphex/program/encode.py when the meaning of any field changes.
-constexpr uint32_t kFormatVersion = 3;  // 3: a float argument of -0.0 is written (Note [A float's sign survives the
-                                         // format], graphex/program/encode.py); a program of 2 may have lost it
+constexpr uint32_t kFormatVersion = 4;  // 3: a float argument of -0.0 is written (Note [A float's sign survives the
+                                         // format], graphex/program/encode.py); a program of 2 may have lost it.
+                                         // 4: a result leaf may be another view of a program output (OutputView)
+// The oldest version this build reads: every program of 3 means what it meant (4 only added a leaf kind).
+constexpr uint32_t kOldestReadableVersion = 3;
 constexpr char kFileIdentifier[] = "GXPG";
 
 // A file that is not a graphex program this build can read; the message says why.

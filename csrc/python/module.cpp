@@ -17,6 +17,7 @@
 #include "runtime/binder.h"
 #include "runtime/executor.h"
 
+#include <ATen/ops/alias.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/forward_grad.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -301,18 +302,21 @@ std::vector<c10::IValue> boundArguments(const Binder& binder, const ArgItems& ar
 py::list pyResults(const Binder& binder, std::vector<c10::IValue> outputs, const ArgItems& args) {
   if (binder.leaves().empty()) return toPyList(std::move(outputs));
   py::list result(binder.leaves().size());
-  // A graph output the function returns twice (`return h, h`) is one Python object, made once: the second leaf
-  // must not read the IValue the first moved out.
+  // A graph output the function returns twice (`return h, h`) is one Python object, made once; a second view of it
+  // (an OutputView leaf) is a tensor of its own.
   std::vector<py::object> made(outputs.size());
   size_t k = 0;
   for (const Binder::Leaf& l : binder.leaves()) {
     switch (static_cast<fb::LeafKind>(l.kind)) {
       case fb::LeafKind::Output: {
         py::object& out = made[l.index];
-        if (!out) out = fromIValue(std::move(outputs[l.index]));
+        if (!out) out = fromIValue(outputs[l.index]);
         result[k++] = out;
         break;
       }
+      case fb::LeafKind::OutputView:  // Note [Two views of one output are two tensors] (graphex/inference/capture.py)
+        result[k++] = fromIValue(at::alias(outputs[l.index].toTensor()));
+        break;
       case fb::LeafKind::Argument: result[k++] = py::reinterpret_borrow<py::object>(args.items[l.index]); break;
       default: result[k++] = fromIValue(l.value); break;
     }

@@ -4,6 +4,8 @@
 #include "program/format.h"
 #include "runtime/executor.h"
 
+#include <ATen/ops/alias.h>
+
 #include <algorithm>
 
 namespace graphex {
@@ -88,6 +90,7 @@ std::vector<c10::IValue> Binder::results(std::vector<c10::IValue> outputs, const
   for (const Leaf& l : leaves_) {
     switch (static_cast<fb::LeafKind>(l.kind)) {
       case fb::LeafKind::Output: result.push_back(outputs[l.index]); break;
+      case fb::LeafKind::OutputView: result.push_back(at::alias(outputs[l.index].toTensor())); break;
       case fb::LeafKind::Argument: result.push_back(args[l.index]); break;
       default: result.push_back(l.value); break;
     }

@@ -6,3 +6,4 @@ class LeafKind(object):
     Output = 0
     Argument = 1
     Constant = 2
+    OutputView = 3

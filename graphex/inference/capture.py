@@ -185,7 +185,8 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     if with_guards:
         inputs = _with_sources(rec, inputs)
     leaves, out_spec = pytree.tree_flatten(result)
-    outputs = [_bind_output(leaf, flat_args, rec.graph_outputs or [], dynamic) for leaf in leaves]
+    outputs = _distinct_views([_bind_output(leaf, flat_args, rec.graph_outputs or [], dynamic) for leaf in leaves],
+                              leaves)
     sources, problem = keys.source_fingerprints(rec.traced_code, keys.project_root(func))
     if problem:
         raise NotCacheable(problem)
@@ -383,6 +384,23 @@ def _bind_output(leaf: Any, flat_args: list[Any], graph_outputs: list[Any], dyna
         if isinstance(g, torch.Tensor) and _same_view(g, leaf):
             return Leaf("graph", k)
     raise NotCacheable("an output could not be traced back to the captured graph")
+
+
+def _distinct_views(bound: list[Leaf], leaves: list[Any]) -> list[Leaf]:
+    """Note [Two views of one output are two tensors]
+    Two leaves can be bound to one program output and be two tensors in eager: `return x.view(-1), x.view(-1)`
+    (the graph returns one view, AOTAutograd regenerated one per output). One Python object for both would let an
+    in-place change of one's sizes (`a.unsqueeze_(0)`) change the other (found by a helper). So a leaf bound to an
+    output that a different tensor took first is a "view" leaf: each call makes `alias()` of that output, a tensor
+    of its own naming the same memory, as eager's. A tensor returned twice (`return h, h`) stays one object."""
+    first: dict[int, Any] = {}
+    out = []
+    for leaf, value in zip(bound, leaves):
+        if leaf.kind == "graph":
+            if first.setdefault(leaf.index, value) is not value:
+                leaf = Leaf("view", leaf.index)
+        out.append(leaf)
+    return out
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -26,7 +26,8 @@ from .typed import Const, Slot
 
 FILE_IDENTIFIER = b"GXPG"
 # Bump with kFormatVersion in csrc/program/format.h when the meaning of any field changes.
-FORMAT_VERSION = 3  # 3: a float argument of -0.0 is written (Note [A float's sign survives the format])
+FORMAT_VERSION = 4  # 3: a float argument of -0.0 is written (Note [A float's sign survives the format]). 4: a result
+# leaf may be another view of a program output (Leaf "view")
 
 
 class EncodeError(ValueError):
@@ -62,7 +63,7 @@ _BINDINGS = {"arg": BindingKind.BindingKind.Argument, "param": BindingKind.Bindi
              "stride": BindingKind.BindingKind.Stride, "storage_offset": BindingKind.BindingKind.StorageOffset,
              "token": BindingKind.BindingKind.Token, "attr": BindingKind.BindingKind.ArgumentPath}
 _LEAVES = {"graph": LeafKind.LeafKind.Output, "arg": LeafKind.LeafKind.Argument,
-           "const": LeafKind.LeafKind.Constant}
+           "const": LeafKind.LeafKind.Constant, "view": LeafKind.LeafKind.OutputView}
 
 
 def dtype_code(dtype: torch.dtype) -> int:

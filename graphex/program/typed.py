@@ -183,14 +183,15 @@ class Binding:
         return _from_json(cls, d, kinds=_BINDING_KINDS)
 
 
-LeafKind = Literal["graph", "arg", "const"]
+LeafKind = Literal["graph", "arg", "const", "view"]
 _LEAF_KINDS = frozenset(LeafKind.__args__)  # type: ignore[attr-defined]
 
 
 @dataclasses.dataclass(frozen=True)
 class Leaf:
-    """One leaf of the function's result: program output `index`, argument `index` returned as it came, or a
-    Python constant `value` (table Leaf of program.fbs)."""
+    """One leaf of the function's result: program output `index`, another view of it ("view": Note [Two views of
+    one output are two tensors]), argument `index` returned as it came, or a Python constant `value` (table Leaf
+    of program.fbs)."""
 
     kind: LeafKind
     index: int = 0

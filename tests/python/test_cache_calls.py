@@ -35,6 +35,29 @@ def test_a_tensor_returned_twice_is_one_object_on_every_replay(tmp_path):
     assert cached.stats["hits"] == 0 and cached.stats["compiles"] == 1  # replays of the entry it wrote
 
 
+def _returns_two_views_of_one_value(x, w):
+    return x.view(-1), x.view(-1), x[0], x[0], w.t(), w.t(), w
+
+
+def test_two_views_of_one_value_are_two_tensors(tmp_path):
+    """Note [Two views of one output are two tensors] (graphex/inference/capture.py): eager's two `x.view(-1)` are two
+    tensors, so changing one's sizes in place leaves the other as it was; on the compiling call, on replays and in a
+    loaded entry (a second cache_compile of the same function, which hits the entry the first wrote)."""
+    x, w = torch.randn(2, 3), torch.randn(3, 4)
+    for attempt in range(2):
+        cached = _cached(_returns_two_views_of_one_value, tmp_path)
+        with torch.no_grad():
+            for _ in range(3):
+                got, want = cached(x, w), _returns_two_views_of_one_value(x, w)
+                for i in range(len(want)):
+                    for j in range(len(want)):
+                        assert (got[i] is got[j]) == (want[i] is want[j]), (attempt, i, j)
+                    assert got[i]._base is want[i]._base and torch.equal(got[i], want[i])
+                got[0].unsqueeze_(0), got[2].t_(), got[4].unsqueeze_(0)
+                assert got[1].shape == (6,) and got[3].shape == (3,) and got[5].shape == (4, 3)
+        assert cached.stats["hits" if attempt else "compiles"] == 1
+
+
 def test_a_size_is_returned_as_a_size(tmp_path):
     def fn(x):
         return x * 2, x.shape, [x.shape[0], x.size()]

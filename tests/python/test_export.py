@@ -175,3 +175,20 @@ finally:
     assert "_c10d_functional::all_reduce" in out.stdout and "cache_compile on every rank" in out.stdout, out.stdout
     assert "tp_export.py" in out.stdout.split("|")[-1], out.stdout  # the user's line is named
     assert not (tmp_path / "tp.graphex").exists()  # nothing half-written
+
+
+def test_two_views_of_one_value_are_two_tensors_in_the_cpp_runtime(tmp_path):
+    """Note [Two views of one output are two tensors]: an exported result leaf may be another view of an output
+    (program format 4); graphex::Module returns `alias()` of it, a tensor of its own on the same memory."""
+    class Views(torch.nn.Module):
+        def forward(self, x):
+            return x.view(-1), x.view(-1), x * 2
+
+    x = torch.randn(2, 3)
+    path = graphex.export(Views(), (x,), tmp_path / "views.graphex")
+    with torch.no_grad():
+        a, b, h = _C.Module(path)([x])
+    assert torch.equal(a, x.view(-1)) and torch.equal(b, a) and torch.equal(h, x * 2)
+    assert a is not b and a.data_ptr() == b.data_ptr() == x.data_ptr()
+    a.unsqueeze_(0)
+    assert b.shape == (6,)
