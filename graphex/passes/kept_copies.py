@@ -27,6 +27,8 @@ class KeptCopy:
       "overlaps-itself"  the written tensor's elements share memory (an expanded view);
       "own-source"       the update reads the very memory it overwrites (`x[1:] = x[:-1]`);
       "returned-view"    the result is returned, and the tensor it would write is a view of a larger one;
+      "read-after-copy-back"  written into a graph input, the result would be overwritten by the input's
+                         copy-back of another value before it is read;
       "unproven"         the alias analysis could not prove the old value dead.
     """
 

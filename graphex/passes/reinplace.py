@@ -24,7 +24,9 @@ Note [Reinplacing decides and records in one place]
     switches; nothing in the graph is hidden or rewritten to steer the decision);
   * a graph input is written in place only where the graph copies the new value back
     into it (the caller's tensor is declared mutated), and a view of one only where
-    that copy-back is this op's result in the same layout;
+    that copy-back is this op's result in the same layout; where the copy-back is of
+    another value, the op's result must be read before it (Note [A result written into
+    an input is read before the input's copy-back]);
   * no node after the op (before the copy-back, which overwrites the old value anyway)
     may read memory the written tensor may share: the first such node is the reader
     the record names; ops that read only metadata do not count;
@@ -153,6 +155,10 @@ class _Reinplacer:
             if copy_node is None:
                 return Why("the graph must leave that input unchanged (the caller's tensor is not declared "
                             "mutated)", "not-declared")
+            if _copied_from(copy_node) is not node and self._result_read_from(node, copy_node):
+                # Note [A result written into an input is read before the input's copy-back]
+                return Why("in place its result would be that input, which the graph's copy-back of another value "
+                           "overwrites before the result is read", "read-after-copy-back")
             written = arg
         elif any(v.op in _HELD for v in views):
             copy_node = self.copy_via_view.get((arg, node))
@@ -167,6 +173,28 @@ class _Reinplacer:
                            "returns new memory", "returned-view")  # Note [A returned result is not made a view]
         reader = self._reader_after(node, views, copy_node=copy_node, written=written)
         return read_later(reader) if reader is not None else None
+
+    def _result_read_from(self, node: torch.fx.Node, copy_node: torch.fx.Node) -> bool:
+        """Whether `node`'s result, or a view of it, is read at or after `copy_node` (the graph's output included).
+
+        Note [A result written into an input is read before the input's copy-back]
+        Written in place into a graph input, an op's result is the input's memory. The input's copy-back (the
+        caller's mutation, `a.mul_(2)` after `r = a.index_put(...)`) then overwrites it: where the copy-back is of
+        another value, the result must be read before it, or the reader gets the input's new value (the fuzzer's
+        seed 3496 returned `a * 2` for the index_put). Inductor's rule looks only at readers of the input's old
+        value; this is the one for the result."""
+        todo, seen = [node], set()
+        while todo:
+            value = todo.pop()
+            if value in seen:
+                continue
+            seen.add(value)
+            for user in value.users:
+                if user.op == "output" or self.order[user] >= self.order[copy_node]:
+                    return True
+                if _view_of(user) is value:
+                    todo.append(user)
+        return False
 
     def _reader_after(self, node: torch.fx.Node, views: list[torch.fx.Node], *, copy_node: torch.fx.Node | None,
                       written: torch.fx.Node) -> torch.fx.Node | None:
@@ -315,6 +343,14 @@ def _view_of(user: torch.fx.Node) -> torch.fx.Node | None:
     if user.op == "call_function" and (is_view_op(user.target) or user.target is operator.getitem) and user.args:
         return user.args[0] if isinstance(user.args[0], torch.fx.Node) else None
     return None
+
+
+def _copied_from(copy_node: torch.fx.Node) -> Any:
+    """The node whose result a copy-back writes (through the items of a multi-output op's result)."""
+    src = copy_node.args[1]
+    while isinstance(src, torch.fx.Node) and src.target is operator.getitem:
+        src = src.args[0]
+    return src
 
 
 def _view_chain_base(node: torch.fx.Node) -> torch.fx.Node:

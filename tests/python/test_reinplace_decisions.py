@@ -114,6 +114,35 @@ def test_a_kept_copy_names_the_reader_the_decision_found():
     assert "old_doubled = x * 2" in kept.where
 
 
+def _update_returned_then_the_input_written_with_another_value(x):
+    updated = x.index_put((torch.tensor([1, 0]),), x[:2] * 2)  # x has two rows: CSE makes x[:2] * 2 the x * 2 below
+    x.mul_(2)  # the input's copy-back is of x * 2: in place, `updated` would be overwritten before it is returned
+    return updated
+
+
+def _update_returned_as_a_view_then_the_input_written_with_another_value(x):
+    updated = x.index_put((torch.tensor([1, 0]),), x[:2] * 2)
+    x.mul_(2)
+    return updated.t()
+
+
+def _update_read_before_the_input_is_written_with_another_value(x):
+    total = x.index_put((torch.tensor([1, 0]),), x[:2] * 2).sum(0)  # read before the copy-back: in place is right
+    x.mul_(2)
+    return total
+
+
+@pytest.mark.parametrize("fn, in_place", [(_update_returned_then_the_input_written_with_another_value, False),
+                                          (_update_returned_as_a_view_then_the_input_written_with_another_value, False),
+                                          (_update_read_before_the_input_is_written_with_another_value, True)],
+                         ids=["returned", "returned-as-a-view", "read-before"])
+def test_a_result_written_into_an_input_is_read_before_the_inputs_copy_back(fn, in_place):
+    """Note [A result written into an input is read before the input's copy-back]: the fuzzer's seed 3496 returned
+    the input's new value (x * 2) for the index_put's result."""
+    graph = _compile_and_check(fn, lambda: (torch.arange(8.0).view(2, 4),))
+    assert ("aten::index_put_" in graph.in_place) == in_place, graph.in_place
+
+
 def _bump_a_clone_of_an_input_and_read_the_input(x, pos, v):
     y = x.clone()
     bump_(y, 2.0)

@@ -171,7 +171,7 @@ def user_copies(gm: torch.fx.GraphModule) -> tuple[int, str]:
 
 
 # the causes of a kept copy that are what the user's code asks for (graphex.passes.KeptCopy): no finding to fix
-_COPIES_THE_CODE_ASKS_FOR = ("replaced", "own-source", "overlaps-itself", "returned-view")
+_COPIES_THE_CODE_ASKS_FOR = ("replaced", "own-source", "overlaps-itself", "returned-view", "read-after-copy-back")
 
 
 def _fix_for_copy(copy: Any) -> str:
@@ -195,6 +195,9 @@ def _fix_for_copy(copy: Any) -> str:
     if copy.cause == "returned-view":
         return ("none needed: the result is returned, so it gets memory of its own, as eager's does; written in "
                 "place it would be a view of a larger tensor.")
+    if copy.cause == "read-after-copy-back":
+        return ("none needed: the result is read after the code writes another value into the same input, so it "
+                "keeps memory of its own, as eager's does.")
     if copy.cause == "replaced":
         return ("none needed: the code overwrites the whole input with another tensor, so a full copy is what it "
                 "asks for.")
