@@ -6,6 +6,7 @@ twice: the capture call and a replay. Both calls' outputs and the inputs afterwa
 inputs and views of inputs in place) must be eager's, byte for byte (Note [Bitwise means the bytes]).
 Between the two calls every tensor the first returned is overwritten, as a caller may: a result that is
 memory the program keeps across calls would show in the replay (found 2026-12-06: a folded constant).
+On every third seed some inputs are frozen buffers of a module (Note [Some fuzzed inputs are frozen buffers]).
 A mismatch is classified like an OpInfo case (Note [How a sweep failure is classified]): only a failure
 that aot_eager does not share is graphex's; a program eager rejects is `invalid` and skipped.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import linecache
 import os
 import signal
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -99,16 +101,64 @@ def _error(e: BaseException) -> str:
     return lines[0][:300] if lines else type(e).__name__
 
 
+def held_inputs(inputs: Sequence[Input], seed: int) -> list[int]:
+    """Note [Some fuzzed inputs are frozen buffers]
+    On every third seed the program's even-numbered plain inputs are buffers of a module compiled with
+    frozen_parameter=True (graphex computes what reads only them once, graphex/lowering/fold.py), reset to the
+    seed's values before each call: the values stay eager's, so every output, write and alias must too. Inputs that
+    alias another, or that another aliases, or with overlapping memory, stay arguments."""
+    if seed % 3:
+        return []
+    aliased = {int(s.layout.partition("@")[2] or 0) for s in inputs if s.layout.startswith("alias")}
+    return [i for i, s in enumerate(inputs) if i % 2 == 0 and i not in aliased
+            and not s.layout.startswith("alias") and s.layout != "expanded"]
+
+
+class _Held(torch.nn.Module):
+    """The program with inputs `held` as buffers (Note [Some fuzzed inputs are frozen buffers]). Its forward is
+    written out per program (a code object of its own, as `load` gives the function: Dynamo's recompile limit is
+    per code object)."""
+
+    def __init__(self, fn: Callable[..., Any], inputs: list[torch.Tensor], held: list[int]) -> None:
+        super().__init__()
+        self.fn, self.held, self.n = fn, held, len(inputs)
+        for i in held:
+            self.register_buffer(f"b{i}", clone_tree([inputs[i]])[0])
+        rest = [f"r{i}" for i in range(len(inputs)) if i not in held]
+        args = [f"self.b{i}" if i in held else f"r{i}" for i in range(len(inputs))]
+        source = f"def forward(self, {', '.join(rest)}):\n    return self.fn({', '.join(args)})\n"
+        _count[0] += 1
+        namespace: dict[str, Any] = {}
+        exec(compile(source, f"<graphex fuzz module {_count[0]}>", "exec"), namespace)
+        self.forward = types.MethodType(namespace["forward"], self)
+
+
+def _call_held(compiled: Callable[..., Any], module: _Held, inputs: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    for i in module.held:  # the same buffer objects, back to the seed's values
+        getattr(module, f"b{i}").copy_(inputs[i])
+    args = clone_tree([t for i, t in enumerate(inputs) if i not in module.held])
+    out = compiled(*args)
+    given = iter(args)
+    return out, [getattr(module, f"b{i}") if i in module.held else next(given) for i in range(len(inputs))]
+
+
 def _under(backend: str, source: str, inputs: list[torch.Tensor], dynamic: bool,
-           expected: tuple[Any, list[torch.Tensor]]) -> tuple[str | None, str | None]:
+           expected: tuple[Any, list[torch.Tensor]], held: Sequence[int] = ()) -> tuple[str | None, str | None]:
     try:
-        compiled = torch.compile(load(source), backend=backend, fullgraph=True, dynamic=dynamic)
-        first = _call(compiled, inputs)
+        if held:
+            module = _Held(load(source), inputs, list(held))
+            options = {"frozen_parameter": True} if backend == "graphex" else None
+            compiled_module = torch.compile(module, backend=backend, fullgraph=True, dynamic=dynamic, options=options)
+            call = lambda: _call_held(compiled_module, module, inputs)  # noqa: E731
+        else:
+            compiled = torch.compile(load(source), backend=backend, fullgraph=True, dynamic=dynamic)
+            call = lambda: _call(compiled, inputs)  # noqa: E731
+        first = call()
         first_diff = (difference(first[0], expected[0], "capture outputs")
                       or difference(first[1], expected[1], "capture inputs")
                       or alias_difference(first, expected, "capture outputs"))
         _overwrite(first)  # Note [What a fuzzed program must match]: nothing the caller got may reach the replay
-        second = _call(compiled, inputs)
+        second = call()
     except _Timeout:
         raise
     except Exception as e:  # noqa: BLE001 - failures are data
@@ -138,7 +188,8 @@ def check(program: Program, seed: int, time_limit: float = 30.0) -> Outcome:
     signal.setitimer(signal.ITIMER_REAL, time_limit)
     try:
         with torch.no_grad():
-            return _check(program.source(), make_inputs(program.inputs, seed), program.dynamic)
+            return _check(program.source(), make_inputs(program.inputs, seed), program.dynamic,
+                          held_inputs(program.inputs, seed))
     except _Timeout:
         return Outcome("timeout", f"ran past {time_limit:g} s")
     finally:
@@ -150,7 +201,7 @@ def _alarm(*_: Any) -> None:
     raise _Timeout()
 
 
-def _check(source: str, inputs: list[torch.Tensor], dynamic: bool) -> Outcome:
+def _check(source: str, inputs: list[torch.Tensor], dynamic: bool, held: Sequence[int] = ()) -> Outcome:
     try:
         expected = _call(load(source), inputs)
     except _Timeout:
@@ -158,10 +209,10 @@ def _check(source: str, inputs: list[torch.Tensor], dynamic: bool) -> Outcome:
     except Exception as e:  # noqa: BLE001
         return Outcome("invalid", "eager raises: " + _error(e))
     before = graphex_runs()
-    error, diff = _under("graphex", source, inputs, dynamic, expected)
+    error, diff = _under("graphex", source, inputs, dynamic, expected, held)
     if error is None and diff is None:
         return Outcome("ok" if graphex_runs() > before else "ok_no_engine")
-    aot_error, aot_diff = _under("aot_eager", source, inputs, dynamic, expected)
+    aot_error, aot_diff = _under("aot_eager", source, inputs, dynamic, expected, held)
     if aot_error is not None:
         return Outcome("not_graphex", f"aot_eager raises too: {aot_error}")
     if error is not None:
@@ -238,6 +289,6 @@ if __name__ == "__main__":
 def reproduce(source: str, inputs: list[Input], *, seed: int, dynamic: bool) -> int:
     print(source)
     with torch.no_grad():
-        outcome = _check(source, make_inputs(inputs, seed), dynamic)
+        outcome = _check(source, make_inputs(inputs, seed), dynamic, held_inputs(inputs, seed))
     print(f"{outcome.kind}: {outcome.detail}" if outcome.detail else outcome.kind)
     return 1 if outcome.kind in FAILURES else 0

@@ -242,9 +242,10 @@ void Executor::bindFrozen(std::vector<FrozenInput> frozen) {
     f.strides = f.tensor.strides().vec();
     f.key_set = f.tensor.key_set();
     if (f.watch != Watch::Contents) continue;
-    // Note [A frozen parameter is checked by identity]: the bytes the values were folded from.
-    if (!f.data || f.tensor.device().type() != c10::DeviceType::CPU || f.tensor.layout() != c10::kStrided ||
-        f.tensor.is_quantized())
+    // Note [A frozen parameter is checked by identity]: the bytes the values were folded from (none for an empty
+    // tensor, whose data pointer may be null: found by the fuzzer with a 0-size buffer).
+    if ((!f.data && f.tensor.numel() != 0) || f.tensor.device().type() != c10::DeviceType::CPU ||
+        f.tensor.layout() != c10::kStrided || f.tensor.is_quantized())
       throw ProgramError("graphex: " + program_.name + ": frozen input " + std::to_string(f.index) +
                          " is watched by contents, which needs a dense CPU tensor with storage");
     size_t nbytes = f.tensor.numel() == 0 ? 0 : at::detail::computeStorageNbytes(f.sizes, f.strides, f.tensor.itemsize());

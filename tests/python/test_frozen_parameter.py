@@ -399,3 +399,22 @@ def test_a_folded_value_given_to_a_custom_op_is_computed_on_every_call():
     for _ in range(3):
         x = torch.randn(4)
         assert_same(compiled(x), model(x))
+
+
+def test_an_empty_buffer_a_value_is_folded_from_runs():
+    """A 0-size buffer a computed value is folded from is watched by contents, of which it has none (its data pointer
+    may be null): the program runs (found by the fuzzer: a ProgramError at bind time)."""
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("empty", torch.zeros(0, 3))
+
+        def forward(self, x):
+            return torch.cat([self.empty.abs().neg(), x]) * 2
+
+    model = Model()
+    compiled = _compiled(model)
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        assert_same(compiled(x), model(x))
+    assert engine_runs() > 0
