@@ -3,9 +3,9 @@
 Note [Folding what reads no input]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A chain of operators that starts at factory calls or the graph's own tensor constants and
-reads no input, parameter or buffer gives the same value on every call: Bloom's ALiBi slopes (`full`, `arange`, `pow`),
-the `arange`s and `unsqueeze`s a causal mask is built from. It is run once, here, with eager's
-kernels, in every mode, and read as a constant (6-17 operator calls a decode step on the
+reads no input, parameter or buffer gives the same value on every call: Bloom's ALiBi slopes
+(`full`, `arange`, `pow`), the `arange`s and `unsqueeze`s a causal mask is built from. It is run once, here, with eager's
+kernels, in every mode, and read as a constant (6-22 operator calls a decode step on the
 transformers families). The same rules as below keep it exact (never an output or a value an
 output views, never written), and a few more: never a factory whose contents are unspecified
 (`empty` and its kin) or seeded by the generator, only CPU values of static shape, and at most
@@ -24,11 +24,11 @@ What is never folded: ops with mutable arguments or random results, ops that ret
 several values or none, graph outputs (an output must be a fresh tensor each call), values
 an in-place op of the graph writes (through any view), and anything fed by a parameter the
 graph itself mutates. Nor a value a custom operator reads (its schema is its author's), nor a
-value an output is a view of (`(w + 1).view(-1)` returned): the
-caller may write the output, which would write the folded value every later call reads (found
-2026-12-06: the second call returned what the caller wrote into the first's result). A view
-of a frozen parameter itself may be returned through a view: eager's output is a view of the
-parameter too.
+value an output shares memory with (`(w + 1).view(-1)` returned, also through `_unsafe_view`
+and `unsafe_split`): the caller may write the output, which would write the folded value every
+later call reads (found 2026-12-06: the second call returned what the caller wrote into the
+first's result). A view of a frozen parameter itself may be returned through a view: eager's
+output is a view of the parameter too.
 
 A folded value goes stale if its parameter changes after lowering, so the engine watches
 each parameter a fold reads (Note [A frozen parameter is checked by identity]):
