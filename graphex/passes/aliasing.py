@@ -151,10 +151,11 @@ def allocation(x: torch.fx.Node) -> torch.fx.Node:
 
 
 def reaches_output(start: torch.fx.Node, passes_on: Callable[[torch.fx.Node], torch.fx.Node | None],
-                   skip: torch.fx.Node | None = None) -> bool:
+                   skip: torch.fx.Node | None = None,
+                   read_by: Callable[[torch.fx.Node], bool] = lambda user: False) -> bool:
     """Whether the graph returns `start`'s memory: `start` itself, or a user that passes its memory on
     (`passes_on(user)` is the value whose memory the user's result is: a view's base, ...), and so on, not through
-    `skip`."""
+    `skip`; or whether a user for which `read_by(user)` holds reads it on the way."""
     todo, seen = [start], set()
     while todo:
         value = todo.pop()
@@ -164,7 +165,7 @@ def reaches_output(start: torch.fx.Node, passes_on: Callable[[torch.fx.Node], to
         for user in value.users:
             if user is skip:
                 continue
-            if user.op == "output":
+            if user.op == "output" or read_by(user):
                 return True
             if passes_on(user) is value:
                 todo.append(user)

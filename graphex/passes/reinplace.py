@@ -183,18 +183,7 @@ class _Reinplacer:
         another value, the result must be read before it, or the reader gets the input's new value (the fuzzer's
         seed 3496 returned `a * 2` for the index_put). Inductor's rule looks only at readers of the input's old
         value; this is the one for the result."""
-        todo, seen = [node], set()
-        while todo:
-            value = todo.pop()
-            if value in seen:
-                continue
-            seen.add(value)
-            for user in value.users:
-                if user.op == "output" or self.order[user] >= self.order[copy_node]:
-                    return True
-                if _view_of(user) is value:
-                    todo.append(user)
-        return False
+        return reaches_output(node, _view_of, read_by=lambda user: self.order[user] >= self.order[copy_node])
 
     def _reader_after(self, node: torch.fx.Node, views: list[torch.fx.Node], *, copy_node: torch.fx.Node | None,
                       written: torch.fx.Node) -> torch.fx.Node | None:
