@@ -137,6 +137,24 @@ class _Pins:
         if kind == "code" and type(value) is types.FunctionType:
             self.functions[id(value)] = value
             return True
+        if kind == "hasattr" and rec.get("expect") is True:  # torch 2.11: hasattr(layers, "__iter__") on a ModuleList
+            return self._found_in_class(value, rec["arg"])
+        return False
+
+    def _found_in_class(self, value: Any, name: str) -> bool:
+        """`hasattr(value, name)` holds while value's type and its classes' dicts do: the name is a plain function or
+        value (no descriptor that could raise) in a class dict of the MRO, and attribute lookup is object's own."""
+        cls = type(value)
+        if type(cls) is not type or cls.__getattribute__ is not object.__getattribute__:
+            return False
+        for c in cls.__mro__:
+            if name in vars(c):
+                attr = vars(c)[name]
+                if not (isinstance(attr, types.FunctionType) or not hasattr(type(attr), "__get__")):
+                    return False
+                self.objects[id(value)] = value
+                self._watch_class(cls)
+                return True
         return False
 
 
