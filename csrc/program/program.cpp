@@ -146,11 +146,11 @@ void markUnseenViews(Program& p) {
         if (li.slot >= 0) readers[li.slot].emplace_back(who, k);
     }
   }
-  for (const ArgSource& out : p.outputs)
+  for (const ArgSource& out : p.outputs) {
     if (out.slot >= 0) readers[out.slot].emplace_back(-1, 0);
-  for (const ArgSource& out : p.outputs)
     for (const ListItem& li : out.items)
       if (li.slot >= 0) readers[li.slot].emplace_back(-1, 0);
+  }
   // Backwards, so that a view's readers are decided before it (SSA: a reader comes after what it reads).
   std::vector<bool> unseen(p.instructions.size(), false);
   for (size_t i = p.instructions.size(); i-- > 0;) {

@@ -150,7 +150,8 @@ class _Pins:
         for c in cls.__mro__:
             if name in vars(c):
                 attr = vars(c)[name]
-                if not (isinstance(attr, types.FunctionType) or not hasattr(type(attr), "__get__")):
+                plain = isinstance(attr, types.FunctionType) or not hasattr(type(attr), "__get__")
+                if not plain:
                     return False
                 self.objects[id(value)] = value
                 self._watch_class(cls)

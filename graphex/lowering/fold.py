@@ -59,7 +59,7 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _C
-from ..passes.aliasing import allocation, memory_argument, written_args, written_nodes
+from ..passes.aliasing import allocation, mark_memory, written_args, written_nodes
 
 # What the engine watches on a frozen input (Note [Folding frozen parameters]); ordered by strength. Defined once,
 # by the engine (csrc/runtime/executor.h, Executor::Watch).
@@ -206,7 +206,7 @@ def _given_to_untrusted(graph: torch.fx.Graph) -> set[torch.fx.Node]:
                                           and node.target.namespace in _TRUSTED):
             continue
         for value in node.all_input_nodes:
-            _mark_memory(value, given)
+            mark_memory(value, given)
     return given
 
 
@@ -215,24 +215,8 @@ def _returned_memory(outputs: set[torch.fx.Node]) -> set[torch.fx.Node]:
     those, in-place results)."""
     returned: set[torch.fx.Node] = set()
     for node in outputs:
-        _mark_memory(node, returned)
+        mark_memory(node, returned)
     return returned
-
-
-def _mark_memory(node: torch.fx.Node, marked: set[torch.fx.Node]) -> None:
-    """Add `node` and every value whose memory it may be (aliasing.memory_argument, followed back; a call the
-    analysis cannot see into may be any of its arguments)."""
-    todo = [node]
-    while todo:
-        value = todo.pop()
-        if value in marked:
-            continue
-        marked.add(value)
-        arg = memory_argument(value)
-        if arg is True:
-            todo += value.all_input_nodes
-        elif arg is not None:
-            todo.append(arg)
 
 
 def _written(graph: torch.fx.Graph) -> set[torch.fx.Node]:

@@ -31,7 +31,7 @@ import torch.fx
 from torch._inductor.fx_passes.reinplace import META_ONLY_OPS
 from torch.fx.passes.reinplace import _is_view_op as is_view_op
 
-__all__ = ["META_ONLY_OPS", "is_view_op", "op_name", "same_layout", "written_args", "returns_input", "resolve_inplace", "view_base", "root", "memory_argument", "allocation", "reaches_output", "written_nodes",
+__all__ = ["META_ONLY_OPS", "is_view_op", "op_name", "same_layout", "written_args", "returns_input", "resolve_inplace", "view_base", "root", "memory_argument", "allocation", "mark_memory", "reaches_output", "written_nodes",
            "reads_memory", "first_toucher_between"]
 
 
@@ -148,6 +148,22 @@ def allocation(x: torch.fx.Node) -> torch.fx.Node:
         if arg is True:
             return x if node is x else node  # a call that may return any argument: treated as not fresh below
         node = arg
+
+
+def mark_memory(node: torch.fx.Node, marked: set[torch.fx.Node]) -> None:
+    """Add `node` and every value whose memory it may be (memory_argument, followed back; a call the
+    analysis cannot see into may be any of its arguments)."""
+    todo = [node]
+    while todo:
+        value = todo.pop()
+        if value in marked:
+            continue
+        marked.add(value)
+        arg = memory_argument(value)
+        if arg is True:
+            todo += value.all_input_nodes
+        elif arg is not None:
+            todo.append(arg)
 
 
 def reaches_output(start: torch.fx.Node, passes_on: Callable[[torch.fx.Node], torch.fx.Node | None],

@@ -71,8 +71,7 @@ def keep_new_outputs_new(graph: torch.fx.Graph, before: list[Memory | None], new
     # An output that was a view and only came to share memory with outputs that were new memory, each copied here,
     # stays the view eager returns: their copies part it from them (an empty slice of a value later written in place,
     # the fuzzer's seed 424).
-    copy = [i for i in copy if not (before[i].view and not (after[i].view and not before[i].view)
-                                    and not after[i].inputs - before[i].inputs
+    copy = [i for i in copy if not (before[i].view and not after[i].inputs - before[i].inputs
                                     and all(j in copy and not before[j].view
                                             for j in after[i].outputs - before[i].outputs))]
     copied = 0
