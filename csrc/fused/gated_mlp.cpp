@@ -8,6 +8,9 @@
 //   ATen's, as eager picks it) and mul, in place, so a float32 GELU-gated MLP is eager's bit for bit and its edge
 //   cases are eager's (Note [An erf GELU's special inputs are eager's own], pointwise.h, for why no formula of ours).
 //   One row in bfloat16 / float16 (a decode step) runs matvec (matvec.cpp) for the three products.
+//   gated_mlp_packed(x, w_gate_up, w_down, activation): the same block with one projection for gate and up
+//   (Phi3's gate_up_proj, `gate, up = linear(x, w_gate_up).chunk(2, -1)`): one product, as eager computes it, whose
+//   first half is the gate and second half the up; then as gated_mlp.
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp); only exp differs from eager's.
 #include "fused/matvec.h"
 #include "fused/rows.h"
@@ -15,6 +18,7 @@
 
 #include <ATen/ops/_unsafe_view.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/narrow.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
@@ -108,6 +112,42 @@ at::Tensor gated_mlp_cpu(const at::Tensor& x, const at::Tensor& w_gate, const at
   return at::_unsafe_view(linear(gate, w_down), mlp_shape(x, w_down));
 }
 
+void check_packed(const at::Tensor& x, const at::Tensor& w_gate_up, const at::Tensor& w_down) {
+  TORCH_CHECK(x.dim() >= 1 && w_gate_up.dim() == 2 && w_down.dim() == 2 && w_gate_up.size(0) % 2 == 0 &&
+                  w_gate_up.size(1) == x.size(-1) && w_down.size(1) * 2 == w_gate_up.size(0),
+              "graphex_fused::gated_mlp_packed: shapes do not chain: x ", x.sizes(), ", w_gate_up ", w_gate_up.sizes(),
+              ", w_down ", w_down.sizes(), " (want w_gate_up = [2I, H], its gate rows first, and w_down = [O, I])");
+}
+
+at::Tensor gated_mlp_packed_cpu(const at::Tensor& x, const at::Tensor& w_gate_up, const at::Tensor& w_down,
+                                c10::string_view activation) {
+  check_packed(x, w_gate_up, w_down);
+  check_activation(activation);
+  at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  const bool vec = matvec_applies(x2, w_gate_up);
+  at::Tensor both = vec ? matvec_cpu(x2, w_gate_up, std::nullopt) : at::mm(x2, w_gate_up.t());
+  const int64_t inner = w_down.size(1);
+  at::Tensor gate = both.narrow(1, 0, inner), up = both.narrow(1, inner, inner);
+  at::Tensor act;
+  if (activation != "silu") {  // eager's kernels: the activation out of place on the gate half, then the product
+    act = at::gelu(gate, activation == "gelu" ? "none" : "tanh").mul_(up);
+  } else if (all_cpu_one_float_dtype(gate, up)) {
+    act = at::empty({x2.size(0), inner}, both.options());
+    silu_mul_into(gate, up, act);  // rows of the halves at the product's row stride (rows_view)
+  } else {
+    act = at::mul(at::silu(gate), up);
+  }
+  at::Tensor down = matvec_applies(act, w_down) ? matvec_cpu(act, w_down, std::nullopt) : at::mm(act, w_down.t());
+  return at::_unsafe_view(down, mlp_shape(x, w_down));  // a new tensor, no `_base` (as gated_mlp's)
+}
+
+at::Tensor gated_mlp_packed_meta(const at::Tensor& x, const at::Tensor& w_gate_up, const at::Tensor& w_down,
+                                 c10::string_view activation) {
+  check_packed(x, w_gate_up, w_down);
+  check_activation(activation);
+  return at::empty(mlp_shape(x, w_down), x.options().dtype(at::result_type(x, w_down)));
+}
+
 at::Tensor gated_mlp_meta(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
                           const at::Tensor& w_down, c10::string_view activation) {
   check_mlp(x, w_gate, w_up, w_down);
@@ -121,9 +161,11 @@ at::Tensor gated_mlp_meta(const at::Tensor& x, const at::Tensor& w_gate, const a
 TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) {
   m.impl("silu_mul", &graphex::fused::silu_mul_cpu);
   m.impl("gated_mlp", &graphex::fused::gated_mlp_cpu);
+  m.impl("gated_mlp_packed", &graphex::fused::gated_mlp_packed_cpu);
 }
 
 TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) {
   m.impl("silu_mul", &graphex::fused::silu_mul_meta);
   m.impl("gated_mlp", &graphex::fused::gated_mlp_meta);
+  m.impl("gated_mlp_packed", &graphex::fused::gated_mlp_packed_meta);
 }

@@ -10,6 +10,8 @@
 //   silu_mul(Tensor gate, Tensor up) -> Tensor                                gated_mlp.cpp
 //   gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down,
 //             str activation="silu") -> Tensor                               gated_mlp.cpp
+//   gated_mlp_packed(Tensor x, Tensor w_gate_up, Tensor w_down,
+//             str activation="silu") -> Tensor                               gated_mlp.cpp
 //   rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor   rotary.cpp
 //   partial_rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor                    rotary.cpp
 //   decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale,
@@ -85,6 +87,8 @@ TORCH_LIBRARY(graphex_fused, m) {
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   // activation: "silu" (the default, and every program exported before it), "gelu" (erf) or "gelu_tanh"
   m.def("gated_mlp(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, str activation=\"silu\") -> Tensor");
+  // the gate and up projections as one weight [2I, H], the gate's rows first (Phi3's gate_up_proj)
+  m.def("gated_mlp_packed(Tensor x, Tensor w_gate_up, Tensor w_down, str activation=\"silu\") -> Tensor");
   // interleaved: rotate the pairs (x[2i], x[2i + 1]) (GPT-J), cos/sin per element or per pair; False (the default, and
   // every program exported before it): the two halves (rotate_half)
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor");

@@ -13,7 +13,8 @@ order: a pattern that contains another comes first (Note in manager.py).
     add_layer_norm (x + residual, layer_norm(x + residual, w, b))        with weight and bias, weight only, neither
     gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x; GELU-gated (erf, tanh:
                                                                         eager's gelu and mul, in place)
-    silu_mul       silu(gate) * up, or up * silu(gate) (Phi3's fused gate_up projection, chunked)
+                   one gate_up projection chunked in two (Phi3): gated_mlp_packed, SiLU and both GELUs
+    silu_mul       silu(gate) * up, or up * silu(gate) (a gated product outside a whole MLP)
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms; interleaved pairs
                                                                         (GPT-J's rotate_every_two, the pairs stacked)
     matvec         F.linear(x, w[, b]) on one row of a bfloat16/float16 x (a decode step's projections)
@@ -23,6 +24,8 @@ order: a pattern that contains another comes first (Note in manager.py).
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Callable
 
 import torch
@@ -180,6 +183,55 @@ def _gelu_gated_mlp_fused(approximate: str) -> Callable[..., torch.Tensor]:
 
     replace.__qualname__ = replace.__name__ = f"{activation}_gated_mlp_fused"
     return replace
+
+
+def _packed_gated_mlp(activation: str, up_first: bool) -> Callable[..., torch.Tensor]:
+    """down(act(gate) * up) where gate and up are the two halves of one projection (Phi3's `gate_up_proj`:
+    `gate, up = linear(x, w_gate_up).chunk(2, dim=-1)`), the product either way round."""
+    act = F.silu if activation == "silu" else functools.partial(
+        F.gelu, approximate="tanh" if activation == "gelu_tanh" else "none")
+
+    def search(x, w_gate_up, w_down):
+        gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
+        return F.linear(up * act(gate) if up_first else act(gate) * up, w_down)
+
+    search.__qualname__ = search.__name__ = f"{activation}_packed_gated_mlp" + ("_up_first" if up_first else "")
+    return search
+
+
+def _packed_gated_mlp_fused(activation: str) -> Callable[..., torch.Tensor]:
+    def replace(x, w_gate_up, w_down):
+        return fused.gated_mlp_packed(x, w_gate_up, w_down, activation)
+
+    replace.__qualname__ = replace.__name__ = f"{activation}_gated_mlp_packed_fused"
+    return replace
+
+
+def _halves_in_order(match: Match) -> bool:
+    """The packed MLP's chunk is what the kernel computes: the product split along its last dimension into exactly
+    two halves, the first the activation's input and the second the other factor. The matcher compares no integer
+    (split size, dim, getitem index): each is read here."""
+    w = val(match, "w_gate_up")
+    if w.dim() != 2 or w.shape[0] % 2:
+        return False
+    splits = [n for n in match.nodes if n.target is torch.ops.aten.split.Tensor]
+    if len(splits) != 1:
+        return False
+    split = splits[0]
+    source = split.args[0].meta.get("val")
+    dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    if source is None or split.args[1] != w.shape[0] // 2 or dim % source.dim() != source.dim() - 1:
+        return False
+    acts = [n for n in match.nodes if n.target in _PACKED_ACTIVATIONS]
+    if len(acts) != 1 or acts[0].args[0].target is not operator.getitem or acts[0].args[0].args[1] != 0:
+        return False
+    product = next(iter(acts[0].users))
+    other = [a for a in product.args if a is not acts[0]]
+    return len(other) == 1 and getattr(other[0], "target", None) is operator.getitem and other[0].args[1] == 1 \
+        and other[0].args[0] is split
+
+
+_PACKED_ACTIVATIONS = (torch.ops.aten.silu.default, torch.ops.aten.gelu.default)
 
 
 def linear(x, weight):  # a linear layer without bias (Llama's projections, an lm_head)
@@ -370,6 +422,11 @@ def register_common() -> None:
             for up_first in (False, True):
                 register_named("gated_mlp", _gelu_gated_mlp(approximate, up_first), _gelu_gated_mlp_fused(approximate),
                                [x, wg, wu, wd], extra_check=mlp_ok, builtin=True)
+        for activation in ("silu", "gelu", "gelu_tanh"):
+            for up_first in (True, False):
+                register_named("gated_mlp_packed", _packed_gated_mlp(activation, up_first), _packed_gated_mlp_fused(activation),
+                               [x, t(64, 16), wd], extra_check=all_of(float_cpu("x", "w_gate_up", "w_down"),
+                                                                      _halves_in_order), builtin=True)
     for search in (silu_mul, up_mul_silu):
         register_named("silu_mul", search, silu_mul_fused, [t(2, 3, 32), t(2, 3, 32)],
                        extra_check=all_of(float_cpu("gate", "up"), _same_shape("gate", "up")), builtin=True)

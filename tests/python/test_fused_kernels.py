@@ -45,7 +45,8 @@ def attention_eager(q, k, v, mask, scale):
 
 def test_ops_are_linked_into_graphex():
     """Registrations in a static library are dropped by the linker; these come with `import graphex`."""
-    for name in ("rms_norm", "add_rms_norm", "silu_mul", "gated_mlp", "rotary", "decode_attention", "matvec"):
+    for name in ("rms_norm", "add_rms_norm", "silu_mul", "gated_mlp", "gated_mlp_packed", "rotary", "decode_attention",
+                 "matvec"):
         op = getattr(fused, name).default
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU"), name
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"), name
@@ -243,6 +244,53 @@ def test_gated_mlp(x_shape):
     got = fused.gated_mlp(x, wg, wu, wd)
     close(got, F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd))
     assert not got._is_view() and got._base is None  # its schema returns a new tensor, as eager's linear does
+
+
+def _packed_mlp_eager(x, w_gate_up, wd, approximate):  # Phi3's MLP: one projection, chunked
+    gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
+    act = F.silu(gate) if approximate is None else F.gelu(gate, approximate=approximate)
+    return F.linear(up * act, wd)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("x_shape", [(1, 1, 64), (2, 3, 64), (4, 64), (0, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_a_packed_gated_mlp_is_the_chunked_projections(x_shape, dtype):
+    """gated_mlp_packed: the gate is the product's first half, the up its second (Phi3's gate_up_proj)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(x_shape, generator=g).to(dtype)
+    w_gate_up, wd = (torch.randn(s, generator=g).div(8).to(dtype) for s in ((192, 64), (48, 96)))
+    got = fused.gated_mlp_packed(x, w_gate_up, wd)
+    want = _packed_mlp_eager(x, w_gate_up, wd, None)
+    if dtype == torch.float32:
+        close(got, want)
+    else:  # one row runs matvec (float32 sums, rounded once): within the dtype's tolerance of eager
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert got.shape == want.shape and got.dtype == dtype and not got._is_view() and got._base is None
+    swapped = torch.cat((w_gate_up[96:], w_gate_up[:96]))  # the halves' order is the kernel's: the gate first
+    if x.numel():
+        assert not torch.allclose(fused.gated_mlp_packed(x, swapped, wd).float(), want.float(), atol=1e-3)
+
+
+@pytest.mark.default_isa
+@pytest.mark.parametrize("activation,approximate", [("gelu", "none"), ("gelu_tanh", "tanh")])
+@pytest.mark.parametrize("x_shape", [(1, 1, 64), (2, 3, 64), (4, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_a_packed_gelu_gated_mlp_is_eagers_bit_for_bit(x_shape, activation, approximate):
+    """float32: eager's one mm, its gelu on the gate half and its mul, so bitwise, specials included."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(x_shape, generator=g)
+    w_gate_up, wd = torch.randn(192, 64, generator=g) / 8, torch.randn(48, 96, generator=g) / 8
+    w_gate_up[:4] = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e30]).unsqueeze(1)  # gate rows: specials
+    want = _packed_mlp_eager(x, w_gate_up, wd, approximate)
+    got = fused.gated_mlp_packed(x, w_gate_up, wd, activation)
+    assert got.shape == want.shape and torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+def test_a_packed_gated_mlp_refuses_weights_that_do_not_chain():
+    with pytest.raises(RuntimeError, match="w_gate_up = \\[2I, H\\]"):
+        fused.gated_mlp_packed(torch.randn(2, 8), torch.randn(7, 8), torch.randn(8, 3))
+    with pytest.raises(RuntimeError, match="activation must be"):
+        fused.gated_mlp_packed(torch.randn(2, 8), torch.randn(6, 8), torch.randn(8, 3), "relu")
 
 
 @pytest.mark.default_isa
@@ -471,6 +519,7 @@ def test_meta_kernels_give_the_cpu_shapes():
         (fused.add_rms_norm, (torch.randn(2, 3, 8), torch.randn(2, 3, 8), torch.randn(8), 1e-6)),
         (fused.silu_mul, (torch.randn(4, 6), torch.randn(4, 6))),
         (fused.gated_mlp, (torch.randn(2, 1, 8), torch.randn(12, 8), torch.randn(12, 8), torch.randn(5, 12))),
+        (fused.gated_mlp_packed, (torch.randn(2, 1, 8), torch.randn(24, 8), torch.randn(5, 12))),
         (fused.rotary, (torch.randn(1, 4, 1, 8), torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8))),
         (fused.decode_attention, (torch.randn(1, 4, 1, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8),
                                   torch.ones(1, 1, 1, 9, dtype=torch.bool), 0.3)),
@@ -491,6 +540,7 @@ def test_opcheck():
         (fused.add_rms_norm.default, (torch.randn(2, 8), torch.randn(2, 8), torch.randn(8), 1e-6)),
         (fused.silu_mul.default, (torch.randn(2, 8), torch.randn(2, 8))),
         (fused.gated_mlp.default, (torch.randn(2, 8), torch.randn(6, 8), torch.randn(6, 8), torch.randn(8, 6))),
+        (fused.gated_mlp_packed.default, (torch.randn(2, 8), torch.randn(12, 8), torch.randn(8, 6))),
         (fused.rotary.default, (torch.randn(2, 8), torch.randn(8), torch.randn(8))),
         (fused.decode_attention.default, (torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8),
                                           torch.ones(1, 1, 1, 5, dtype=torch.bool), 0.5)),

@@ -353,6 +353,51 @@ MLP_MUTATIONS = {
 }
 
 
+# ---- the gated MLP with one gate_up projection (Phi3) ------------------------------------------------
+
+def _packed(act: Callable[..., Any], up_first: bool = True, dim: int = -1, pieces: int = 2,
+            gate_piece: int = 0, up_piece: int = 1) -> Callable[..., Any]:
+    def fn(x, w, wd):
+        parts = F.linear(x, w).chunk(pieces, dim=dim)
+        gate, up = parts[gate_piece], parts[up_piece]
+        return F.linear(up * act(gate) if up_first else act(gate) * up, wd)
+    return fn
+
+
+_gelu_tanh = lambda v: F.gelu(v, approximate="tanh")  # noqa: E731
+PACKED_IN3 = lambda: (t(2, 3, 16), t(64, 16) * 0.3, t(16, 32) * 0.3)  # noqa: E731
+PACKED_IN2 = lambda: (t(3, 16), t(64, 16) * 0.3, t(16, 32) * 0.3)  # noqa: E731
+PACKED_CANON = {"phi3_up_times_silu_3d": (_packed(F.silu), PACKED_IN3),  # patterns._packed_gated_mlp("silu", True)
+                "silu_times_up_2d": (_packed(F.silu, up_first=False), PACKED_IN2),
+                "gelu_3d": (_packed(F.gelu, up_first=False), PACKED_IN3),
+                "gelu_tanh_up_first_2d": (_packed(_gelu_tanh), PACKED_IN2)}
+PACKED_MUTATIONS = {
+    "halves_swapped": (_packed(F.silu, gate_piece=1, up_piece=0), PACKED_IN3),
+    "activation_on_both_halves": (_packed(F.silu, gate_piece=0, up_piece=0), PACKED_IN3),
+    "second_half_twice": (_packed(F.silu, gate_piece=1, up_piece=1), PACKED_IN3),
+    "three_pieces_first_two": (_packed(F.silu, pieces=3), lambda: (t(3, 16), t(48, 16) * .3, t(16, 16) * .3)),
+    "four_pieces_middle_two": (_packed(F.silu, pieces=4, gate_piece=1, up_piece=2),
+                               lambda: (t(3, 16), t(64, 16) * .3, t(16, 16) * .3)),
+    "chunked_over_rows": (_packed(F.silu, dim=0), lambda: (t(4, 16), t(32, 16) * .3, t(16, 32) * .3)),
+    "chunked_over_rows_3d": (_packed(F.silu, dim=1), lambda: (t(2, 4, 16), t(32, 16) * .3, t(16, 32) * .3)),
+    "split_unevenly": (lambda x, w, wd: (lambda p: F.linear(p[1][..., :24] * F.silu(p[0]), wd))(
+        F.linear(x, w).split([24, 40], dim=-1)), lambda: (t(3, 16), t(64, 16) * .3, t(16, 24) * .3)),
+    "relu_not_silu": (_packed(F.relu), PACKED_IN3),
+    "gelu_tanh_not_gelu": (_packed(_gelu_tanh, up_first=False), PACKED_IN2),
+    "sigmoid_spelled_out": (_packed(lambda v: v * torch.sigmoid(v)), PACKED_IN3),
+    "add_not_mul": (lambda x, w, wd: (lambda g, u: F.linear(u + F.silu(g), wd))(*F.linear(x, w).chunk(2, -1)),
+                    PACKED_IN3),
+    "bias_on_projection": (lambda x, w, wd, b: (lambda g, u: F.linear(u * F.silu(g), wd))(
+        *F.linear(x, w, b).chunk(2, -1)), lambda: (*PACKED_IN3(), t(64))),
+    "product_also_returned": (lambda x, w, wd: (lambda p: (F.linear(p[1] * F.silu(p[0]), wd), p[0]))(
+        F.linear(x, w).chunk(2, -1)), PACKED_IN3),
+    "projection_stored_transposed": (lambda x, w, wd: (lambda g, u: F.linear(u * F.silu(g), wd))(
+        *(x @ w).chunk(2, -1)), lambda: (t(3, 16), t(16, 64) * .3, t(16, 32) * .3)),
+    "one_row_bfloat16": (_packed(F.silu), lambda: (t(1, 16).bfloat16(), t(64, 16).bfloat16() * .3,
+                                                   t(16, 32).bfloat16() * .3)),
+}
+
+
 def silu_mul(g, u):  # patterns.silu_mul
     return F.silu(g) * u
 
@@ -970,6 +1015,7 @@ FAMILIES = {  # family: (canonical spellings, pattern that must fire on them, ha
     "rms_norm": (RMS_CANON, "rms_norm", RMS_MUTATIONS),
     "add_rms_norm": (ADD_CANON, "add_rms_norm", ADD_MUTATIONS),
     "gated_mlp": (MLP_CANON, "gated_mlp", MLP_MUTATIONS),
+    "gated_mlp_packed": (PACKED_CANON, "gated_mlp_packed", PACKED_MUTATIONS),
     "silu_mul": (SM_CANON, "silu_mul", SM_MUTATIONS),
     "rotary": (ROT_CANON, "rotary", ROT_MUTATIONS),
     "attention": (ATT_CANON, "decode_attention", ATT_MUTATIONS),
