@@ -16,7 +16,8 @@ order: a pattern that contains another comes first (Note in manager.py).
                    one gate_up projection chunked in two (Phi3): gated_mlp_packed, SiLU and both GELUs
     silu_mul       silu(gate) * up, or up * silu(gate) (a gated product outside a whole MLP)
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms; interleaved pairs
-                                                                        (GPT-J's rotate_every_two, the pairs stacked)
+                                                                        (GPT-J's rotate_every_two, the pairs stacked,
+                                                                        Meta's complex product with freqs_cis)
     matvec         F.linear(x, w[, b]) on one row of a bfloat16/float16 x (a decode step's projections)
     decode_attention  softmax(q k^T * s, masked) v for one query token: attention_patterns.py
     matvec         also x @ W and addmm(b, x, W) with W stored [K, N] (GPT-2's Conv1D)
@@ -209,8 +210,9 @@ def _packed_gated_mlp_fused(activation: str) -> Callable[..., torch.Tensor]:
 
 def _halves_in_order(match: Match) -> bool:
     """The packed MLP's chunk is what the kernel computes: the product split along its last dimension into exactly
-    two halves, the first the activation's input and the second the other factor. The matcher compares no integer
-    (split size, dim, getitem index): each is read here."""
+    two halves, the first the activation's input and the second the other factor. The matcher's first pass ignores
+    the split's size and dim (torch re-traces the search function on the match's shapes, which compares them): the
+    kernel's assumptions are checked here in its own terms all the same."""
     w = val(match, "w_gate_up")
     if w.dim() != 2 or w.shape[0] % 2:
         return False
@@ -349,6 +351,52 @@ def rotary_interleaved_fused(x, cos, sin):
     return fused.rotary(x, cos, sin, True)
 
 
+# Meta's reference Llama (`apply_rotary_emb`): the pairs as complex numbers times a complex table `freqs_cis`
+# (e^{i theta} per pair), the same rotation as the pairs written out: (a + ib)(c + id) = (ac - bd) + i(ad + bc).
+# In a bfloat16/float16 model the code upcasts first (`xq.float()`), so the float32 form below matches there too,
+# between eager's casts.
+
+def _rotary_complex(sizes_given: bool, freqs_first: bool) -> Callable[..., torch.Tensor]:
+    """Meta's form with the pairs' view written `(..., -1, 2)` (its code) or with its sizes: torch's matcher re-traces
+    a search function on each match's shapes and compares the view's list, which holds a -1 in one spelling only."""
+    def search(x, freqs):
+        pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], x.shape[-1] // 2 if sizes_given else -1, 2))
+        return torch.view_as_real(freqs * pairs if freqs_first else pairs * freqs).flatten(3)
+
+    search.__qualname__ = search.__name__ = "rotary_complex" + ("_sizes" if sizes_given else "") + (
+        "_freqs_first" if freqs_first else "")
+    return search
+
+
+def rotary_complex_fused(x, freqs):
+    table = torch.view_as_real(freqs)  # [..., D/2, 2]: cos and sin per pair
+    return fused.rotary(x.contiguous(), table[..., 0], table[..., 1], True)
+
+
+def _rotary_complex_shapes(match: Match) -> bool:
+    """The complex form's case: x float32 and freqs complex64 on the CPU (static shapes), x's pairs its last
+    dimension's neighbours (the view before view_as_complex is x's shape with the last dimension split into
+    [D/2, 2], and the view after it gives x's shape back: the matcher compares no shape), and freqs broadcasting
+    to the pairs without growing them."""
+    x, freqs = val(match, "x"), val(match, "freqs")
+    if not isinstance(x, torch.Tensor) or not isinstance(freqs, torch.Tensor) or x.dtype != torch.float32 \
+            or freqs.dtype != torch.complex64 or x.device.type != "cpu" or freqs.device.type != "cpu":
+        return False
+    if not all(type(d) is int for t in (x, freqs) for d in (*t.shape, *t.stride())):
+        return False
+    if x.dim() < 1 or x.shape[-1] % 2:
+        return False
+    pairs = (*x.shape[:-1], x.shape[-1] // 2)
+    views = [n for n in match.nodes if n.target is torch.ops.aten.view.default]
+    shapes = sorted(tuple(n.meta["val"].shape) for n in views if isinstance(n.meta.get("val"), torch.Tensor))
+    if len(views) != 2 or shapes != sorted([(*pairs, 2), tuple(x.shape)]):
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(pairs, freqs.shape)) == pairs
+    except RuntimeError:
+        return False
+
+
 def rotary_pairs_fused(x, cos, sin):  # eager's stack writes a fresh contiguous tensor: the kernel's follows x's layout
     return fused.rotary(x.contiguous(), cos, sin, True)
 
@@ -437,6 +485,10 @@ def register_common() -> None:
                        extra_check=rot_ok, builtin=True)
     register_named("rotary", rotary_every_two, rotary_interleaved_fused, [t(1, 3, 2, 8), t(1, 3, 1, 8), t(1, 3, 1, 8)],
                    extra_check=all_of(float_cpu("x", "cos", "sin"), _rotary_pairs_shapes(False)), builtin=True)
+    for search in (_rotary_complex(sizes, first) for sizes in (False, True) for first in (False, True)):
+        register_named("rotary", search, rotary_complex_fused,
+                       [t(1, 3, 2, 8), torch.polar(torch.ones(1, 3, 1, 4), t(1, 3, 1, 4))],
+                       extra_check=_rotary_complex_shapes, builtin=True)
     for search in (rotary_pairs, rotary_pairs_swapped):
         register_named("rotary", search, rotary_pairs_fused, [t(1, 2, 3, 8), t(1, 1, 3, 4), t(1, 1, 3, 4)],
                        extra_check=all_of(float_cpu("x", "cos", "sin"), _rotary_pairs_shapes(True)), builtin=True)

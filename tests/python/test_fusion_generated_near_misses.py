@@ -496,6 +496,58 @@ def _rot_dim_m2(x, cos, sin):  # rotate_half over the sequence dimension
     return x * cos + torch.cat((-x2, x1), dim=-2) * sin
 
 
+def rot_complex(x, freqs):  # Meta's Llama apply_rotary_emb (patterns.rotary_complex, between its casts)
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], x.shape[-1] // 2, 2))  # Meta's -1 fails on 0 rows
+    return torch.view_as_real(pairs * freqs).flatten(3).type_as(x)
+
+
+def rot_complex_freqs_first(x, freqs):  # patterns.rotary_complex_freqs_first
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], x.shape[-1] // 2, 2))
+    return torch.view_as_real(freqs * pairs).flatten(3).type_as(x)
+
+
+def _rot_complex_with(product: Callable[..., Any], pairs_shape: Callable[..., Any] = lambda x: (*x.shape[:-1], -1, 2)):
+    def fn(x, freqs):
+        pairs = torch.view_as_complex(x.float().reshape(*pairs_shape(x)))
+        return torch.view_as_real(product(pairs, freqs)).reshape(*x.shape[:-1], -1).type_as(x)
+    return fn
+
+
+def _halves_as_pairs(x, freqs):  # rotate_half's pairing (x[i], x[i + D/2]) spelled with complex numbers
+    h = x.shape[-1] // 2
+    pairs = torch.view_as_complex(torch.stack((x[..., :h], x[..., h:]), -1).contiguous())
+    out = torch.view_as_real(pairs * freqs)
+    return torch.cat((out[..., 0], out[..., 1]), -1)
+
+
+def rot_complex_minus_one(x, freqs):  # Meta's code as written: the pairs' view with -1 (another pattern: torch's
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # matcher compares a -1 in a shape list)
+    return torch.view_as_real(pairs * freqs).flatten(3).type_as(x)
+
+
+_polar = lambda *shape: torch.polar(torch.ones(*shape), t(*shape))  # noqa: E731
+ROTC_IN = lambda: (t(1, 3, 2, 8), _polar(1, 3, 1, 4))  # noqa: E731
+ROTC_CANON = {"meta_llama": (rot_complex, ROTC_IN), "freqs_first": (rot_complex_freqs_first, ROTC_IN),
+              "meta_llama_minus_one": (rot_complex_minus_one, ROTC_IN)}
+ROTC_MUTATIONS = {
+    "conjugate_table": (_rot_complex_with(lambda p, f: p * f.conj()), ROTC_IN),
+    "divide_not_multiply": (_rot_complex_with(lambda p, f: p / f), ROTC_IN),
+    "add_not_multiply": (_rot_complex_with(lambda p, f: p + f), ROTC_IN),
+    "squared_table": (_rot_complex_with(lambda p, f: p * f * f), ROTC_IN),
+    "heads_merged_into_pairs": (_rot_complex_with(lambda p, f: p * f, lambda x: (*x.shape[:-2], -1, 2)),
+                                lambda: (t(1, 3, 2, 8), _polar(1, 3, 8))),
+    "pairs_from_halves": (_halves_as_pairs, ROTC_IN),
+    "table_grows_x": (rot_complex, lambda: (t(1, 3, 1, 8), _polar(1, 3, 2, 4))),
+    "table_complex128": (rot_complex, lambda: (t(1, 3, 2, 8), _polar(1, 3, 1, 4).to(torch.complex128))),
+    "table_not_unit": (rot_complex, lambda: (t(1, 3, 2, 8), torch.polar(torch.rand(1, 3, 1, 4) * 3, t(1, 3, 1, 4)))),
+    "table_per_head": (rot_complex, lambda: (t(1, 3, 2, 8), _polar(1, 3, 2, 4))),
+    "inf_and_nan_in_x": (rot_complex, lambda: (torch.tensor([float("inf"), 1.0, float("nan"), -2.0, 3e38, 3e38, 0.0,
+                                                             -float("inf")] * 6).reshape(1, 3, 2, 8), _polar(1, 3, 1, 4))),
+    "zero_batch": (rot_complex, lambda: (t(0, 3, 2, 8), _polar(1, 3, 1, 4))),
+    "one_pair": (rot_complex, lambda: (t(1, 3, 2, 2), _polar(1, 3, 1, 1))),
+}
+
+
 ROT_MUTATIONS = {
     "cos_sin_swapped": (lambda x, cos, sin: x * sin + torch.cat((-x.chunk(2, -1)[1], x.chunk(2, -1)[0]), -1) * cos,
                         ROT_IN),
@@ -1018,6 +1070,7 @@ FAMILIES = {  # family: (canonical spellings, pattern that must fire on them, ha
     "gated_mlp_packed": (PACKED_CANON, "gated_mlp_packed", PACKED_MUTATIONS),
     "silu_mul": (SM_CANON, "silu_mul", SM_MUTATIONS),
     "rotary": (ROT_CANON, "rotary", ROT_MUTATIONS),
+    "rotary_complex": (ROTC_CANON, "rotary", ROTC_MUTATIONS),
     "attention": (ATT_CANON, "decode_attention", ATT_MUTATIONS),
     "alibi_attention": (ALIBI_CANON, "decode_attention", ALIBI_MUTATIONS),
 }
@@ -1080,6 +1133,8 @@ def _generate() -> None:
             # dtypes: float32, bfloat16 and float16 are fused, float64 is not (float16 on the first spelling of a
             # family only: time)
             for dtype in (torch.float64, torch.bfloat16, torch.float16)[:3 if k == 0 else 2]:
+                if family == "rotary_complex" and dtype == torch.float64:
+                    continue  # the code itself computes in float32 (x.float()): not another dtype's case
                 reduced = dtype != torch.float64
                 # a norm without the float32 upcast is not fused in float16 (patterns._norm_checks): not a must
                 # nor Bloom's attention in a reduced dtype (attention_patterns: eager's baddbmm rounds in its own order)
@@ -1087,12 +1142,14 @@ def _generate() -> None:
                                          and "upcast" not in name) and family != "alibi_attention"
                 variant(f"{family}/{name}/all_{str(dtype)[6:]}", fn, _cast(make, dtype),
                         none=not reduced, fire=(must,) if fires else ())
-            # non-contiguous inputs: a column-major copy (same values)
-            variant(f"{family}/{name}/noncontiguous_inputs", fn,
-                    _reshape(make, lambda args: tuple(
-                        a.transpose(0, -1).contiguous().transpose(0, -1)
-                        if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.dtype != torch.bool else a
-                        for a in args)))
+            # non-contiguous inputs: a column-major copy (same values); view_as_complex needs each pair adjacent, so
+            # eager itself refuses a non-contiguous x there
+            if family != "rotary_complex":
+                variant(f"{family}/{name}/noncontiguous_inputs", fn,
+                        _reshape(make, lambda args: tuple(
+                            a.transpose(0, -1).contiguous().transpose(0, -1)
+                            if isinstance(a, torch.Tensor) and a.dim() >= 2 and a.dtype != torch.bool else a
+                            for a in args)))
             if k:
                 continue
             # one input of another dtype (where eager takes it: the elementwise patterns promote)
