@@ -54,6 +54,19 @@ class ExportError(GraphexError):
     """The function cannot be exported; the finding says why and what to change."""
 
 
+def _unstorable_dtype(name: str, dtype: torch.dtype) -> Finding:
+    stored = ", ".join(str(d).replace("torch.", "") for d in _SAFETENSORS_DTYPES)
+    attr = name.rsplit(".", 1)[-1]
+    if dtype.is_complex:  # Meta's Llama keeps its rotary table `freqs_cis` as a complex64 buffer
+        fix = (f"keep the real and imaginary parts as a float buffer and make the complex view in forward:\n"
+               f"    self.register_buffer({attr!r}, torch.view_as_real(table))   # in __init__: [..., 2] floats\n"
+               f"    table = torch.view_as_complex(self.{attr})                  # in forward: the same complex values")
+    else:
+        fix = f"convert it (`.to(...)`) to a dtype safetensors holds: {stored}"
+    return Finding(what=f"cannot write weight {name!r}: its dtype {dtype} is not one safetensors holds",
+                   why=f"graphex's artifacts store weights as safetensors, whose dtypes are {stored}", fix=fix)
+
+
 def export(model_or_fn: torch.nn.Module | Callable[..., Any], example_inputs: Sequence[Any], path: str | os.PathLike,
            *, dynamic: bool = False, options: dict[str, Any] | None = None) -> str:
     """Capture `model_or_fn(*example_inputs)` and write `path`/program.gxp and `path`/weights.safetensors.
@@ -186,7 +199,7 @@ def safetensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
                     f"with {PAD_PREFIX!r}"))
         t = tensors[name].detach().to("cpu").contiguous()
         if t.dtype not in _SAFETENSORS_DTYPES:
-            raise ExportError(f"weight {name} has dtype {t.dtype}, which safetensors cannot hold")
+            raise ExportError(finding=_unstorable_dtype(name, t.dtype))
         data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         pad = (-end) % WEIGHTS_ALIGNMENT
         if pad:

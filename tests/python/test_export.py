@@ -192,3 +192,60 @@ def test_two_views_of_one_value_are_two_tensors_in_the_cpp_runtime(tmp_path):
     assert a is not b and a.data_ptr() == b.data_ptr() == x.data_ptr()
     a.unsqueeze_(0)
     assert b.shape == (6,)
+
+
+class _ComplexTable(torch.nn.Module):  # Meta's Llama: the rotary table `freqs_cis` a complex64 buffer
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.register_buffer("freqs_cis", torch.polar(torch.ones(1, 3, 1, 4), torch.randn(1, 3, 1, 4)))
+
+    def forward(self, q):
+        pairs = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * self.freqs_cis).flatten(3).type_as(q)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["exact", "fused"])
+def test_a_complex_buffer_is_refused_with_a_fix_that_exports_when_pasted(tmp_path, monkeypatch, fused):
+    """safetensors holds no complex dtype: export names the buffer and prints the two lines that keep it as floats.
+    Those lines, pasted as printed into the module, export; the C++ runtime then gives eager's result (bitwise exact,
+    and in fused mode through the interleaved rotary kernel, Meta's complex form)."""
+    options = {"pattern_fusion_pass": True} if fused else {}
+    q = torch.randn(1, 3, 2, 8)
+    with pytest.raises(ExportError, match="cannot write weight 'freqs_cis': its dtype torch.complex64") as info:
+        graphex.export(_ComplexTable().eval(), (q,), tmp_path / "complex.graphex", options=options)
+    assert not (tmp_path / "complex.graphex" / WEIGHTS_FILE).exists()
+    lines = [ln.strip() for ln in str(info.value).splitlines() if "# in __init__" in ln or "# in forward" in ln]
+    assert len(lines) == 2, str(info.value)
+    init_line, forward_line = lines
+    source = ("import torch\n"
+              "class Fixed(torch.nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        torch.manual_seed(3)\n"
+              "        table = torch.polar(torch.ones(1, 3, 1, 4), torch.randn(1, 3, 1, 4))\n"
+              f"        {init_line}\n"
+              "    def forward(self, q):\n"
+              f"        {forward_line}\n"
+              "        pairs = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))\n"
+              "        return torch.view_as_real(pairs * table).flatten(3).type_as(q)\n")
+    import importlib
+
+    name = f"pasted_fix_{'fused' if fused else 'exact'}"
+    (tmp_path / f"{name}.py").write_text(source)  # a module of its own, as a user's script: export reads its source
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fixed = importlib.import_module(name).Fixed().eval()
+    with torch.no_grad():
+        want = _ComplexTable().eval()(q)
+        assert torch.equal(fixed(q), want)
+    from graphex.compile import on_capture
+
+    captured = []
+    with on_capture(lambda graph, compiled: captured.append(compiled)):
+        path = graphex.export(fixed, (q,), tmp_path / "fixed.graphex", options=options)
+    (got,) = _C.Module(str(path))([q])
+    if fused:
+        assert captured[-1].fused.get("rotary") == 1, captured[-1].fused
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    else:
+        assert torch.equal(got, want)
