@@ -16,7 +16,7 @@ The spellings are the forms issue 21 lists: what fused mode should catch by mean
     mlp        silu_gated, gelu_gated (erf), gelu_tanh_gated, fused_gate_up (one matmul, chunked: Phi3), ungated
                (GELU, GPT-2 style)
     rotary     half (rotate_half by chunk), slices (rotate_half by slices), interleaved (pairs), partial (the
-               first half of each head rotated)
+               first half of each head rotated), complex (Meta's Llama: the pairs as complex numbers times freqs_cis)
     dtype      float32, bfloat16
 """
 
@@ -38,7 +38,7 @@ AXES: dict[str, tuple[str, ...]] = {
     "mask": ("bool", "additive", "none"),
     "scale": ("default", "given"),
     "mlp": ("silu_gated", "gelu_gated", "gelu_tanh_gated", "fused_gate_up", "ungated"),
-    "rotary": ("half", "slices", "interleaved", "partial"),
+    "rotary": ("half", "slices", "interleaved", "partial", "complex"),
     "dtype": ("float32", "bfloat16"),
 }
 
@@ -133,6 +133,9 @@ def _rotate_half(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "complex":  # Meta's apply_rotary_emb: `cos` is freqs_cis here, e^(i theta) per pair (complex64)
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * cos).flatten(3).type_as(x)
     if kind == "interleaved":  # pairs (x0, x1), (x2, x3), ...: rotate each pair
         x1, x2 = x[..., 0::2], x[..., 1::2]
         c, s = cos[..., 0::2], sin[..., 0::2]
@@ -239,6 +242,7 @@ class CoverageDecoder(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         if s.rotary == "interleaved":
             emb = freqs.repeat_interleave(2, dim=-1)
+        self.register_buffer("angles", freqs, persistent=False)  # per pair: rotary=complex's freqs_cis = e^(i angle)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
         self.register_buffer("positions", torch.arange(z.max_positions), persistent=False)
@@ -253,6 +257,9 @@ class CoverageDecoder(nn.Module):
         x = self.embed(token)
         cos = self.cos[pos].to(x.dtype)[None, None]
         sin = self.sin[pos].to(x.dtype)[None, None]
+        if self.s.rotary == "complex":  # freqs_cis from the angles (a complex buffer would not survive .to(bfloat16))
+            angles = self.angles[pos].float()
+            cos = torch.polar(torch.ones_like(angles), angles)[None, None]
         visible = self.positions <= pos  # [max_positions]
         if self.s.mask == "bool":
             mask = visible.view(1, 1, 1, -1)

@@ -16,7 +16,8 @@ SUBSET = [
     cd.Spelling(norm="llama"), cd.Spelling(norm="gemma"), cd.Spelling(norm="eps_outside"), cd.Spelling(norm="layernorm"),
     cd.Spelling(attention="written"), cd.Spelling(gqa="repeat_interleave"), cd.Spelling(mask="additive"),
     cd.Spelling(scale="given"), cd.Spelling(mlp="fused_gate_up"), cd.Spelling(rotary="interleaved"),
-    cd.Spelling(rotary="partial"), cd.Spelling(dtype="bfloat16"),
+    cd.Spelling(rotary="partial"), cd.Spelling(rotary="complex"), cd.Spelling(rotary="complex", dtype="bfloat16"),
+    cd.Spelling(dtype="bfloat16"),
 ]
 
 
@@ -28,6 +29,8 @@ def test_a_spelling_decodes_as_eager_does(spelling: cd.Spelling) -> None:
         assert {"add_rms_norm", "rms_norm", "gated_mlp", "rotary", "decode_attention"} <= set(row.fired), row.fired
     if spelling == cd.Spelling(mlp="fused_gate_up"):  # Phi3's up * silu(gate) after a chunked projection
         assert "gated_mlp_packed" in row.fired and "silu_mul" not in row.fired, row.fired
+    if spelling.rotary == "complex":  # Meta's complex product with freqs_cis runs the interleaved rotary kernel
+        assert "rotary" in row.fired, row.fired
     if spelling.norm in ("eps_outside", "layernorm"):
         assert not {"rms_norm", "add_rms_norm"} & set(row.fired), row.fired
     if spelling == cd.Spelling(dtype="bfloat16"):  # the baseline in bfloat16 fuses as in float32
