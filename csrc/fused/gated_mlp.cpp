@@ -25,11 +25,20 @@
 #include <ATen/ops/silu.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <type_traits>
+
 namespace graphex::fused {
 namespace {
 
 // out (contiguous, `shape`) = silu(gate) * up; gate and up have `shape` (no broadcasting); one dtype T
 // (Note [Reduced precision runs the float32 rows], rows.h). out may be gate: each row is read before it is written.
+// Note [A reduced-precision silu is rounded before its product]
+// Eager computes silu(gate) * up in two ops: silu rounds its result to the dtype, then the product rounds again.
+// In bfloat16/float16 the kernel does the same (silu in float32, rounded to T and back, then the product), so its
+// result is eager's up to silu's exp in the last float32 bit. Rounded once, the product differed from eager's by an
+// ulp of T in many elements; a down projection that cancels turned that into more than the stated tolerance (a
+// helper's Phi3 MLP in bfloat16 with activations ~8: 27 of 1344 outputs). float32 needs no step: its silu is float32.
 template <typename T>
 void silu_mul_rows(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
   const auto shape = out.sizes();
@@ -45,7 +54,14 @@ void silu_mul_rows(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
     const float* gf = f.in(0, g + off[0], n);
     const float* uf = f.in(1, u + off[1], n);
     float* of = f.out(2, o + row * n, n);
-    K.silu_mul(gf, uf, of, n);
+    if constexpr (std::is_same_v<T, float>) {
+      K.silu_mul(gf, uf, of, n);
+    } else {
+      float* ones = f.out(3, nullptr, n);
+      std::fill(ones, ones + n, 1.f);
+      K.silu_mul(gf, ones, of, n);  // silu(g) * 1: silu(g) exactly
+      for (int64_t i = 0; i < n; ++i) of[i] = static_cast<float>(static_cast<T>(of[i])) * uf[i];
+    }
     f.store(of, o + row * n, n);
   });
 }
@@ -76,6 +92,13 @@ void check_mlp(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& 
               w_up.sizes(), ", w_down ", w_down.sizes(), " (want w_gate = w_up = [I, H], w_down = [O, I])");
 }
 
+// x as rows of its last dimension: the product of the others (reshape's -1 is ambiguous when the last one is 0).
+int64_t rows_of(const at::Tensor& x) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  return rows;
+}
+
 at::DimVector mlp_shape(const at::Tensor& x, const at::Tensor& w_down) {
   at::DimVector shape(x.sizes().begin(), x.sizes().end());
   shape.back() = w_down.size(0);
@@ -91,7 +114,7 @@ at::Tensor gated_mlp_cpu(const at::Tensor& x, const at::Tensor& w_gate, const at
                          const at::Tensor& w_down, c10::string_view activation) {
   check_mlp(x, w_gate, w_up, w_down);
   check_activation(activation);
-  at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  at::Tensor x2 = x.reshape({rows_of(x), x.size(-1)});
   // one row in bfloat16 / float16 (a decode step): the matrix products read the weights at their own width
   // (matvec.cpp); otherwise eager's mm on the operands the linear layers' decomposition has
   const bool vec = matvec_applies(x2, w_gate) && matvec_applies(x2, w_up);  // matvec_cpu checks w_down itself
@@ -123,7 +146,7 @@ at::Tensor gated_mlp_packed_cpu(const at::Tensor& x, const at::Tensor& w_gate_up
                                 c10::string_view activation) {
   check_packed(x, w_gate_up, w_down);
   check_activation(activation);
-  at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  at::Tensor x2 = x.reshape({rows_of(x), x.size(-1)});
   const bool vec = matvec_applies(x2, w_gate_up);
   at::Tensor both = vec ? matvec_cpu(x2, w_gate_up, std::nullopt) : at::mm(x2, w_gate_up.t());
   const int64_t inner = w_down.size(1);

@@ -354,7 +354,10 @@ def rotary_interleaved_fused(x, cos, sin):
 # Meta's reference Llama (`apply_rotary_emb`): the pairs as complex numbers times a complex table `freqs_cis`
 # (e^{i theta} per pair), the same rotation as the pairs written out: (a + ib)(c + id) = (ac - bd) + i(ad + bc).
 # In a bfloat16/float16 model the code upcasts first (`xq.float()`), so the float32 form below matches there too,
-# between eager's casts.
+# between eager's casts. Not bit for bit: eager's complex product is compiled per CPU capability, and its AVX2 /
+# AVX-512 builds fuse one of the two products (an FMA, the kernel rounds both: a last-bit difference, and where one
+# product alone overflows float32, which needs |freqs| far from 1, eager there gives a finite value or -inf where
+# the kernel, like eager's baseline build, gives inf or NaN; found by a helper).
 
 def _rotary_complex(sizes_given: bool, freqs_first: bool) -> Callable[..., torch.Tensor]:
     """Meta's form with the pairs' view written `(..., -1, 2)` (its code) or with its sizes: torch's matcher re-traces

@@ -246,6 +246,26 @@ def test_gated_mlp(x_shape):
     assert not got._is_view() and got._base is None  # its schema returns a new tensor, as eager's linear does
 
 
+@pytest.mark.default_isa
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_reduced_silu_mul_rounds_where_eager_rounds(dtype):
+    """Note [A reduced-precision silu is rounded before its product]: silu(gate) is rounded to the dtype, then the
+    product; so the result is eager's two ops' but where silu's exp differs in its last float32 bit."""
+    g = torch.Generator().manual_seed(6)
+    gate, up = (torch.randn(64, 352, generator=g) * 8).to(dtype), (torch.randn(64, 352, generator=g) * 8).to(dtype)
+    got, want = fused.silu_mul(gate, up), F.silu(gate) * up
+    same = (got == want) | (got.isnan() & want.isnan())
+    assert same.float().mean() > 0.999, same.float().mean()
+    torch.testing.assert_close(got, want, atol=0, rtol=2 * torch.finfo(dtype).eps)  # one ulp where not equal
+
+
+def test_a_gated_mlp_with_a_hidden_size_of_0_is_eagers():
+    """reshape(-1, 0) is ambiguous: x is taken as rows of its last dimension by the product of the others."""
+    x, wd = torch.randn(3, 5, 0), torch.randn(16, 32)
+    assert torch.equal(fused.gated_mlp(x, torch.randn(32, 0), torch.randn(32, 0), wd), torch.zeros(3, 5, 16))
+    assert torch.equal(fused.gated_mlp_packed(x, torch.randn(64, 0), wd), torch.zeros(3, 5, 16))
+
+
 def _packed_mlp_eager(x, w_gate_up, wd, approximate):  # Phi3's MLP: one projection, chunked
     gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
     act = F.silu(gate) if approximate is None else F.gelu(gate, approximate=approximate)

@@ -336,6 +336,9 @@ MLP_MUTATIONS = {
         F.silu(F.linear(x, wg)) * F.linear(x, wu)), MLP_IN3),
     "weights_module_parameters": (_MLPModule(), lambda: (t(2, 3, 16),)),
     "x_one_row_1d": (mlp, lambda: (t(16), t(32, 16) * .3, t(32, 16) * .3, t(16, 32) * .3)),
+    "hidden_0": (mlp, lambda: (t(3, 0), t(32, 0), t(32, 0), t(16, 32))),  # reshape(-1, 0) failed the compile
+    "large_activations_bfloat16": (mlp, lambda: ((t(3, 7, 64) * 8).bfloat16(), (t(352, 64) * .1).bfloat16(),
+                                                 (t(352, 64) * .1).bfloat16(), (t(64, 352) * .1).bfloat16())),
     "x_4d": (mlp, lambda: (t(2, 2, 3, 16), t(32, 16) * .3, t(32, 16) * .3, t(16, 32) * .3)),
     "x_transposed_view": (lambda x, wg, wu, wd: mlp(x.transpose(0, 1), wg, wu, wd), MLP_IN3),
     # the GELU-gated forms: another activation, the GELU on the other product, the GELU's special values
@@ -395,6 +398,13 @@ PACKED_MUTATIONS = {
         *(x @ w).chunk(2, -1)), lambda: (t(3, 16), t(16, 64) * .3, t(16, 32) * .3)),
     "one_row_bfloat16": (_packed(F.silu), lambda: (t(1, 16).bfloat16(), t(64, 16).bfloat16() * .3,
                                                    t(16, 32).bfloat16() * .3)),
+    # a helper's: silu * up rounded once drifted past the tolerance where the down projection cancels (Note [A
+    # reduced-precision silu is rounded before its product], gated_mlp.cpp)
+    "large_activations_bfloat16": (_packed(F.silu), lambda: ((t(3, 7, 64) * 8).bfloat16(), (t(704, 64) * .1).bfloat16(),
+                                                             (t(64, 352) * .1).bfloat16())),
+    "large_activations_float16": (_packed(F.silu), lambda: ((t(3, 7, 64) * 8).half(), (t(704, 64) * .1).half(),
+                                                            (t(64, 352) * .1).half())),
+    "hidden_0": (_packed(F.silu), lambda: (t(3, 0), t(64, 0), t(16, 32))),  # a helper's: reshape(-1, 0) failed
 }
 
 
