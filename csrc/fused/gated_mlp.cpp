@@ -117,7 +117,8 @@ at::Tensor gated_mlp_cpu(const at::Tensor& x, const at::Tensor& w_gate, const at
   at::Tensor x2 = x.reshape({rows_of(x), x.size(-1)});
   // one row in bfloat16 / float16 (a decode step): the matrix products read the weights at their own width
   // (matvec.cpp); otherwise eager's mm on the operands the linear layers' decomposition has
-  const bool vec = matvec_applies(x2, w_gate) && matvec_applies(x2, w_up);  // matvec_cpu checks w_down itself
+  // float32 keeps eager's mm, so that its products are eager's bit for bit (a GELU-gated one is eager's whole)
+  const bool vec = x.scalar_type() != at::kFloat && matvec_applies(x2, w_gate) && matvec_applies(x2, w_up);
   auto linear = [&](const at::Tensor& a, const at::Tensor& w) {
     return vec ? matvec_cpu(a, w, std::nullopt) : at::mm(a, w.t());
   };
@@ -147,7 +148,7 @@ at::Tensor gated_mlp_packed_cpu(const at::Tensor& x, const at::Tensor& w_gate_up
   check_packed(x, w_gate_up, w_down);
   check_activation(activation);
   at::Tensor x2 = x.reshape({rows_of(x), x.size(-1)});
-  const bool vec = matvec_applies(x2, w_gate_up);
+  const bool vec = x.scalar_type() != at::kFloat && matvec_applies(x2, w_gate_up);  // float32: eager's mm, as gated_mlp
   at::Tensor both = vec ? matvec_cpu(x2, w_gate_up, std::nullopt) : at::mm(x2, w_gate_up.t());
   const int64_t inner = w_down.size(1);
   at::Tensor gate = both.narrow(1, 0, inner), up = both.narrow(1, inner, inner);
@@ -160,7 +161,7 @@ at::Tensor gated_mlp_packed_cpu(const at::Tensor& x, const at::Tensor& w_gate_up
   } else {
     act = at::mul(at::silu(gate), up);
   }
-  at::Tensor down = matvec_applies(act, w_down) ? matvec_cpu(act, w_down, std::nullopt) : at::mm(act, w_down.t());
+  at::Tensor down = vec ? matvec_cpu(act, w_down, std::nullopt) : at::mm(act, w_down.t());
   return at::_unsafe_view(down, mlp_shape(x, w_down));  // a new tensor, no `_base` (as gated_mlp's)
 }
 

@@ -45,6 +45,7 @@ at::Tensor matvec_eager(const at::Tensor& x, const at::Tensor& weight, const std
 template <typename T>
 float dot_as_float(const RowKernels& K, const float* a, const T* b, int64_t n) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) return K.dot_bf16(a, b, n);
+  else if constexpr (std::is_same_v<T, float>) return K.dot_f32(a, b, n);
   else return K.dot_half(a, b, n);
 }
 
@@ -129,9 +130,10 @@ bool columns_layout(const at::Tensor& w) { return w.stride(0) == 1 && w.stride(1
 
 bool matvec_applies(const at::Tensor& x, const at::Tensor& weight) {
   const at::ScalarType d = x.scalar_type();
-  return (d == at::kBFloat16 || d == at::kHalf) && all_cpu_one_float_dtype(x, weight) && weight.dim() == 2 &&
-         x.dim() >= 1 && x.size(-1) == weight.size(1) && (rows_layout(weight) || columns_layout(weight)) &&
-         x.numel() == x.size(-1);
+  // float32: a row-major weight only (Note [A float32 row runs matvec too])
+  return (d == at::kBFloat16 || d == at::kHalf || d == at::kFloat) && all_cpu_one_float_dtype(x, weight) &&
+         weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1) &&
+         (rows_layout(weight) || (d != at::kFloat && columns_layout(weight))) && x.numel() == x.size(-1);
 }
 
 at::Tensor matvec_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
@@ -143,7 +145,8 @@ at::Tensor matvec_cpu(const at::Tensor& x, const at::Tensor& weight, const std::
   if (out.numel() == 0) return out;
   if (weight.size(1) == 0) return out.zero_().add_(bias.has_value() ? *bias : at::zeros({}, out.options()));
   const bool rows = rows_layout(weight);  // else columns_layout (matvec_applies)
-  if (d == at::kBFloat16) rows ? matvec_rows<c10::BFloat16>(x, weight, bias, out)
+  if (d == at::kFloat) matvec_rows<float>(x, weight, bias, out);
+  else if (d == at::kBFloat16) rows ? matvec_rows<c10::BFloat16>(x, weight, bias, out)
                                : matvec_columns<c10::BFloat16>(x, weight, bias, out);
   else rows ? matvec_rows<c10::Half>(x, weight, bias, out) : matvec_columns<c10::Half>(x, weight, bias, out);
   return out;

@@ -36,6 +36,7 @@ struct RowKernels {
   void (*rotary_pairs)(const float* x, const float* c, const float* s, float* out, int64_t n, bool half_tables);
   float (*max_abs)(const float* x, int64_t n);  // max |x[i]|, NaN where any x[i] is NaN
   float (*dot)(const float* a, const float* b, int64_t n);
+  float (*dot_f32)(const float* a, const float* b, int64_t n);  // the same sum, four accumulators (matvec's rows)
   // sum(a[i] * float(b[i])), b read as bfloat16 / float16 (matvec: a weight row streamed at its own width)
   float (*dot_bf16)(const float* a, const c10::BFloat16* b, int64_t n);
   float (*dot_half)(const float* a, const c10::Half* b, int64_t n);

@@ -199,6 +199,25 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// sum(a[i] * b[i]) over a float32 weight row, for matvec: four accumulators with fused multiply-adds, so the loop
+// streams the row instead of waiting on one accumulator (a reduction: its order is not eager's anyway; Note [Fused
+// kernels are close, not bitwise]). `dot` above keeps its one accumulator for the kernels that use it.
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+  Vec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
+  int64_t i = 0;
+  constexpr int64_t w = Vec::size();
+  for (; i + 4 * w <= n; i += 4 * w) {
+    acc0 = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc0);
+    acc1 = at::vec::fmadd(Vec::loadu(a + i + w), Vec::loadu(b + i + w), acc1);
+    acc2 = at::vec::fmadd(Vec::loadu(a + i + 2 * w), Vec::loadu(b + i + 2 * w), acc2);
+    acc3 = at::vec::fmadd(Vec::loadu(a + i + 3 * w), Vec::loadu(b + i + 3 * w), acc3);
+  }
+  for (; i + w <= n; i += w) acc0 = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc0);
+  float sum = sum_lanes((acc0 + acc1) + (acc2 + acc3));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
 // sum(a[i] * float(b[i])) for a reduced-precision b: b converted in registers, four float accumulators with
 // fused multiply-adds (a reduction: its order is not eager's anyway; Note [Fused kernels are close, not bitwise]).
 template <typename R>
@@ -277,7 +296,7 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 
 inline RowKernels table() {
   return RowKernels{&rms_norm_row, &add_row,  &layer_norm_row, &silu_mul_row, &rotary_row, &rotary_pairs_row, &max_abs, &dot,
-                    &dot_bf16,     &dot_half, &axpy,         &axpy4_bf16,  &axpy4_half, &max_pool_f32, &max_pool_bf16, &max_pool_half,
+                    &dot_f32,      &dot_bf16,     &dot_half, &axpy,         &axpy4_bf16,  &axpy4_half, &max_pool_f32, &max_pool_bf16, &max_pool_half,
                     &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
 }
 

@@ -66,8 +66,7 @@ class PatternRegistry:
 
         with self.lock:
             for key, register in BUILTIN_GROUPS.items():
-                wanted = (dtypes is None or key is None or key in dtypes
-                          or (key == "reduced" and bool(dtypes)))  # the reduced-dtype group: any of them
+                wanted = dtypes is None or key is None or key in dtypes
                 if key in self.builtin_groups or not wanted:
                     continue
                 self.builtin_groups.add(key)

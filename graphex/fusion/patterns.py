@@ -18,7 +18,7 @@ order: a pattern that contains another comes first (Note in manager.py).
     rotary         x * cos + rotate_half(x) * sin                       chunk and slice forms; interleaved pairs
                                                                         (GPT-J's rotate_every_two, the pairs stacked,
                                                                         Meta's complex product with freqs_cis)
-    matvec         F.linear(x, w[, b]) on one row of a bfloat16/float16 x (a decode step's projections)
+    matvec         F.linear(x, w[, b]) on one row of x, float32 too (a decode step's projections)
     decode_attention  softmax(q k^T * s, masked) v for one query token: attention_patterns.py
     matvec         also x @ W and addmm(b, x, W) with W stored [K, N] (GPT-2's Conv1D)
 """
@@ -36,7 +36,7 @@ from torch._inductor.pattern_matcher import Match
 from .. import _C  # noqa: F401  (registers the graphex_fused:: kernels used below)
 
 from .attention_patterns import register_attention
-from .checks import REDUCED_DTYPES, all_of, float_cpu, not_dtype, number, val
+from .checks import all_of, float_cpu, not_dtype, number, val
 from .registration import register_named
 
 fused = torch.ops.graphex_fused
@@ -268,24 +268,34 @@ def matvec_kn_bias_fused(x, weight, bias):
     return fused.matvec(x, weight.t(), bias)
 
 
-def _one_row_reduced(match: Match) -> bool:
-    """matvec's case (csrc/fused/matvec.cpp): one row of x, bfloat16 or float16, a row-major weight [N, K]. A
-    float32 linear keeps eager's mm (no faster with a kernel of ours), as do several rows (a prefill: a GEMM)."""
+# Note [A float32 row runs matvec too]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A decode step's linear layers are matrix-vector products that read each weight once. ATen's float32 mm on one
+# row took 1.6-3x matvec's time over the same weights on this project's AMD EPYC (2026-12-06: Falcon's 17 linears
+# 0.41-0.65x, Llama's 29 0.32-0.55x, the bench's 52.7 MB Llama 0.39-0.61x, at 1 and 2 threads; /tmp probes, the
+# closing note of issue 21), where MKL does not take its fastest path. So a one-row F.linear on a row-major weight
+# runs matvec in float32 as in bfloat16/float16 (four float32 accumulators per weight row, within the float32
+# tolerance). The gated MLPs keep eager's mm in float32, so their products stay eager's bit for bit.
+def _one_row(match: Match) -> bool:
+    """matvec's case (csrc/fused/matvec.cpp): one row of x, float32, bfloat16 or float16, a row-major weight [N, K]
+    (Note [A float32 row runs matvec too]). Several rows (a prefill: a GEMM) keep eager's mm."""
     x, w = val(match, "x"), val(match, "weight")
-    if x.dtype not in REDUCED_DTYPES or w.dim() != 2 or x.dim() < 1:
+    if w.dim() != 2 or x.dim() < 1:
         return False
     return x.numel() == x.shape[-1] and tuple(w.stride()) == (w.shape[1], 1)
 
 
-def _one_row_reduced_kn(match: Match) -> bool:
-    """matvec's case for `x @ W`, W [K, N]: one row of x (2-d), bfloat16 or float16, W row-major (read as the
-    transpose matvec takes) or itself the transpose of a row-major [N, K]; a bias of one dimension [N]."""
+def _one_row_kn(match: Match) -> bool:
+    """matvec's case for `x @ W`, W [K, N]: one row of x (2-d); W itself the transpose of a row-major [N, K] (a
+    linear layer's `t(w)`), or, in bfloat16/float16, W row-major (GPT-2's Conv1D, read as the transpose matvec
+    takes; float32 has no such kernel and keeps eager's mm); a bias of one dimension [N]."""
     x, w = val(match, "x"), val(match, "weight")
-    if x.dtype not in REDUCED_DTYPES or w.dim() != 2 or x.dim() != 2 or x.shape[0] != 1:
+    if w.dim() != 2 or x.dim() != 2 or x.shape[0] != 1:
         return False
     if "bias" in match.kwargs and (val(match, "bias").dim() != 1 or val(match, "bias").shape[0] != w.shape[1]):
         return False  # addmm broadcasts a bias of another shape; matvec takes [N]
-    return tuple(w.stride()) in ((w.shape[1], 1), (1, w.shape[0]))
+    layouts = ((1, w.shape[0]),) if x.dtype == torch.float32 else ((w.shape[1], 1), (1, w.shape[0]))
+    return tuple(w.stride()) in layouts
 
 
 def silu_mul(gate, up):
@@ -498,6 +508,20 @@ def register_common() -> None:
 
     register_attention(None)  # Note [Attention forms are generated from one table]
 
+    # one-row linear layers, last: after every pattern that contains a linear (Note [A float32 row runs matvec too])
+    w, b = t(32, 16), t(32)
+    for x in (t(1, 1, 16), t(1, 16)):
+        register_named("matvec", linear, matvec_fused, [x, w],
+                       extra_check=all_of(float_cpu("x", "weight"), _one_row), builtin=True)
+        register_named("matvec", linear_bias, matvec_bias_fused, [x, w, b],
+                       extra_check=all_of(float_cpu("x", "weight", "bias"), _one_row), builtin=True)
+    # a product written `x @ W` with W [K, N] (a linear's t(w) seen as mm, GPT-2's Conv1D), after F.linear's forms
+    x2, w_kn, b_kn = t(1, 16), t(16, 32), t(32)
+    register_named("matvec", mm_kn, matvec_kn_fused, [x2, w_kn],
+                   extra_check=all_of(float_cpu("x", "weight"), _one_row_kn), builtin=True)
+    register_named("matvec", addmm_kn, matvec_kn_bias_fused, [x2, w_kn, b_kn],
+                   extra_check=all_of(float_cpu("x", "weight", "bias"), _one_row_kn), builtin=True)
+
 
 def register_upcast(dtype: torch.dtype) -> None:
     """The float32-upcast forms of a `dtype` model: Llama's norm and a float32 softmax, whose casts back name
@@ -512,30 +536,10 @@ def register_upcast(dtype: torch.dtype) -> None:
     register_attention(dtype)
 
 
-def register_matvec() -> None:
-    """Linear layers on one row in bfloat16/float16 (a decode step's projections), and `x @ W` with W stored
-    [K, N] (GPT-2's Conv1D): matvec reads the weights at their own width. Registered after every pattern that contains a linear (gated_mlp), traced once for both
-    reduced dtypes (its ops name no dtype)."""
-    t = torch.randn
-    w, b = t(32, 16).bfloat16(), t(32).bfloat16()
-    for x in (t(1, 1, 16).bfloat16(), t(1, 16).bfloat16()):
-        register_named("matvec", linear, matvec_fused, [x, w],
-                       extra_check=all_of(float_cpu("x", "weight"), _one_row_reduced), builtin=True)
-        register_named("matvec", linear_bias, matvec_bias_fused, [x, w, b],
-                       extra_check=all_of(float_cpu("x", "weight", "bias"), _one_row_reduced), builtin=True)
-    # a product written with the weight stored [K, N] (GPT-2's Conv1D), after F.linear's forms
-    x2, w_kn, b_kn = t(1, 16).bfloat16(), t(16, 32).bfloat16(), t(32).bfloat16()
-    register_named("matvec", mm_kn, matvec_kn_fused, [x2, w_kn],
-                   extra_check=all_of(float_cpu("x", "weight"), _one_row_reduced_kn), builtin=True)
-    register_named("matvec", addmm_kn, matvec_kn_bias_fused, [x2, w_kn, b_kn],
-                   extra_check=all_of(float_cpu("x", "weight", "bias"), _one_row_reduced_kn), builtin=True)
-
-
 # The built-in patterns, by group: None for the common ones, a dtype for its upcast forms (traced when a graph of
 # that dtype is first fused: Note [Built-in patterns are traced per dtype, when needed], manager.py).
 BUILTIN_GROUPS: dict[torch.dtype | str | None, Callable[[], None]] = {
     None: register_common,
     torch.bfloat16: lambda: register_upcast(torch.bfloat16),
     torch.float16: lambda: register_upcast(torch.float16),
-    "reduced": register_matvec,  # traced with the first bfloat16 or float16 graph, after its dtype's group
 }

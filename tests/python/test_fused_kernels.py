@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import graphex  # noqa: F401  (links the graphex_fused ops)
-from conftest import fused_op_tol
+from conftest import FUSED_OP_TOL_FLOAT32, fused_op_tol
 
 fused = torch.ops.graphex_fused
 TOL = dict(atol=fused_op_tol(torch.float32), rtol=fused_op_tol(torch.float32))  # the stated float32 tolerance
@@ -155,9 +155,9 @@ def _reduced_cases(dtype: torch.dtype, in_float64: bool = False):
 
 
 def test_matvec_is_eager_linear_within_the_reduced_tolerance():
-    """matvec (csrc/fused/matvec.cpp): one row of a bfloat16/float16 x against eager's F.linear, with and without
-    bias, odd and large K, the weight row-major [N, K] or stored [K, N] (GPT-2's Conv1D); a float32 x, several rows
-    or a weight in neither layout run eager's own linear (bitwise)."""
+    """matvec (csrc/fused/matvec.cpp): one row of x against eager's F.linear, with and without bias, odd and large
+    K; bfloat16/float16 with the weight row-major [N, K] or stored [K, N] (GPT-2's Conv1D), float32 row-major only;
+    several rows, a weight in neither layout or a float32 one stored [K, N] run eager's own linear (bitwise)."""
     g = torch.Generator().manual_seed(31)
     for dtype in (torch.bfloat16, torch.float16):
         tol = fused_op_tol(dtype)
@@ -175,14 +175,23 @@ def test_matvec_is_eager_linear_within_the_reduced_tolerance():
         assert torch.equal(fused.matvec(x, w), F.linear(x, w))
         ws = torch.randn(32, 64, generator=g).to(dtype)[::2]  # every other row: neither layout
         assert torch.equal(fused.matvec(x[:1], ws), F.linear(x[:1], ws))
-    x, w = torch.randn(1, 64), torch.randn(16, 64)
+    # float32 (Note [A float32 row runs matvec too], graphex/fusion/patterns.py): one row on a row-major weight is ours,
+    # within the float32 tolerance; several rows and a weight stored [K, N] run eager's linear, bitwise
+    for K, N in ((1, 3), (7, 5), (64, 96), (200, 33), (1024, 40), (4099, 7)):
+        x, w, b = torch.randn(1, 1, K, generator=g), torch.randn(N, K, generator=g) / 4, torch.randn(N, generator=g)
+        for bias in (None, b):
+            got, want = fused.matvec(x, w, bias), F.linear(x, w, bias)
+            assert got.shape == want.shape and got.dtype == torch.float32
+            torch.testing.assert_close(got, want, rtol=FUSED_OP_TOL_FLOAT32, atol=FUSED_OP_TOL_FLOAT32)
+        assert torch.equal(fused.matvec(x, w.t().contiguous().t()), F.linear(x, w.t().contiguous().t()))
+    x, w = torch.randn(3, 64), torch.randn(16, 64)
     assert torch.equal(fused.matvec(x, w), F.linear(x, w))
     assert fused.matvec(torch.randn(1, 0).bfloat16(), torch.randn(4, 0).bfloat16()).eq(0).all()
     with pytest.raises(RuntimeError, match="want x"):
         fused.matvec(torch.randn(1, 8).bfloat16(), torch.randn(4, 9).bfloat16())
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("K", [5, 6, 7, 8, 66])
 def test_matvec_keeps_eagers_infinities_and_nans_in_every_weight_row(dtype, K):
     """An inf, -inf or NaN weight in any row k (the 4-row body of the [K, N] layout and its K % 4 tail, found by a

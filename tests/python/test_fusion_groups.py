@@ -54,7 +54,7 @@ def test_groups_are_traced_when_a_graph_of_their_dtype_is_fused():
         print(json.dumps(seen))
     """)
     assert out["before"] == [] and out["float32"] == ["None"]
-    assert out["bfloat16"] == ["None", "reduced", "torch.bfloat16"] and out["close"]
+    assert out["bfloat16"] == ["None", "torch.bfloat16"] and out["close"]
     assert out["key_unchanged"], "tracing a group must not change the cache key"
     fresh = _run("print(json.dumps({'key': registered_patterns(), 'groups': groups()}))")
     assert fresh["key"] == out["key"] and fresh["groups"] == [], "the key is the same in every process, and free"
@@ -68,5 +68,5 @@ def test_a_users_pattern_comes_after_every_builtin_group_and_joins_the_key():
                                      [torch.randn(4, 4), torch.randn(4, 4)])
         print(json.dumps({"groups": groups(), "before": before, "after": registered_patterns()}))
     """)
-    assert out["groups"] == ["None", "reduced", "torch.bfloat16", "torch.float16"]
+    assert out["groups"] == ["None", "torch.bfloat16", "torch.float16"]
     assert out["after"][: len(out["before"])] == out["before"] and len(out["after"]) == len(out["before"]) + 1
