@@ -23,6 +23,7 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -93,10 +94,13 @@ void check_mlp(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& 
 }
 
 // x as rows of its last dimension: the product of the others (reshape's -1 is ambiguous when the last one is 0).
-int64_t rows_of(const at::Tensor& x) {
-  int64_t rows = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
-  return rows;
+int64_t rows_of(const at::Tensor& x) { return c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1); }
+
+// Whether the block's products run matvec: one row in bfloat16 / float16 (a decode step) reads the weights at their
+// own width (matvec.cpp); float32 keeps eager's mm, so that its products are eager's bit for bit (a GELU-gated
+// block is eager's whole), as do several rows.
+bool products_run_matvec(const at::Tensor& x2, const at::Tensor& w) {
+  return x2.scalar_type() != at::kFloat && matvec_applies(x2, w);
 }
 
 at::DimVector mlp_shape(const at::Tensor& x, const at::Tensor& w_down) {
@@ -115,10 +119,8 @@ at::Tensor gated_mlp_cpu(const at::Tensor& x, const at::Tensor& w_gate, const at
   check_mlp(x, w_gate, w_up, w_down);
   check_activation(activation);
   at::Tensor x2 = x.reshape({rows_of(x), x.size(-1)});
-  // one row in bfloat16 / float16 (a decode step): the matrix products read the weights at their own width
-  // (matvec.cpp); otherwise eager's mm on the operands the linear layers' decomposition has
-  // float32 keeps eager's mm, so that its products are eager's bit for bit (a GELU-gated one is eager's whole)
-  const bool vec = x.scalar_type() != at::kFloat && matvec_applies(x2, w_gate) && matvec_applies(x2, w_up);
+  // otherwise eager's mm on the operands the linear layers' decomposition has
+  const bool vec = products_run_matvec(x2, w_gate) && products_run_matvec(x2, w_up);
   auto linear = [&](const at::Tensor& a, const at::Tensor& w) {
     return vec ? matvec_cpu(a, w, std::nullopt) : at::mm(a, w.t());
   };
@@ -148,7 +150,7 @@ at::Tensor gated_mlp_packed_cpu(const at::Tensor& x, const at::Tensor& w_gate_up
   check_packed(x, w_gate_up, w_down);
   check_activation(activation);
   at::Tensor x2 = x.reshape({rows_of(x), x.size(-1)});
-  const bool vec = x.scalar_type() != at::kFloat && matvec_applies(x2, w_gate_up);  // float32: eager's mm, as gated_mlp
+  const bool vec = products_run_matvec(x2, w_gate_up);
   at::Tensor both = vec ? matvec_cpu(x2, w_gate_up, std::nullopt) : at::mm(x2, w_gate_up.t());
   const int64_t inner = w_down.size(1);
   at::Tensor gate = both.narrow(1, 0, inner), up = both.narrow(1, inner, inner);

@@ -237,13 +237,13 @@ def note_registered(name: str, identity: str) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _builtins_identity() -> str:
-    """The built-in patterns as the source that defines them (patterns.py, attention_patterns.py, checks.py,
-    spellings.py), and the rules of element-wise
-    chains, pooling and batch norm (chains.py, pooling.py, batch_norm.py): known without tracing."""
-    from . import attention_patterns, batch_norm, chains, checks, patterns, pooling, spellings
+    """The built-in patterns as the source that defines them (patterns.py, attention_patterns.py, rotary_patterns.py,
+    checks.py, spellings.py), and the rules of element-wise chains, pooling and batch norm (chains.py, pooling.py,
+    batch_norm.py): known without tracing."""
+    from . import attention_patterns, batch_norm, chains, checks, patterns, pooling, rotary_patterns, spellings
 
-    text = "".join(inspect.getsource(m) for m in (patterns, attention_patterns, checks, spellings, chains, pooling,
-                                                  batch_norm))
+    text = "".join(inspect.getsource(m) for m in (patterns, attention_patterns, rotary_patterns, checks, spellings,
+                                                  chains, pooling, batch_norm))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
