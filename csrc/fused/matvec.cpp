@@ -1,11 +1,12 @@
-// A linear layer on a few rows, in bfloat16 or float16: x @ weight^T (+ bias), reading each weight row once per
+// A linear layer on a few rows, in float32, bfloat16 or float16: x @ weight^T (+ bias), reading each weight row once per
 // row of x at the weight's own width (a decode step's matrix products are matrix-vector products bound by
 // reading the weights; ATen's reduced-precision mm runs no faster than its float32 one here, reading half the
 // bytes: bench/fused_step.py). Each output is a float32 dot product of the row of x (read as float32) and a
 // weight row (converted in registers), plus the bias, rounded once to the dtype (Note [Reduced precision runs
 // the float32 rows], rows.h), as eager's mm accumulates in float32 and rounds once.
 //   x [..., K], weight [N, K] (row-major, stride 1 along K; or the transpose of a row-major [K, N], as GPT-2's
-//   Conv1D stores it: matvec_columns), bias [N] or none; one dtype, bfloat16 or float16.
+//   Conv1D stores it: matvec_columns), bias [N] or none; one dtype, float32, bfloat16 or float16 (float32: Note
+//   [A float32 row runs matvec too], graphex/fusion/patterns.py).
 // Meant for one row of x (a decode step): a second row costs almost a second pass (measured), so the
 // pattern admits one row only; more rows, other dtypes, layouts or devices run eager's linear (matmul, + bias).
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp): the dot products add in another order.
@@ -79,6 +80,7 @@ void matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optio
 template <typename T>
 void axpy4(const RowKernels& K, const float* a, const T* const* w, float* y, int64_t n) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) K.axpy4_bf16(a, w, y, n);
+  else if constexpr (std::is_same_v<T, float>) K.axpy4_f32(a, w, y, n);
   else K.axpy4_half(a, w, y, n);
 }
 
@@ -130,10 +132,9 @@ bool columns_layout(const at::Tensor& w) { return w.stride(0) == 1 && w.stride(1
 
 bool matvec_applies(const at::Tensor& x, const at::Tensor& weight) {
   const at::ScalarType d = x.scalar_type();
-  // float32: a row-major weight only (Note [A float32 row runs matvec too])
   return (d == at::kBFloat16 || d == at::kHalf || d == at::kFloat) && all_cpu_one_float_dtype(x, weight) &&
          weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1) &&
-         (rows_layout(weight) || (d != at::kFloat && columns_layout(weight))) && x.numel() == x.size(-1);
+         (rows_layout(weight) || columns_layout(weight)) && x.numel() == x.size(-1);
 }
 
 at::Tensor matvec_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
@@ -145,7 +146,7 @@ at::Tensor matvec_cpu(const at::Tensor& x, const at::Tensor& weight, const std::
   if (out.numel() == 0) return out;
   if (weight.size(1) == 0) return out.zero_().add_(bias.has_value() ? *bias : at::zeros({}, out.options()));
   const bool rows = rows_layout(weight);  // else columns_layout (matvec_applies)
-  if (d == at::kFloat) matvec_rows<float>(x, weight, bias, out);
+  if (d == at::kFloat) rows ? matvec_rows<float>(x, weight, bias, out) : matvec_columns<float>(x, weight, bias, out);
   else if (d == at::kBFloat16) rows ? matvec_rows<c10::BFloat16>(x, weight, bias, out)
                                : matvec_columns<c10::BFloat16>(x, weight, bias, out);
   else rows ? matvec_rows<c10::Half>(x, weight, bias, out) : matvec_columns<c10::Half>(x, weight, bias, out);

@@ -281,6 +281,31 @@ inline void axpy4_reduced(const float* a, const R* const* w, float* y, int64_t n
   }
 }
 
+// The same for a float32 weight (matvec on a float32 weight stored [K, N]: GPT-2's Conv1D).
+inline void axpy4_f32(const float* a, const float* const* w, float* y, int64_t n) {
+  const Vec a0(a[0]), a1(a[1]), a2(a[2]), a3(a[3]);
+  constexpr int64_t v = Vec::size();
+  int64_t i = 0;
+  for (; i + 2 * v <= n; i += 2 * v) {
+    Vec y0 = Vec::loadu(y + i), y1 = Vec::loadu(y + i + v);
+    y0 = at::vec::fmadd(a0, Vec::loadu(w[0] + i), y0);
+    y1 = at::vec::fmadd(a0, Vec::loadu(w[0] + i + v), y1);
+    y0 = at::vec::fmadd(a1, Vec::loadu(w[1] + i), y0);
+    y1 = at::vec::fmadd(a1, Vec::loadu(w[1] + i + v), y1);
+    y0 = at::vec::fmadd(a2, Vec::loadu(w[2] + i), y0);
+    y1 = at::vec::fmadd(a2, Vec::loadu(w[2] + i + v), y1);
+    y0 = at::vec::fmadd(a3, Vec::loadu(w[3] + i), y0);
+    y1 = at::vec::fmadd(a3, Vec::loadu(w[3] + i + v), y1);
+    y0.store(y + i);
+    y1.store(y + i + v);
+  }
+  for (; i < n; ++i) {
+    float acc = y[i];
+    for (int r = 0; r < 4; ++r) acc = std::fma(a[r], w[r][i], acc);
+    y[i] = acc;
+  }
+}
+
 inline void axpy4_bf16(const float* a, const c10::BFloat16* const* w, float* y, int64_t n) { axpy4_reduced(a, w, y, n); }
 inline void axpy4_half(const float* a, const c10::Half* const* w, float* y, int64_t n) { axpy4_reduced(a, w, y, n); }
 
@@ -296,7 +321,7 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 
 inline RowKernels table() {
   return RowKernels{&rms_norm_row, &add_row,  &layer_norm_row, &silu_mul_row, &rotary_row, &rotary_pairs_row, &max_abs, &dot,
-                    &dot_f32,      &dot_bf16,     &dot_half, &axpy,         &axpy4_bf16,  &axpy4_half, &max_pool_f32, &max_pool_bf16, &max_pool_half,
+                    &dot_f32,      &dot_bf16,     &dot_half, &axpy,         &axpy4_f32,   &axpy4_bf16,  &axpy4_half, &max_pool_f32, &max_pool_bf16, &max_pool_half,
                     &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
 }
 

@@ -274,7 +274,10 @@ def matvec_kn_bias_fused(x, weight, bias):
 # 0.41-0.65x, Llama's 29 0.32-0.55x, the bench's 52.7 MB Llama 0.39-0.61x, at 1 and 2 threads; /tmp probes, the
 # closing note of issue 21), where MKL does not take its fastest path. So a one-row F.linear on a row-major weight
 # runs matvec in float32 as in bfloat16/float16 (four float32 accumulators per weight row, within the float32
-# tolerance). The gated MLPs keep eager's mm in float32, so their products stay eager's bit for bit.
+# tolerance). The same holds for a float32 weight stored [K, N] (GPT-2's Conv1D, `addmm(b, x, W)`): matvec's
+# columns kernel took 0.47-0.91x ATen's one-row addmm at 256x256 to 3072x768 and about its time at 4096x4096
+# (0.88-1.07x, noisy; /tmp/s49/kn.py, 1 and 2 threads, 2026-12-06). The gated MLPs keep eager's mm in float32, so
+# their products stay eager's bit for bit.
 def _one_row(match: Match) -> bool:
     """matvec's case (csrc/fused/matvec.cpp): one row of x, float32, bfloat16 or float16, a row-major weight [N, K]
     (Note [A float32 row runs matvec too]). Several rows (a prefill: a GEMM) keep eager's mm."""
@@ -286,15 +289,14 @@ def _one_row(match: Match) -> bool:
 
 def _one_row_kn(match: Match) -> bool:
     """matvec's case for `x @ W`, W [K, N]: one row of x (2-d); W itself the transpose of a row-major [N, K] (a
-    linear layer's `t(w)`), or, in bfloat16/float16, W row-major (GPT-2's Conv1D, read as the transpose matvec
-    takes; float32 has no such kernel and keeps eager's mm); a bias of one dimension [N]."""
+    linear layer's `t(w)`), or W row-major (GPT-2's Conv1D, read as the transpose matvec takes: its columns
+    kernel); a bias of one dimension [N]."""
     x, w = val(match, "x"), val(match, "weight")
     if w.dim() != 2 or x.dim() != 2 or x.shape[0] != 1:
         return False
     if "bias" in match.kwargs and (val(match, "bias").dim() != 1 or val(match, "bias").shape[0] != w.shape[1]):
         return False  # addmm broadcasts a bias of another shape; matvec takes [N]
-    layouts = ((1, w.shape[0]),) if x.dtype == torch.float32 else ((w.shape[1], 1), (1, w.shape[0]))
-    return tuple(w.stride()) in layouts
+    return tuple(w.stride()) in ((w.shape[1], 1), (1, w.shape[0]))
 
 
 def silu_mul(gate, up):
