@@ -13,7 +13,8 @@ order: a pattern that contains another comes first (Note in manager.py).
     add_layer_norm (x + residual, layer_norm(x + residual, w, b))        with weight and bias, weight only, neither
     gated_mlp      down(silu(gate(x)) * up(x)) as three matmuls + one pass   3-d and 2-d x; GELU-gated (erf, tanh:
                                                                         eager's gelu and mul, in place)
-                   one gate_up projection chunked in two (Phi3): gated_mlp_packed, SiLU and both GELUs
+                   one gate_up projection cut in two halves (Phi3; chunk or slices): gated_mlp_packed,
+                   SiLU and both GELUs
     silu_mul       silu(gate) * up, or up * silu(gate) (a gated product outside a whole MLP)
     rotary         x * cos + rotate_half(x) * sin, interleaved pairs, Meta's complex form: rotary_patterns.py
     matvec         F.linear(x, w[, b]) on one row of x, float32 too (a decode step's projections)
@@ -24,7 +25,9 @@ order: a pattern that contains another comes first (Note in manager.py).
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
+import sys
 from typing import Callable
 
 import torch
@@ -185,17 +188,29 @@ def _gelu_gated_mlp_fused(approximate: str) -> Callable[..., torch.Tensor]:
     return replace
 
 
-def _packed_gated_mlp(activation: str, up_first: bool) -> Callable[..., torch.Tensor]:
+def _chunk_halves(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # also split(I), split([I, I]), a positive dim (Note [Arguments are matched in one spelling])
+    return h.chunk(2, dim=-1)
+
+
+def _slice_halves(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    half = h.shape[-1] // 2  # also narrow, tensor_split, h[..., I:2 * I] (the same Note)
+    return h[..., :half], h[..., half:]
+
+
+def _packed_gated_mlp(activation: str, up_first: bool, halves: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+                      ) -> Callable[..., torch.Tensor]:
     """down(act(gate) * up) where gate and up are the two halves of one projection (Phi3's `gate_up_proj`:
-    `gate, up = linear(x, w_gate_up).chunk(2, dim=-1)`), the product either way round."""
+    `gate, up = linear(x, w_gate_up).chunk(2, dim=-1)`, or the halves sliced), the product either way round."""
     act = F.silu if activation == "silu" else functools.partial(
         F.gelu, approximate="tanh" if activation == "gelu_tanh" else "none")
 
     def search(x, w_gate_up, w_down):
-        gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
+        gate, up = halves(F.linear(x, w_gate_up))
         return F.linear(up * act(gate) if up_first else act(gate) * up, w_down)
 
-    search.__qualname__ = search.__name__ = f"{activation}_packed_gated_mlp" + ("_up_first" if up_first else "")
+    search.__qualname__ = search.__name__ = (f"{activation}_packed_gated_mlp{halves.__name__}"
+                                             + ("_up_first" if up_first else ""))
     return search
 
 
@@ -207,29 +222,48 @@ def _packed_gated_mlp_fused(activation: str) -> Callable[..., torch.Tensor]:
     return replace
 
 
+def _half_of(node: object, source: torch.fx.Node | None, half: int, first: bool) -> torch.fx.Node | None:
+    """The projection `node` is the first (or second) half of along its last dimension: `getitem(split(h, half, -1),
+    0 or 1)` or `slice(h, last, 0, half)` / `slice(h, last, half, end)` (in the spelling of Note [Arguments are
+    matched in one spelling]); None where it is not that half, or not of `source` when one is given."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return None
+    if node.target is operator.getitem:
+        split = node.args[0]
+        if not (isinstance(split, torch.fx.Node) and split.target is torch.ops.aten.split.Tensor
+                and len(split.args) == 3 and not split.kwargs and node.args[1] == (0 if first else 1)):
+            return None
+        h, size, dim = split.args
+    elif node.target is torch.ops.aten.slice.Tensor and len(node.args) == 4 and not node.kwargs:
+        h, dim, start, end = node.args
+        h_val = h.meta.get("val") if isinstance(h, torch.fx.Node) else None
+        if h_val is None or (start, end) != ((0, half) if first else (half, sys.maxsize)):
+            return None
+        dim, size = dim - h_val.dim(), half  # the slice's dim is non-negative; compared as split's below
+    else:
+        return None
+    h_val = h.meta.get("val") if isinstance(h, torch.fx.Node) else None
+    if h_val is None or dim != -1 or size != half or h_val.shape[-1] != 2 * half or source not in (None, h):
+        return None
+    return h
+
+
 def _halves_in_order(match: Match) -> bool:
-    """The packed MLP's chunk is what the kernel computes: the product split along its last dimension into exactly
+    """The packed MLP's halves are what the kernel computes: the product cut along its last dimension into exactly
     two halves, the first the activation's input and the second the other factor. The matcher's first pass ignores
-    the split's size and dim (torch re-traces the search function on the match's shapes, which compares them): the
+    the cut's sizes and dims (torch re-traces the search function on the match's shapes, which compares them): the
     kernel's assumptions are checked here in its own terms all the same."""
     w = val(match, "w_gate_up")
     if w.dim() != 2 or w.shape[0] % 2:
         return False
-    splits = [n for n in match.nodes if n.target is torch.ops.aten.split.Tensor]
-    if len(splits) != 1:
-        return False
-    split = splits[0]
-    source = split.args[0].meta.get("val")
-    dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-    if source is None or split.args[1] != w.shape[0] // 2 or dim % source.dim() != source.dim() - 1:
-        return False
+    half = w.shape[0] // 2
     acts = [n for n in match.nodes if n.target in _PACKED_ACTIVATIONS]
-    if len(acts) != 1 or acts[0].args[0].target is not operator.getitem or acts[0].args[0].args[1] != 0:
+    if len(acts) != 1 or len(acts[0].users) != 1:
         return False
+    h = _half_of(acts[0].args[0], None, half, first=True)
     product = next(iter(acts[0].users))
     other = [a for a in product.args if a is not acts[0]]
-    return len(other) == 1 and getattr(other[0], "target", None) is operator.getitem and other[0].args[1] == 1 \
-        and other[0].args[0] is split
+    return h is not None and len(other) == 1 and _half_of(other[0], h, half, first=False) is h
 
 
 _PACKED_ACTIVATIONS = (torch.ops.aten.silu.default, torch.ops.aten.gelu.default)
@@ -360,11 +394,11 @@ def register_common() -> None:
             for up_first in (False, True):
                 register_named("gated_mlp", _gelu_gated_mlp(approximate, up_first), _gelu_gated_mlp_fused(approximate),
                                [x, wg, wu, wd], extra_check=mlp_ok, builtin=True)
-        for activation in ("silu", "gelu", "gelu_tanh"):
-            for up_first in (True, False):
-                register_named("gated_mlp_packed", _packed_gated_mlp(activation, up_first), _packed_gated_mlp_fused(activation),
-                               [x, t(64, 16), wd], extra_check=all_of(float_cpu("x", "w_gate_up", "w_down"),
-                                                                      _halves_in_order), builtin=True)
+        for activation, up_first, halves in itertools.product(("silu", "gelu", "gelu_tanh"), (True, False),
+                                                              (_chunk_halves, _slice_halves)):
+            register_named("gated_mlp_packed", _packed_gated_mlp(activation, up_first, halves),
+                           _packed_gated_mlp_fused(activation), [x, t(64, 16), wd],
+                           extra_check=all_of(float_cpu("x", "w_gate_up", "w_down"), _halves_in_order), builtin=True)
     for search in (silu_mul, up_mul_silu):
         register_named("silu_mul", search, silu_mul_fused, [t(2, 3, 32), t(2, 3, 32)],
                        extra_check=all_of(float_cpu("gate", "up"), _same_shape("gate", "up")), builtin=True)

@@ -367,13 +367,30 @@ def _packed(act: Callable[..., Any], up_first: bool = True, dim: int = -1, piece
     return fn
 
 
+def _packed_cut(cut: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> Callable[..., Any]:
+    """Phi3's MLP with the projection cut into (gate, up) by `cut`: Note [Arguments are matched in one spelling]."""
+    def fn(x, w, wd):
+        gate, up = cut(F.linear(x, w))
+        return F.linear(up * F.silu(gate), wd)
+    return fn
+
+
 _gelu_tanh = lambda v: F.gelu(v, approximate="tanh")  # noqa: E731
 PACKED_IN3 = lambda: (t(2, 3, 16), t(64, 16) * 0.3, t(16, 32) * 0.3)  # noqa: E731
 PACKED_IN2 = lambda: (t(3, 16), t(64, 16) * 0.3, t(16, 32) * 0.3)  # noqa: E731
 PACKED_CANON = {"phi3_up_times_silu_3d": (_packed(F.silu), PACKED_IN3),  # patterns._packed_gated_mlp("silu", True)
                 "silu_times_up_2d": (_packed(F.silu, up_first=False), PACKED_IN2),
                 "gelu_3d": (_packed(F.gelu, up_first=False), PACKED_IN3),
-                "gelu_tanh_up_first_2d": (_packed(_gelu_tanh), PACKED_IN2)}
+                "gelu_tanh_up_first_2d": (_packed(_gelu_tanh), PACKED_IN2),
+                # the other spellings of the two halves (spellings.py, and patterns._slice_halves)
+                "chunk_positive_dim_3d": (_packed(F.silu, dim=2), PACKED_IN3),
+                "split_sizes": (_packed_cut(lambda h: h.split([32, 32], dim=-1)), PACKED_IN3),
+                "split_size_positive_dim": (_packed_cut(lambda h: h.split(32, dim=1)), PACKED_IN2),
+                "sliced": (_packed_cut(lambda h: (h[..., :32], h[..., 32:])), PACKED_IN3),
+                "sliced_to_its_end": (_packed_cut(lambda h: (h[:, :32], h[:, 32:64])), PACKED_IN2),
+                "narrowed": (_packed_cut(lambda h: (h.narrow(-1, 0, 32), h.narrow(-1, 32, 32))), PACKED_IN3),
+                "tensor_split": (_packed_cut(lambda h: torch.tensor_split(h, 2, dim=-1)), PACKED_IN3),
+                "sliced_from_the_end": (_packed_cut(lambda h: (h[..., :-32], h[..., -32:])), PACKED_IN3)}
 PACKED_MUTATIONS = {
     "halves_swapped": (_packed(F.silu, gate_piece=1, up_piece=0), PACKED_IN3),
     "activation_on_both_halves": (_packed(F.silu, gate_piece=0, up_piece=0), PACKED_IN3),
@@ -385,6 +402,12 @@ PACKED_MUTATIONS = {
     "chunked_over_rows_3d": (_packed(F.silu, dim=1), lambda: (t(2, 4, 16), t(32, 16) * .3, t(16, 32) * .3)),
     "split_unevenly": (lambda x, w, wd: (lambda p: F.linear(p[1][..., :24] * F.silu(p[0]), wd))(
         F.linear(x, w).split([24, 40], dim=-1)), lambda: (t(3, 16), t(64, 16) * .3, t(16, 24) * .3)),
+    "slices_overlapping": (_packed_cut(lambda h: (h[..., :32], h[..., 1:33])), PACKED_IN3),
+    "slices_swapped": (_packed_cut(lambda h: (h[..., 32:], h[..., :32])), PACKED_IN3),
+    "slices_strided": (_packed_cut(lambda h: (h[..., 0::2], h[..., 1::2])), PACKED_IN3),
+    "narrowed_first_half_twice": (_packed_cut(lambda h: (h.narrow(-1, 0, 32), h.narrow(-1, 0, 32))), PACKED_IN3),
+    "split_sizes_swapped": (_packed_cut(lambda h: h.split([32, 32], dim=-1)[::-1]), PACKED_IN3),
+    "sliced_over_rows": (_packed_cut(lambda h: (h[:2], h[2:])), lambda: (t(4, 16), t(32, 16) * .3, t(16, 32) * .3)),
     "relu_not_silu": (_packed(F.relu), PACKED_IN3),
     "gelu_tanh_not_gelu": (_packed(_gelu_tanh, up_first=False), PACKED_IN2),
     "sigmoid_spelled_out": (_packed(lambda v: v * torch.sigmoid(v)), PACKED_IN3),
@@ -467,7 +490,24 @@ def rot_pairs_swapped(x, cos, sin):  # patterns.rotary_pairs_swapped
 
 ROT_IN = lambda: (t(1, 2, 3, 8), t(1, 1, 3, 8), t(1, 1, 3, 8))  # noqa: E731
 ROT_PAIRS_IN = lambda: (t(1, 2, 3, 8), t(1, 1, 3, 4), t(1, 1, 3, 4))  # noqa: E731  tables per pair
+def rot_narrow(x, cos, sin):  # rotate_half by narrow (spellings.py: the slices' spelling)
+    d = x.shape[-1] // 2
+    return x * cos + torch.cat((-x.narrow(-1, d, d), x.narrow(-1, 0, d)), dim=-1) * sin
+
+
+def rot_tensor_split(x, cos, sin):
+    x1, x2 = torch.tensor_split(x, 2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rot_positive_dims(x, cos, sin):  # chunk and cat on dim 3 of a 4-d x
+    x1, x2 = x.chunk(2, dim=3)
+    return x * cos + torch.cat((-x2, x1), dim=3) * sin
+
+
 ROT_CANON = {"rotary_chunk": (rot, ROT_IN), "rotary_slices": (rot_slices, ROT_IN),
+             "rotary_narrow": (rot_narrow, ROT_IN), "rotary_tensor_split": (rot_tensor_split, ROT_IN),
+             "rotary_positive_dims": (rot_positive_dims, ROT_IN),
              "rotary_every_two": (rot_every_two, ROT_IN), "rotary_pairs": (rot_pairs, ROT_PAIRS_IN),
              "rotary_pairs_swapped": (rot_pairs_swapped, ROT_PAIRS_IN)}
 
@@ -572,6 +612,10 @@ ROT_MUTATIONS = {
     "no_neg": (_rot_halves(lambda x1, x2: torch.cat((x2, x1), dim=-1)), ROT_IN),
     "both_negated": (_rot_halves(lambda x1, x2: torch.cat((-x2, -x1), dim=-1)), ROT_IN),
     "interleaved_pairs": (_rot_interleaved, ROT_IN),
+    "halves_over_heads": (lambda x, cos, sin: (lambda a, b: x * cos + torch.cat((-b, a), dim=1) * sin)(
+        *x.chunk(2, dim=1)), ROT_IN),  # dim 1 of a 4-d x: the heads swapped, not the halves of a row
+    "narrow_off_by_one": (lambda x, cos, sin: x * cos + torch.cat((-x.narrow(-1, 3, 4), x.narrow(-1, 0, 4)), -1) * sin,
+                          ROT_IN),
     "uneven_split": (_rot_uneven, ROT_IN),
     "rotate_over_dim_-2": (_rot_dim_m2, lambda: (t(1, 2, 4, 8), t(1, 1, 4, 8), t(1, 1, 4, 8))),
     "minus_not_plus": (lambda x, cos, sin: x * cos - torch.cat((-x.chunk(2, -1)[1], x.chunk(2, -1)[0]), -1) * sin,
