@@ -5,9 +5,9 @@
 //   own at::mm on the same operands as the linear layers' decomposition (so bitwise equal), with
 //   act * up done in place between them; one op where the graph has about 13 (t, view, mm, ...).
 //   activation "silu": silu * up in one pass of ours; "gelu" / "gelu_tanh": eager's own gelu kernel (oneDNN's or
-//   ATen's, as eager picks it) and mul, in place, so a float32 GELU-gated MLP is eager's bit for bit and its edge
-//   cases are eager's (Note [An erf GELU's special inputs are eager's own], pointwise.h, for why no formula of ours).
-//   One row in bfloat16 / float16 (a decode step) runs matvec (matvec.cpp) for the three products.
+//   ATen's, as eager picks it) and mul, in place, so a float32 GELU-gated MLP of several rows is eager's bit for bit
+//   and its edge cases are eager's (Note [An erf GELU's special inputs are eager's own], pointwise.h, for why no
+//   formula of ours). One row (a decode step) runs matvec (matvec.cpp) for the three products, in every dtype.
 //   gated_mlp_packed(x, w_gate_up, w_down, activation): the same block with one projection for gate and up
 //   (Phi3's gate_up_proj, `gate, up = linear(x, w_gate_up).chunk(2, -1)`): one product, as eager computes it, whose
 //   first half is the gate and second half the up; then as gated_mlp.
@@ -96,12 +96,11 @@ void check_mlp(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& 
 // x as rows of its last dimension: the product of the others (reshape's -1 is ambiguous when the last one is 0).
 int64_t rows_of(const at::Tensor& x) { return c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1); }
 
-// Whether the block's products run matvec: one row in bfloat16 / float16 (a decode step) reads the weights at their
-// own width (matvec.cpp); float32 keeps eager's mm, so that its products are eager's bit for bit (a GELU-gated
-// block is eager's whole), as do several rows.
-bool products_run_matvec(const at::Tensor& x2, const at::Tensor& w) {
-  return x2.scalar_type() != at::kFloat && matvec_applies(x2, w);
-}
+// Whether the block's products run matvec: one row (a decode step) reads each weight once, at its own width
+// (matvec.cpp), in float32 too (Note [A float32 row runs matvec too], graphex/fusion/patterns.py: ATen's one-row mm
+// took 1.6-3x its time here). Several rows keep eager's mm, so that their products are eager's bit for bit (a
+// GELU-gated block of several rows is eager's whole).
+bool products_run_matvec(const at::Tensor& x2, const at::Tensor& w) { return matvec_applies(x2, w); }
 
 at::DimVector mlp_shape(const at::Tensor& x, const at::Tensor& w_down) {
   at::DimVector shape(x.sizes().begin(), x.sizes().end());

@@ -310,8 +310,10 @@ def matvec_kn_bias_fused(x, weight, bias):
 # runs matvec in float32 as in bfloat16/float16 (four float32 accumulators per weight row, within the float32
 # tolerance). The same holds for a float32 weight stored [K, N] (GPT-2's Conv1D, `addmm(b, x, W)`): matvec's
 # columns kernel took 0.47-0.91x ATen's one-row addmm at 256x256 to 3072x768 and about its time at 4096x4096
-# (0.88-1.07x, noisy; /tmp/s49/kn.py, 1 and 2 threads, 2026-12-06). The gated MLPs keep eager's mm in float32, so
-# their products stay eager's bit for bit.
+# (0.88-1.07x, noisy; /tmp/s49/kn.py, 1 and 2 threads, 2026-12-06). The gated MLPs' three products (gated_mlp.cpp's
+# products_run_matvec) run matvec on one row in float32 too, since 2026-12-06: fused / inductor on the float32 decode
+# step went from 0.69x to 0.36x on Llama, 0.82x to 0.49x on Gemma2, 0.71x to 0.36x on Phi3 (bench.families, one
+# thread); of several rows they stay eager's mm, bit for bit.
 def _one_row(match: Match) -> bool:
     """matvec's case (csrc/fused/matvec.cpp): one row of x, float32, bfloat16 or float16, a row-major weight [N, K]
     (Note [A float32 row runs matvec too]). Several rows (a prefill: a GEMM) keep eager's mm."""
