@@ -8,7 +8,7 @@
 //   Conv1D stores it: matvec_columns), bias [N] or none; one dtype, float32, bfloat16 or float16 (float32: Note
 //   [A float32 row runs matvec too], graphex/fusion/patterns.py).
 // Meant for one row of x (a decode step): a second row costs almost a second pass (measured), so the
-// pattern admits one row only; more rows, other dtypes, layouts or devices run eager's linear (matmul, + bias).
+// pattern admits one row only; more rows, other dtypes, layouts or devices run eager's linear (at::linear).
 // Tolerance: Note [Fused kernels are close, not bitwise] (library.cpp): the dot products add in another order.
 #include "fused/matvec.h"
 
@@ -17,10 +17,12 @@
 
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/matmul.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <cmath>
 #include <optional>
 #include <vector>
 
@@ -38,9 +40,9 @@ at::DimVector matvec_shape(const at::Tensor& x, const at::Tensor& weight, const 
   return shape;
 }
 
+// eager's F.linear itself (addmm for one row with a bias, as the graph's addmm / linear decomposition ran it)
 at::Tensor matvec_eager(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  at::Tensor out = at::matmul(x, weight.t());
-  return bias.has_value() ? at::add(out, *bias) : out;
+  return at::linear(x, weight, bias);
 }
 
 template <typename T>
@@ -50,8 +52,24 @@ float dot_as_float(const RowKernels& K, const float* a, const T* b, int64_t n) {
   else return K.dot_half(a, b, n);
 }
 
+// Whether an output is finite, read back at the dtype it was stored in (a float16 sum past 65504 is inf there).
 template <typename T>
-void matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out) {
+bool stored_finite(T v) {
+  return std::isfinite(static_cast<float>(v));
+}
+
+// Note [A product that is not finite is eager's]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// matvec adds the products in another order than eager's mm, which keeps it within the tolerance while the partial
+// sums stay finite. Where they do not (products past float32's range, an inf or a NaN in x or the weight), which
+// of inf, -inf and NaN an output becomes depends on that order: x = [2e19, 2e19, -1e19] against the column
+// [2e19, -2e19, 1] is NaN in eager's mm (inf - inf) and inf in matvec's (found by a helper, 2026-12-06). So the
+// kernels below note whether every output they stored is finite, one compare per output, and a call with one that
+// is not runs eager's linear instead (matvec_cpu): its infinities and NaNs are eager's own. What this leaves: an
+// output the fused multiply-adds keep finite whose eager value overflows (a product within a factor of 2 of
+// float32's largest value, cancelled by the sum before it).
+template <typename T>
+bool matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out) {
   const int64_t N = weight.size(0), Kd = weight.size(1), M = x.numel() / std::max<int64_t>(Kd, 1);
   const at::Tensor xc = x.contiguous();
   const T* xp = xc.const_data_ptr<T>();
@@ -64,17 +82,23 @@ void matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optio
   // the loop over m serves the eager-equivalent path's general shape only).
   std::vector<float> xf(static_cast<size_t>(M * Kd));
   for (int64_t i = 0; i < M * Kd; ++i) xf[i] = static_cast<float>(xp[i]);
+  std::atomic<bool> finite{true};
   at::parallel_for(0, N, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Kd)), [&](int64_t begin, int64_t end) {
+    bool ok = true;
     for (int64_t n = begin; n < end; ++n) {
       const T* wr = wp + n * Kd;
       const float b = bp != nullptr ? static_cast<float>(bp[n * bs]) : 0.f;
       for (int64_t m = 0; m < M; ++m) {
         float acc = dot_as_float(K, xf.data() + m * Kd, wr, Kd);
         if (bp != nullptr) acc += b;
-        op[m * N + n] = static_cast<T>(acc);
+        const T v = static_cast<T>(acc);
+        op[m * N + n] = v;
+        ok = ok && stored_finite(v);
       }
     }
+    if (!ok) finite.store(false, std::memory_order_relaxed);
   });
+  return finite.load();
 }
 
 template <typename T>
@@ -88,7 +112,7 @@ void axpy4(const RowKernels& K, const float* a, const T* const* w, float* y, int
 // `x @ W` with W [K, N]). Each thread takes a slice of the N outputs and streams its slice of every weight row,
 // four rows at a time, into a float32 accumulator: y = b + sum_k x[k] * W[k, :], rounded once.
 template <typename T>
-void matvec_columns(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+bool matvec_columns(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                     at::Tensor& out) {
   const int64_t N = weight.size(0), Kd = weight.size(1);
   const at::Tensor xc = x.contiguous();
@@ -100,6 +124,7 @@ void matvec_columns(const at::Tensor& x, const at::Tensor& weight, const std::op
   const RowKernels& K = row_kernels();
   std::vector<float> xf(static_cast<size_t>(Kd + 3), 0.f);
   for (int64_t k = 0; k < Kd; ++k) xf[k] = static_cast<float>(xp[k]);
+  std::atomic<bool> finite{true};  // Note [A product that is not finite is eager's]
   // slices of 64 outputs at least (whole vectors; a thread streams Kd short rows per slice)
   at::parallel_for(0, (N + 63) / 64, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, Kd)), [&](int64_t b0, int64_t b1) {
     const int64_t n0 = b0 * 64, n1 = std::min(N, b1 * 64), len = n1 - n0;
@@ -117,12 +142,17 @@ void matvec_columns(const at::Tensor& x, const at::Tensor& weight, const std::op
         axpy4(K, a, rows, acc.data(), len);
       }
     }
+    bool ok = true;
     for (int64_t i = 0; i < len; ++i) {
       float v = acc[i];
       if (bp != nullptr) v += static_cast<float>(bp[(n0 + i) * bs]);
-      op[n0 + i] = static_cast<T>(v);
+      const T stored = static_cast<T>(v);
+      op[n0 + i] = stored;
+      ok = ok && stored_finite(stored);
     }
+    if (!ok) finite.store(false, std::memory_order_relaxed);
   });
+  return finite.load();
 }
 
 bool rows_layout(const at::Tensor& w) { return w.stride(1) == 1 && w.stride(0) == w.size(1); }
@@ -146,11 +176,14 @@ at::Tensor matvec_cpu(const at::Tensor& x, const at::Tensor& weight, const std::
   if (out.numel() == 0) return out;
   if (weight.size(1) == 0) return out.zero_().add_(bias.has_value() ? *bias : at::zeros({}, out.options()));
   const bool rows = rows_layout(weight);  // else columns_layout (matvec_applies)
-  if (d == at::kFloat) rows ? matvec_rows<float>(x, weight, bias, out) : matvec_columns<float>(x, weight, bias, out);
-  else if (d == at::kBFloat16) rows ? matvec_rows<c10::BFloat16>(x, weight, bias, out)
-                               : matvec_columns<c10::BFloat16>(x, weight, bias, out);
-  else rows ? matvec_rows<c10::Half>(x, weight, bias, out) : matvec_columns<c10::Half>(x, weight, bias, out);
-  return out;
+  bool finite;
+  if (d == at::kFloat)
+    finite = rows ? matvec_rows<float>(x, weight, bias, out) : matvec_columns<float>(x, weight, bias, out);
+  else if (d == at::kBFloat16)
+    finite = rows ? matvec_rows<c10::BFloat16>(x, weight, bias, out)
+                  : matvec_columns<c10::BFloat16>(x, weight, bias, out);
+  else finite = rows ? matvec_rows<c10::Half>(x, weight, bias, out) : matvec_columns<c10::Half>(x, weight, bias, out);
+  return finite ? out : matvec_eager(x, weight, bias);  // Note [A product that is not finite is eager's]
 }
 
 namespace {

@@ -215,6 +215,33 @@ def test_matvec_keeps_eagers_infinities_and_nans_in_every_weight_row(dtype, K):
         assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[got.isinf()], want[want.isinf()])
 
 
+def _same_with_nans(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return bool(torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_matvec_where_its_sums_overflow_is_eagers_linear(dtype):
+    """Note [A product that is not finite is eager's] (csrc/fused/matvec.cpp): where an output is not finite the call
+    is eager's F.linear, bit for bit. The helper's case: [2e19, 2e19, -1e19] . [2e19, -2e19, 1] is NaN in eager's mm
+    (inf - inf) and was inf in matvec's four accumulators; and products past float32's range over many rows, where
+    eager has NaN in some outputs and inf in others; in float16, a sum past 65504 (inf in both)."""
+    g = torch.Generator().manual_seed(41)
+    if dtype == torch.float16:  # float16's own range overflows, not float32's: 40000 + 40000 - 1
+        big, cases = 1e3, [(torch.tensor([[2.0, 2.0, -1.0]]) * 1e2, torch.tensor([[2.0], [2.0], [1e-2]]) * 1e2)]
+    else:
+        big, cases = 1e19, [(torch.tensor([[2.0, 2.0, -1.0]]) * 1e19, torch.tensor([[2.0], [-2.0], [1e-19]]) * 1e19)]
+    for K, N in ((65, 129), (129, 64), (7, 5)):
+        cases.append((torch.randn(1, K, generator=g) * big, torch.randn(K, N, generator=g) * big))
+    for x, w_kn in cases:
+        x, w_kn = x.to(dtype), w_kn.to(dtype)
+        b = torch.randn(w_kn.shape[1], generator=g).to(dtype)
+        for weight in (w_kn.t(), w_kn.t().contiguous()):  # stored [K, N] (GPT-2's Conv1D), and row-major [N, K]
+            for bias in (None, b):
+                want = F.linear(x, weight, bias)
+                assert not want.isfinite().all()  # the case is one where a sum overflows
+                assert _same_with_nans(fused.matvec(x, weight, bias), want), (dtype, tuple(x.shape), weight.stride())
+
+
 REDUCED = [(d, name) for d in (torch.bfloat16, torch.float16) for name, _, _ in _reduced_cases(d)]
 
 
