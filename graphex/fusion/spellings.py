@@ -11,13 +11,14 @@ written in:
 - `_softmax(x, dim, half_to_float)`, `_log_softmax(...)`, `_safe_softmax(x, dim)`: the dim negative (`-1` for the last);
 - `_to_copy(x, dtype=..., layout=torch.strided, device=<x's device>)` (what `softmax(s, dtype=...)`
   writes): the layout and device keywords dropped where they are x's own, as `x.to(dtype)` writes it;
-- `split.Tensor(x, size, dim)` (what `chunk` and `split(int)` write): the dim negative, as `chunk(2, dim=-1)` traces;
+- `split.Tensor(x, size, dim)` (what `chunk` and `split(int)` write): the dim negative, as `chunk(2, dim=-1)` traces
+  (a dim left out, as a 1-d x's `chunk(2, 0)` traces, is 0, written negative too);
   `split_with_sizes(x, [s, s, ...], dim)` whose sizes are equal and fill the dim (`split([I, I])`) becomes
   `split.Tensor(x, s, dim)`, which returns the same views;
 - `slice.Tensor(x, dim, start, end[, 1])` (what `x[..., a:b]`, `narrow` and `tensor_split` write): the dim
   non-negative and a start or end counted from the end made non-negative, as `x[..., a:b]` traces; an end at or
   past the dim's size written `sys.maxsize` (as `x[..., a:]` traces), a step of 1 left out, a start of None 0;
-- `cat(tensors, dim)`: the dim negative, as `cat(..., dim=-1)` traces.
+- `cat(tensors, dim)`: the dim negative, as `cat(..., dim=-1)` traces (a dim left out is 0).
 The rewrite keeps each op and what it computes; where no pattern fires the graph runs exact as
 before (the same kernels on the same arguments). The patterns in patterns.py and attention_patterns.py are written in this
 spelling (Note [Attention forms are generated from one table]).
@@ -46,7 +47,8 @@ def normalize_arguments(graph: torch.fx.Graph) -> int:
     """Rewrite the dim arguments of Note [Arguments are matched in one spelling]; returns how many changed."""
     changed = 0
     for node in graph.nodes:
-        if node.op == "call_function" and node.target is aten.cat.default and len(node.args) == 2 and not node.kwargs:
+        if node.op == "call_function" and node.target is aten.cat.default and len(node.args) in (1, 2) \
+                and not node.kwargs:
             changed += _cat(node)
         if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
             continue
@@ -74,12 +76,12 @@ def normalize_arguments(graph: torch.fx.Graph) -> int:
             if d is not None and d - rank != node.args[1]:
                 node.args = (node.args[0], d - rank, *node.args[2:])
                 changed += 1
-        elif node.target is aten.split.Tensor and len(node.args) == 3 and not node.kwargs:
-            d = _dim(node.args[2], rank)
-            if d is not None and d - rank != node.args[2]:
+        elif node.target is aten.split.Tensor and len(node.args) in (2, 3) and not node.kwargs:
+            d = _dim(node.args[2] if len(node.args) == 3 else 0, rank)  # a left-out dim is 0 (a 1-d x's chunk)
+            if d is not None and (node.args[0], node.args[1], d - rank) != tuple(node.args):
                 node.args = (node.args[0], node.args[1], d - rank)
                 changed += 1
-        elif node.target is aten.split_with_sizes.default and len(node.args) == 3 and not node.kwargs:
+        elif node.target is aten.split_with_sizes.default and len(node.args) in (2, 3) and not node.kwargs:
             changed += _equal_split(node, rank)
         elif node.target is aten.slice.Tensor and not node.kwargs:
             changed += _slice(node, rank)
@@ -88,7 +90,7 @@ def normalize_arguments(graph: torch.fx.Graph) -> int:
 
 def _equal_split(node: torch.fx.Node, rank: int) -> int:
     """split_with_sizes(x, [s, ..., s], dim) with the sizes filling the dim -> split.Tensor(x, s, negative dim)."""
-    x, sizes, d = node.args[0].meta["val"], node.args[1], _dim(node.args[2], rank)
+    x, sizes, d = node.args[0].meta["val"], node.args[1], _dim(node.args[2] if len(node.args) == 3 else 0, rank)
     if d is None or not isinstance(sizes, (list, tuple)) or not sizes or any(type(s) is not int for s in sizes):
         return 0
     if len(set(sizes)) != 1 or sizes[0] < 1 or sizes[0] * len(sizes) != x.shape[d]:
@@ -121,7 +123,7 @@ def _slice(node: torch.fx.Node, rank: int) -> int:
 
 def _cat(node: torch.fx.Node) -> int:
     """cat(tensors, dim) -> the dim negative, where the tensors' rank is known and one."""
-    tensors, d = node.args
+    tensors, d = node.args[0], node.args[1] if len(node.args) == 2 else 0  # a left-out dim is 0
     if not isinstance(tensors, (list, tuple)):
         return 0
     vals = [t.meta.get("val") for t in tensors if isinstance(t, torch.fx.Node)]
@@ -130,7 +132,7 @@ def _cat(node: torch.fx.Node) -> int:
         return 0
     rank = vals[0].dim()
     n = _dim(d, rank)
-    if n is None or n - rank == d:
+    if n is None or (tensors, n - rank) == tuple(node.args):
         return 0
     node.args = (tensors, n - rank)
     return 1

@@ -508,6 +508,9 @@ def rot_positive_dims(x, cos, sin):  # chunk and cat on dim 3 of a 4-d x
 ROT_CANON = {"rotary_chunk": (rot, ROT_IN), "rotary_slices": (rot_slices, ROT_IN),
              "rotary_narrow": (rot_narrow, ROT_IN), "rotary_tensor_split": (rot_tensor_split, ROT_IN),
              "rotary_positive_dims": (rot_positive_dims, ROT_IN),
+             # a 1-d x: chunk and cat on dim 0 trace with the dim left out (found by a helper)
+             "rotary_1d_dim_0": (lambda x, cos, sin: (lambda a, b: x * cos + torch.cat((-b, a)) * sin)(*x.chunk(2, 0)),
+                                 lambda: (t(8), t(8), t(8))),
              "rotary_every_two": (rot_every_two, ROT_IN), "rotary_pairs": (rot_pairs, ROT_PAIRS_IN),
              "rotary_pairs_swapped": (rot_pairs_swapped, ROT_PAIRS_IN)}
 
