@@ -146,11 +146,19 @@ class Options:
         "Fused mode (npugraph_ex's option of the same name; off by default here, so the default stays bit for "
         "bit with eager): replace subgraphs of the ATen graph with graphex's fused C++ CPU kernels (RMSNorm, "
         "add + RMSNorm, add + LayerNorm, SiLU-gated MLP, rotary embedding, one-token and prefill attention, one-row "
-        "linear layers in "
-        "bfloat16/float16, chains of element-wise ops; float32, bfloat16, float16) and with the patterns users "
+        "linear layers, chains of element-wise ops, conv nets in channels_last order; float32, bfloat16, "
+        "float16) and with the patterns users "
         "register with graphex.register_replacement. Results are then within a stated tolerance per fused op "
         "(float32: abs(fused - eager) <= 1e-5 + 1e-5 * abs(eager); docs/fused-mode.md), not bitwise; "
         "GRAPHEX_LOG=1 says what fired.")
+
+    channels_last_conv: bool = _option(
+        True, (bool,),
+        "In fused mode (pattern_fusion_pass=True), run 2-d convolutions and the ops between them (batch norm, "
+        "activations, residual adds, pooling) in channels_last memory order, as oneDNN computes them: each "
+        "activation entering the first convolution is copied into that order once, and any other reader gets it "
+        "back contiguous (graphex/fusion/conv_layout.py). Within fused mode's tolerance, not bit for bit. No effect "
+        "in exact mode.")
 
     pointwise_fusion: bool = _option(
         True, (bool,),

@@ -15,6 +15,7 @@
     pooling.py        max pooling whose indices nothing reads, as graphex_fused::max_pool2d (bit for bit)
     batch_norm.py     inference batch norm as a per-channel multiply and add, for the chains to fuse (option
                       pointwise_fusion)
+    conv_layout.py    2-d convolutions and the ops between them in channels_last order (option channels_last_conv)
 
 The fused ops are graphex_fused::* (csrc/fused/), C++ kernels of ours, close to eager but not
 bitwise (Note [Fused kernels are close, not bitwise] in csrc/fused/library.cpp).
