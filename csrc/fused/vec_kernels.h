@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <tuple>
 
 namespace graphex::fused {
@@ -285,8 +286,18 @@ inline void axpy4_reduced(const float* a, const R* const* w, float* y, int64_t n
 inline void axpy4_f32(const float* a, const float* const* w, float* y, int64_t n) {
   const Vec a0(a[0]), a1(a[1]), a2(a[2]), a3(a[3]);
   constexpr int64_t v = Vec::size();
+  // The four rows after these (matvec's next call: its rows are equally spaced), prefetched one call ahead: from
+  // memory, not cache, this kernel read 12-19 GB/s without it and 21-22 with it, ATen's one-row addmm's rate (64 MB
+  // of [512, 2048] weights, one thread, 2026-12-06). The address is computed as an integer: a prefetch never faults,
+  // so past the last row (or the zero rows of matvec's tail) it is harmless.
+  const std::uintptr_t ahead = 4 * (reinterpret_cast<std::uintptr_t>(w[1]) - reinterpret_cast<std::uintptr_t>(w[0]));
   int64_t i = 0;
   for (; i + 2 * v <= n; i += 2 * v) {
+    for (int r = 0; r < 4; ++r) {
+      const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(w[r] + i) + ahead;
+      __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 0);
+      __builtin_prefetch(reinterpret_cast<const void*>(at + v * sizeof(float)), 0, 0);
+    }
     Vec y0 = Vec::loadu(y + i), y1 = Vec::loadu(y + i + v);
     y0 = at::vec::fmadd(a0, Vec::loadu(w[0] + i), y0);
     y1 = at::vec::fmadd(a0, Vec::loadu(w[0] + i + v), y1);
