@@ -1,5 +1,5 @@
-// A linear layer on a few rows, in float32, bfloat16 or float16: x @ weight^T (+ bias), reading each weight row once per
-// row of x at the weight's own width (a decode step's matrix products are matrix-vector products bound by
+// A linear layer on a few rows, in float32, bfloat16 or float16: x @ weight^T (+ bias), reading each weight row
+// once per row of x at the weight's own width (a decode step's matrix products are matrix-vector products bound by
 // reading the weights; ATen's reduced-precision mm runs no faster than its float32 one here, reading half the
 // bytes: bench/fused_step.py). Each output is a float32 dot product of the row of x (read as float32) and a
 // weight row (converted in registers), plus the bias, rounded once to the dtype (Note [Reduced precision runs
@@ -69,7 +69,8 @@ bool stored_finite(T v) {
 // output the fused multiply-adds keep finite whose eager value overflows (a product within a factor of 2 of
 // float32's largest value, cancelled by the sum before it).
 template <typename T>
-bool matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out) {
+bool matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                 at::Tensor& out) {
   const int64_t N = weight.size(0), Kd = weight.size(1), M = x.numel() / std::max<int64_t>(Kd, 1);
   const at::Tensor xc = x.contiguous();
   const T* xp = xc.const_data_ptr<T>();

@@ -202,8 +202,8 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("pattern fusion", ("pattern_fusion_pass",), _pattern_fusion),
     Pass("attention over grouped key/value heads", ("grouped_kv_heads",), _grouped_heads),
     Pass("common subexpression elimination", ("cse",), _cse),
-    Pass("element-wise chains, batch norm, max pooling, channels_last convolutions", ("pointwise_fusion", "channels_last_conv"),
-         _fused_rules, gated=False),
+    Pass("element-wise chains, batch norm, max pooling, channels_last convolutions",
+         ("pointwise_fusion", "channels_last_conv"), _fused_rules, gated=False),
     Pass("reinplacing", ("inplace_pass", "input_inplace_pass"), _reinplace, gated=False),
     # after reinplacing: every write is then an explicit in-place op (Note [A constant index reads through a view])
     Pass("constant indices as views", ("index_as_view",), _index_as_view),
