@@ -20,6 +20,19 @@ from graphex.base import warn as _warn  # noqa: E402
 from graphex.runtime import CompiledGraph, live_graphs  # noqa: E402
 
 
+def require(module: str) -> Any:
+    """Import a test-only dependency that `make test` installs (bench/requirements.txt: transformers, and
+    safetensors with it): missing is a failure that says how to install it, never a skip (a skipped test would
+    pass for a check that did not run)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        pytest.fail(f"{module} is not installed ({e}): `make test` installs it "
+                    "(.venv/bin/pip install -r bench/requirements.txt)", pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo(monkeypatch):
     """Each test compiles from scratch, with graphex logging off unless it asks for it."""

@@ -19,7 +19,7 @@ import torch
 import graphex
 from graphex.exporting import load_safetensors, safetensors_bytes
 
-from conftest import ROOT, captures, fused_ops
+from conftest import ROOT, captures, fused_ops, require
 
 from examples.models.decoder import DecoderConfig, build_decoder, decode
 from sweeps.fusion_coverage import MODEL_TOL as MODEL_TOL_PER_DTYPE  # fused mode's model tolerance, defined once
@@ -236,7 +236,7 @@ def test_graphex_run_runs_a_fused_prefill(tmp_path):
 # ---- transformers' Llama --------------------------------------------------------------------------------
 
 def test_transformers_llama_fuses():
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (a test-only dependency)")
+    transformers = require("transformers")
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     torch.manual_seed(0)
@@ -265,7 +265,7 @@ def test_transformers_llama_gqa_decode_with_a_static_cache():
     """One-token steps over a StaticCache: repeat_kv + SDPA becomes one decode_attention per layer (no copy of
     the repeated cache). Eager runs its own attention path (Note in issue 8: transformers picks another SDPA
     path under torch.compile for GQA); both are compared within the model tolerance."""
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (a test-only dependency)")
+    transformers = require("transformers")
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     torch.manual_seed(0)

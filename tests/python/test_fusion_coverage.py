@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import require
+
 from sweeps import coverage_decoder as cd
 from sweeps import fusion_coverage as fc
 
@@ -45,7 +47,7 @@ def test_every_generated_spelling_is_distinct_and_buildable() -> None:
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_transformers_decoders_generate_eagers_tokens_fused(arch: str) -> None:
-    pytest.importorskip("transformers")
+    require("transformers")
     row = fc.run_hf(arch, fc.torch.float32)
     assert row.ok and not row.not_graphex, (row.name, row.error, row.fired, row.tokens_equal, row.max_diff)
     assert "decode_attention" in row.fired, row.fired

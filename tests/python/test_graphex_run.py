@@ -17,7 +17,7 @@ from graphex.base.weights_layout import PAD_PREFIX
 from graphex.exporting import WEIGHTS_ALIGNMENT, WEIGHTS_FILE, load_safetensors, safetensors_bytes
 from examples.models.decoder import build_decoder
 
-from conftest import ROOT
+from conftest import ROOT, require
 
 GRAPHEX_RUN = os.path.join(os.environ.get("GRAPHEX_BUILD_DIR") or os.path.join(ROOT, "build", "py"), "graphex-run")
 
@@ -143,7 +143,7 @@ def reference_load(path, expected: dict[str, torch.Tensor]) -> None:
 def test_the_reference_safetensors_reader_loads_weights_and_outputs(tmp_path):
     """Note [Weights are 64-byte aligned]: the padding between tensors is an entry, so huggingface's reader (which
     refuses gaps) loads what export and graphex-run --output write, tensors equal to the model's."""
-    pytest.importorskip("safetensors.torch")
+    require("safetensors.torch")
     assert os.path.exists(GRAPHEX_RUN), "graphex-run is not built (make build)"
     torch.manual_seed(0)
     lin = torch.nn.Linear(8, 4).eval()  # bias of 16 bytes, then 48 bytes of padding, then the weight

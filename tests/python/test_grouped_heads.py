@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_same, captures, compile_graphex
+from conftest import assert_same, captures, compile_graphex, require
 from graphex.passes.aliasing import root
 
 pytestmark = pytest.mark.default_isa  # run again under ATEN_CPU_CAPABILITY=default (make test-default-isa)
@@ -172,7 +172,7 @@ def test_a_write_between_the_copy_and_the_attention_keeps_the_copy(write_between
 def test_a_transformers_llama_step_matches_its_own_trace_run_by_torchs_kernels():
     """Llama from a config (GQA, StaticCache): graphex, with the copies gone, against aot_eager over the same trace
     (transformers' compiled path: repeat_kv), bit for bit, over three decode steps."""
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (a test-only dependency)")
+    transformers = require("transformers")
     transformers.logging.set_verbosity_error()
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)

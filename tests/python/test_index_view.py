@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import captures, compile_graphex
+from conftest import captures, compile_graphex, require
 
 aten = torch.ops.aten
 
@@ -162,7 +162,7 @@ def test_a_returned_copy_is_new_memory():
 
 
 def test_transformers_falcon_stays_bit_for_bit_without_its_index_copies():
-    pytest.importorskip("transformers", reason="transformers is not installed (a test-only dependency)")
+    require("transformers")
     import copy
 
     from bench import models

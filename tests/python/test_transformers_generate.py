@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+from conftest import require
+
+transformers = require("transformers")
 
 import graphex  # noqa: E402
 from graphex.compile import on_capture  # noqa: E402
