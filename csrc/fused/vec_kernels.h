@@ -289,7 +289,8 @@ inline void axpy4_f32(const float* a, const float* const* w, float* y, int64_t n
   // The four rows after these (matvec's next call: its rows are equally spaced), prefetched one call ahead: from
   // memory, not cache, this kernel read 12-19 GB/s without it and 21-22 with it, ATen's one-row addmm's rate (64 MB
   // of [512, 2048] weights, one thread, 2026-12-06). The address is computed as an integer: a prefetch never faults,
-  // so past the last row (or the zero rows of matvec's tail) it is harmless.
+  // so past the last row (or the zero rows of matvec's tail) it is harmless. axpy4_reduced has none: its conversion
+  // bounds it (9-11 GB/s over 64 MB of bfloat16 weights, either layout), not memory.
   const std::uintptr_t ahead = 4 * (reinterpret_cast<std::uintptr_t>(w[1]) - reinterpret_cast<std::uintptr_t>(w[0]));
   int64_t i = 0;
   for (; i + 2 * v <= n; i += 2 * v) {

@@ -33,13 +33,11 @@ import torch.fx
 from torch._guards import detect_fake_mode
 
 from .checks import FUSED_DTYPES as _FLOATS
+from .checks import fake_value
 from .checks import contiguous_strides
 
 aten = torch.ops.aten
 
-
-def _val(a: Any) -> Any:
-    return a.meta.get("val") if isinstance(a, torch.fx.Node) else None
 
 
 def _arguments(node: torch.fx.Node) -> list[Any]:
@@ -52,7 +50,7 @@ def _arguments(node: torch.fx.Node) -> list[Any]:
 def _channel_param(a: Any, channels: int, optional: bool) -> bool:
     if a is None:
         return optional
-    v = _val(a)
+    v = fake_value(a)
     return (isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dtype in _FLOATS
             and tuple(v.shape) == (channels,))
 
@@ -62,18 +60,18 @@ def _declines(node: torch.fx.Node) -> str:
     if not all(u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0 for u in node.users):
         return "its saved statistics are read"
     x, weight, bias, mean, var, _momentum, eps = _arguments(node)
-    xv = _val(x)
+    xv = fake_value(x)
     if not isinstance(xv, torch.Tensor) or xv.dtype not in _FLOATS or xv.device.type != "cpu" or xv.dim() < 2 \
             or not all(type(d) is int for d in xv.shape) or not xv.is_contiguous():
         return "its input is not a contiguous float tensor of static shape on the CPU"
-    out = _val(next(iter(node.users))) if node.users else None
+    out = fake_value(next(iter(node.users))) if node.users else None
     if not isinstance(out, torch.Tensor) or tuple(out.stride()) != contiguous_strides(tuple(out.shape)):
         return "eager's result is not row-major"  # the chain writes row-major memory
     channels = xv.shape[1]
     if not (_channel_param(weight, channels, True) and _channel_param(bias, channels, True)
             and _channel_param(mean, channels, False) and _channel_param(var, channels, False)):
         return "its parameters are not float tensors of one value per channel"
-    if xv.dtype == torch.float32 and any(_val(p).dtype != torch.float32 for p in (weight, bias, mean, var)
+    if xv.dtype == torch.float32 and any(fake_value(p).dtype != torch.float32 for p in (weight, bias, mean, var)
                                          if p is not None):
         return "a float32 input with parameters of another dtype"
     if type(eps) not in (int, float):
@@ -94,12 +92,12 @@ def split_batch_norm(graph: torch.fx.Graph) -> int:
             log.detail("batch norm %s stays eager's: %s", node.name, why)
             continue
         x, weight, bias, mean, var, _momentum, eps = _arguments(node)
-        xv = _val(x)
+        xv = fake_value(x)
         fake_mode = detect_fake_mode([xv])
         with graph.inserting_before(node), (fake_mode if fake_mode is not None else contextlib.nullcontext()):
             def add(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> torch.fx.Node:
                 n = graph.call_function(target, args, kwargs or {})
-                n.meta["val"] = target(*[_val(a) if isinstance(a, torch.fx.Node) else a for a in args],
+                n.meta["val"] = target(*[fake_value(a) if isinstance(a, torch.fx.Node) else a for a in args],
                                        **(kwargs or {}))
                 return n
 

@@ -46,6 +46,7 @@ import torch.fx
 
 from ..base import log as _log
 from .checks import FUSED_DTYPES as _FLOATS
+from .checks import fake_value
 
 aten = torch.ops.aten
 _ROUND = {torch.bfloat16: "round_bf16", torch.float16: "round_f16"}
@@ -125,9 +126,6 @@ ELEMENTWISE: dict[Any, Elementwise] = {
 _POW = {2.0: "square", 3.0: "cube", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "reciprocal"}
 
 
-def _val(a: Any) -> Any:
-    return a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-
 
 def _static_shape(t: torch.Tensor) -> tuple[int, ...] | None:
     return tuple(t.shape) if all(isinstance(d, int) for d in t.shape) else None
@@ -142,7 +140,7 @@ def _admits(node: torch.fx.Node) -> str:
     spec = ELEMENTWISE.get(node.target)
     if spec is None:
         return "not an element-wise op of the table"
-    out = _val(node)
+    out = fake_value(node)
     if not isinstance(out, torch.Tensor) or out.dtype not in _FLOATS or out.device.type != "cpu" \
             or _static_shape(out) is None or not out.is_contiguous():
         return "its result is not a contiguous float tensor of static shape on the CPU"
@@ -159,7 +157,7 @@ def _admits(node: torch.fx.Node) -> str:
         return "another number of arguments than the table's"
     for i, a in enumerate(args):
         if isinstance(a, torch.fx.Node):
-            v = _val(a)
+            v = fake_value(a)
             if not isinstance(v, torch.Tensor) or v.device.type != "cpu" or _static_shape(v) is None:
                 return f"argument {i} is not a tensor of static shape on the CPU"
             if node.target is aten.where.self and i == 0:
@@ -207,7 +205,7 @@ def find_groups(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
         if why:
             _log.detail("element-wise chains: %s stays on its own: %s", node.name, why)
             continue
-        shape = _static_shape(_val(node))
+        shape = _static_shape(fake_value(node))
         candidates: list[_Group] = []
         for a in node.all_input_nodes:
             g = group_of.get(a)
@@ -241,7 +239,7 @@ def _gelu_erf_opcode(node: torch.fx.Node) -> str:
     """The erf GELU's opcode (Note [The erf GELU as eager's kernels give it], csrc/fused/pointwise_kernels.h): ATen's
     use_mkldnn never takes a non-contiguous input or one of a single element (gelu_erf_aten); otherwise the kernel
     asks per call whether oneDNN is on and takes the dtype on the CPU it runs on."""
-    x = _val(node.args[0])
+    x = fake_value(node.args[0])
     if not isinstance(x, torch.Tensor) or not x.is_contiguous() or x.numel() <= 1:
         return "gelu_erf_aten"
     return {torch.bfloat16: "gelu_erf_bf16", torch.float16: "gelu_erf_f16"}.get(x.dtype, "gelu_erf")
@@ -264,7 +262,7 @@ def _worth_alone(node: torch.fx.Node) -> bool:
     a decode step's vector. Measured 2026-12-03, one thread, float32 [1, 1, n] (median us, eager / pointwise): 1024:
     10.3 / 5.2, 8192: 14.4 / 11.0, 16384: 22.1 / 25.1, 131072: 77.7 / 131.4 (oneDNN's erf is faster per element)."""
     return (node.target is aten.gelu.default and node.kwargs.get("approximate", "none") == "none"
-            and _val(node).numel() <= _GELU_ALONE_MAX and _onednn_runs(node))
+            and fake_value(node).numel() <= _GELU_ALONE_MAX and _onednn_runs(node))
 
 
 def _can_join(node: torch.fx.Node, groups: list[_Group], pos: dict[torch.fx.Node, int], writes: list[int]) -> bool:
@@ -318,7 +316,7 @@ def build_program(members: list[torch.fx.Node]) -> Program:
 
     for m in members:
         spec = ELEMENTWISE[m.target]
-        dtype = _val(m).dtype
+        dtype = fake_value(m).dtype
         reduced = dtype in _ROUND
 
         def operand(a: Any) -> int:
@@ -330,7 +328,7 @@ def build_program(members: list[torch.fx.Node]) -> Program:
             return const(float(torch.tensor(a, dtype=torch.int64 if type(a) is int else torch.float64).to(to)))
 
         if m.target is aten._to_copy.default:
-            src, x = _val(m.args[0]).dtype, operand(m.args[0])
+            src, x = fake_value(m.args[0]).dtype, operand(m.args[0])
             value[m] = x if dtype == torch.float32 or dtype == src else emit(_ROUND[dtype], x)
             continue
         if m.target is aten.pow.Tensor_Scalar and float(m.args[1]) == 3.0 and dtype == torch.bfloat16:
@@ -398,12 +396,12 @@ def fuse_elementwise_chains(gm: torch.fx.GraphModule) -> tuple[int, int]:
             fused = graph.call_function(torch.ops.graphex_fused.pointwise.default, (
                 program.inputs, program.code, program.constants,
                 [x for slot, m in zip(program.output_slots, program.outputs)
-                 for x in (slot, kernel_tables()[1][_val(m).dtype])]))
-            fused.meta["val"] = [_val(m) for m in program.outputs]
+                 for x in (slot, kernel_tables()[1][fake_value(m).dtype])]))
+            fused.meta["val"] = [fake_value(m) for m in program.outputs]
             results = []
             for i, m in enumerate(program.outputs):
                 item = graph.call_function(operator.getitem, (fused, i))
-                item.meta["val"] = _val(m)
+                item.meta["val"] = fake_value(m)
                 results.append(item)
         for m, item in zip(program.outputs, results):
             m.replace_all_uses_with(item)

@@ -16,6 +16,12 @@ FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 REDUCED_DTYPES = (torch.bfloat16, torch.float16)
 
 
+def fake_value(a: Any) -> Any:
+    """What a graph node computes, as its fake tensor (node.meta["val"]); None for a node without one or a
+    non-node argument. One definition for the fusion passes."""
+    return a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+
+
 def val(match: Match, name: str) -> Any:
     node = match.kwargs[name]
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else node

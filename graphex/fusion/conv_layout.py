@@ -31,7 +31,7 @@ import torch
 import torch.fx
 from torch.fx.node import map_arg
 
-from .checks import FUSED_DTYPES
+from .checks import FUSED_DTYPES, fake_value
 
 aten = torch.ops.aten
 
@@ -50,15 +50,12 @@ _KEEPS_ORDER = {
 }
 
 
-def _val(a: Any) -> Any:
-    return a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-
 
 def _converts(node: torch.fx.Node) -> bool:
     """A 2-d convolution (not transposed) of a contiguous float CPU input of static shape, as fused mode runs them."""
     if node.op != "call_function" or node.target is not aten.convolution.default or node.kwargs or len(node.args) < 9:
         return False
-    x, w, transposed = _val(node.args[0]), _val(node.args[1]), node.args[6]
+    x, w, transposed = fake_value(node.args[0]), fake_value(node.args[1]), node.args[6]
     return (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 4 and w.dim() == 4
             and transposed is False and x.device.type == "cpu" and x.dtype in FUSED_DTYPES and w.dtype == x.dtype
             and all(isinstance(s, int) for s in x.shape) and x.is_contiguous() and x.numel() > 0)
@@ -79,10 +76,11 @@ def _reordered(new: Any, old: Any) -> bool:
 def run_convolutions_channels_last(graph: torch.fx.Graph, fake_mode: Any) -> int:
     """Note [A conv net runs channels_last between its convolutions]; returns how many convolutions now run in
     channels_last order (0: the graph is unchanged)."""
-    convs = [n for n in graph.nodes if _converts(n)]
+    convs = {n: None for n in graph.nodes if _converts(n)}  # in graph order, and a set
     if not convs or fake_mode is None:
         return 0
     entries: dict[torch.fx.Node, torch.Tensor] = {}  # a convolution's input -> its channels_last copy (fake)
+    first_reader: dict[torch.fx.Node, torch.fx.Node] = {}  # ... and the first convolution that reads it
     region: dict[torch.fx.Node, Any] = {}            # a node in the region -> its new fake value
     with fake_mode:
         for node in graph.nodes:
@@ -91,7 +89,8 @@ def run_convolutions_channels_last(graph: torch.fx.Graph, fake_mode: Any) -> int
             if node in convs and node.args[0] not in region:
                 x = node.args[0]
                 if x not in entries:
-                    entries[x] = _val(x).clone(memory_format=torch.channels_last)
+                    entries[x] = fake_value(x).clone(memory_format=torch.channels_last)
+                    first_reader[x] = node
             elif not any(a in region for a in node.all_input_nodes):
                 continue
             if node.target is aten.convolution.default and any(a in region for a in node.args[1:]):
@@ -102,7 +101,7 @@ def run_convolutions_channels_last(graph: torch.fx.Graph, fake_mode: Any) -> int
                     return region[a]
                 if node in convs and a is node.args[0]:
                     return entries[a]
-                return _val(a)
+                return fake_value(a)
 
             args = map_arg(node.args, value)
             kwargs = map_arg(node.kwargs, value)
@@ -110,22 +109,21 @@ def run_convolutions_channels_last(graph: torch.fx.Graph, fake_mode: Any) -> int
                 new = node.target(*args, **kwargs)
             except Exception:  # the fake kernel refuses the new order: not this pass's case
                 return 0
-            if not _same_structure(new, _val(node)):
+            if not _same_structure(new, fake_value(node)):
                 return 0
             region[node] = new
     # the readers outside the region of a value whose order changed get it back in its original order
     exits: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     for node, new in region.items():
         outside = [u for u in node.users if u not in region]
-        if outside and _reordered(new, _val(node)):
-            if not _val(node).is_contiguous():
+        if outside and _reordered(new, fake_value(node)):
+            if not fake_value(node).is_contiguous():
                 return 0
             exits[node] = outside
     if sum(u.op == "output" for users in exits.values() for u in users) > 1:
         return 0  # a training graph's saved activations: as many copies back as outputs
     for x, copy in entries.items():
-        first = next(n for n in graph.nodes if n in convs and n.args[0] is x)
-        with graph.inserting_before(first):
+        with graph.inserting_before(first_reader[x]):
             cl = graph.call_function(aten.clone.default, (x,), {"memory_format": torch.channels_last})
         cl.meta.update(x.meta)
         cl.meta["val"] = copy

@@ -21,13 +21,13 @@ import sys
 import torch
 import torch.fx
 
-from .checks import FUSED_DTYPES, contiguous_strides
+from .checks import FUSED_DTYPES, contiguous_strides, fake_value
 
 aten = torch.ops.aten
 
 
 def _val(node: object) -> torch.Tensor | None:
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    v = fake_value(node)
     return v if isinstance(v, torch.Tensor) else None
 
 

@@ -37,7 +37,7 @@ from torch._inductor.pattern_matcher import Match
 from .. import _C  # noqa: F401  (registers the graphex_fused:: kernels used below)
 
 from .attention_patterns import register_attention
-from .checks import all_of, float_cpu, not_dtype, number, val
+from .checks import all_of, fake_value, float_cpu, not_dtype, number, val
 from .registration import register_named
 from .rotary_patterns import register_rotary
 
@@ -236,14 +236,15 @@ def _half_of(node: object, source: torch.fx.Node | None, half: int, first: bool)
         h, size, dim = split.args
     elif node.target is torch.ops.aten.slice.Tensor and len(node.args) == 4 and not node.kwargs:
         h, dim, start, end = node.args
-        h_val = h.meta.get("val") if isinstance(h, torch.fx.Node) else None
-        if h_val is None or (start, end) != ((0, half) if first else (half, sys.maxsize)):
+        if (start, end) != ((0, half) if first else (half, sys.maxsize)):
             return None
-        dim, size = dim - h_val.dim(), half  # the slice's dim is non-negative; compared as split's below
+        size = half
     else:
         return None
-    h_val = h.meta.get("val") if isinstance(h, torch.fx.Node) else None
-    if h_val is None or dim != -1 or size != half or h_val.shape[-1] != 2 * half or source not in (None, h):
+    h_val = fake_value(h)
+    # a slice's dim is non-negative and a split's negative (the Note's spelling): compared as the last dim
+    if h_val is None or dim % max(h_val.dim(), 1) != h_val.dim() - 1 or size != half or h_val.shape[-1] != 2 * half \
+            or source not in (None, h):
         return None
     return h
 
