@@ -71,6 +71,15 @@ def captures() -> list[CompiledGraph]:
     return live_graphs()
 
 
+def newest_capture() -> CompiledGraph:
+    """The CompiledGraph made last (captures()[-1] without its gc.collect, which takes 0.1-0.25 s in a worker that
+    has compiled many graphs: the newest graph is alive while its compiled callable is, and a garbage collection
+    only drops older ones)."""
+    graphs = live_graphs()
+    assert graphs, "no CompiledGraph is alive: nothing was compiled by graphex"
+    return graphs[-1]
+
+
 def fused_ops(gm: torch.fx.GraphModule) -> collections.Counter[str]:
     """The graphex_fused ops in a captured graph, by name: what fused mode fired there."""
     return collections.Counter(n.target._opname for n in gm.graph.nodes

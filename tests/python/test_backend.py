@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import graphex
-from conftest import ROOT, assert_same, captures, compile_graphex, engine_runs
+from conftest import ROOT, assert_same, captures, compile_graphex, engine_runs, newest_capture
 from graphex.options import option_docs
 
 
@@ -116,7 +116,7 @@ def test_frozen_parameter_binds_parameters_once_and_sees_in_place_updates():
     x = torch.randn(2, 4)
     compiled = compile_graphex(model, frozen_parameter=True)
     assert_same(compiled(x), model(x))
-    graph = captures()[-1]
+    graph = newest_capture()
     frozen = graph.lowered.frozen_inputs
     assert len(frozen) == 2  # weight and bias
     assert all(graph.lowered.program.inputs[i].kind == "other" for i in frozen)
@@ -142,7 +142,7 @@ def test_remove_noop_ops_switch():
     for enabled in (True, False):
         torch._dynamo.reset()
         assert_same(compile_graphex(f, remove_noop_ops=enabled)(x), f(x))
-        ops = captures()[-1].num_ops
+        ops = newest_capture().num_ops
         if enabled:
             with_removal = ops
         else:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import graphex  # noqa: F401
 import graphex._C  # noqa: F401  (graphex_fused::*)
 
-from conftest import assert_same, captures, fused_op_tol
+from conftest import assert_same, fused_op_tol, newest_capture
 
 FUSED = {"pattern_fusion_pass": True}
 scale_shift = torch.ops.graphex_fused.batch_norm_scale_shift.default
@@ -25,7 +25,7 @@ def _run(fn, *args, **options):
     torch._dynamo.reset()
     with torch.no_grad():
         got = torch.compile(fn, backend="graphex", fullgraph=True, dynamic=False, options={**FUSED, **options})(*args)
-    return got, captures()[-1]
+    return got, newest_capture()
 
 
 def _calls(graph, target) -> int:
@@ -197,7 +197,7 @@ def test_frozen_parameters_fold_the_per_channel_terms_and_see_a_change():
                              options={**FUSED, "frozen_parameter": True})
     with torch.no_grad():
         got_frozen = compiled(x, r)
-    graph = captures()[-1]
+    graph = newest_capture()
     assert graph.fused.get("batch_norm") == 1 and graph.lowered.folded_ops == 2  # computed once, at lowering
     assert_same(got_frozen, got)
     with torch.no_grad():  # Note [Folding frozen parameters]: a write into a statistic is seen, the terms refolded

@@ -8,7 +8,7 @@ import warnings
 import torch
 
 import graphex
-from conftest import assert_same, captures, compile_graphex, engine_runs
+from conftest import assert_same, compile_graphex, engine_runs, newest_capture
 
 
 class Decoder(torch.nn.Module):
@@ -41,7 +41,7 @@ def test_dynamic_decode_of_300_positions_stays_on_the_engine():
         warnings.simplefilter("always")
         for pos in range(3):  # positions 0 and 1 are specialized (Dynamo never makes 0/1 symbolic)
             assert_same(step(xs[pos], pos), eager(xs[pos], pos), f"position {pos}")
-        graph = captures()[-1]
+        graph = newest_capture()
         assert graph.dynamic
         runs_before, total_before = graph.executor.run_count, engine_runs()
         for pos in range(3, 300):

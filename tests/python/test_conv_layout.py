@@ -13,7 +13,7 @@ import torch.nn as nn
 import graphex
 from graphex import _C
 
-from conftest import captures, fused_op_tol
+from conftest import fused_op_tol, newest_capture
 
 FUSED = {"pattern_fusion_pass": True}
 clone = torch.ops.aten.clone.default
@@ -25,7 +25,7 @@ def _run(model, *args, grad: bool = False, **options):
     with torch.set_grad_enabled(grad):
         got = compiled(*args)
         again = compiled(*args)  # the replay
-    return got, again, captures()[-1]
+    return got, again, newest_capture()
 
 
 def _clones(graph) -> list[torch.fx.Node]:
@@ -149,6 +149,6 @@ def test_an_exported_conv_net_runs_channels_last_in_the_cpp_runtime(tmp_path):
     with torch.no_grad():
         replay = torch.compile(net, backend="graphex", fullgraph=True, dynamic=False, options=FUSED)(x)
         want = net(x)
-    assert captures()[-1].fused.get("channels_last_conv") == 13
+    assert newest_capture().fused.get("channels_last_conv") == 13
     assert torch.equal(got, replay)
     _close(got, want, 1e-3)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_same, captures, compile_graphex
+from conftest import assert_same, compile_graphex, newest_capture
 
 pytestmark = pytest.mark.default_isa  # run again under ATEN_CPU_CAPABILITY=default (make test-default-isa)
 
 
 def _targets() -> list[str]:
-    return [t for _, t in captures()[-1].executor.node_names()]
+    return [t for _, t in newest_capture().executor.node_names()]
 
 
 def test_a_mask_recomputed_per_layer_runs_once_and_stays_bitwise():

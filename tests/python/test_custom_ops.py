@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from conftest import assert_same, captures, compile_graphex, engine_runs
+from conftest import assert_same, compile_graphex, engine_runs, newest_capture
 from examples import ops as example_ops
 
 example_ops.load()
@@ -112,7 +112,7 @@ def no_grad():
 
 
 def program_targets() -> list[str]:
-    return [target for _, target in captures()[-1].executor.node_names()]
+    return [target for _, target in newest_capture().executor.node_names()]
 
 
 def graph_level_copies(prof, shape) -> list[str]:
@@ -199,7 +199,7 @@ def test_several_outputs_and_several_mutated_arguments_on_views_of_inputs():
     assert [c.data_ptr() for c in caches] == ptrs
     assert graph_level_copies(prof, caches[0].shape) == [] and graph_level_copies(prof, caches[0][0].shape) == []
     assert program_targets().count("graphex_examples::kv_cache_update_.default") == 2
-    assert captures()[-1].kept_copies == []
+    assert newest_capture().kept_copies == []
 
 
 def test_in_place_op_on_an_intermediate_is_reinplaced():

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from conftest import assert_same, captures, compile_graphex, engine_runs
+from conftest import assert_same, compile_graphex, engine_runs, newest_capture
 
 pytestmark = pytest.mark.default_isa  # run again under ATEN_CPU_CAPABILITY=default (make test-default-isa)
 
@@ -251,7 +251,7 @@ def test_no_python_runs_per_op(tmp_path):
     strip = lambda c: collections.Counter({k.replace("chain_300", "chain").replace("chain_10", "chain"): v  # noqa: E731
                                            for k, v in c.items()})
     assert strip(calls_large) == strip(calls_small)  # the same Python functions, the same number of times
-    assert captures()[-1].num_ops == 300
+    assert newest_capture().num_ops == 300
 
 
 def test_intermediates_are_freed_after_their_last_use():

@@ -9,13 +9,13 @@ import math
 import pytest
 import torch
 
-from conftest import assert_same, captures, compile_graphex
+from conftest import assert_same, compile_graphex, newest_capture
 
 pytestmark = pytest.mark.default_isa  # run again under ATEN_CPU_CAPABILITY=default (make test-default-isa)
 
 
 def _targets() -> list[str]:
-    return [t for _, t in captures()[-1].executor.node_names()]
+    return [t for _, t in newest_capture().executor.node_names()]
 
 
 def _run(fn, *args, calls: int = 3, write_results: bool = True, **options):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_same, captures, compile_graphex
+from conftest import assert_same, compile_graphex, newest_capture
 
 pytestmark = pytest.mark.default_isa  # run again under ATEN_CPU_CAPABILITY=default (make test-default-isa)
 
@@ -14,7 +14,7 @@ LIFT = "aten::lift_fresh_copy.default"
 
 
 def _targets() -> list[str]:
-    return [t for _, t in captures()[-1].executor.node_names()]
+    return [t for _, t in newest_capture().executor.node_names()]
 
 
 def _twice(f, *args, write_results: bool = True):

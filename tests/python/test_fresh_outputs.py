@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sweeps.fuzz_ops  # noqa: F401 - torch.ops.graphex_fuzz
-from conftest import captures, compile_graphex
+from conftest import compile_graphex, newest_capture
 from sweeps.compare import alias_difference, clone_tree, difference
 
 
@@ -106,5 +106,5 @@ def test_aliased_outputs_stay_views_and_a_plain_step_gets_no_copy():
     with torch.no_grad():
         flat, h, _ = compiled(x)
     assert flat._base is x and torch.equal(h, x * 2)
-    ops = [target for _, target in captures()[-1].executor.node_names()]
+    ops = [target for _, target in newest_capture().executor.node_names()]
     assert "aten::clone.default" not in ops and "aten::copy_.default" not in ops, ops

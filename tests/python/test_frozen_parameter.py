@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import graphex
-from conftest import assert_same, captures, compile_graphex, engine_runs
+from conftest import assert_same, captures, compile_graphex, engine_runs, newest_capture
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +52,7 @@ def test_replacing_a_parameter_object_relowers_and_matches_eager(monkeypatch, ca
     model, x = Net().eval(), torch.randn(3, 4)
     compiled = _compiled(model)
     assert_same(compiled(x), model(x))
-    graph = captures()[-1]
+    graph = newest_capture()
     assert graph.lowered.frozen_inputs and graph.relowerings == 0
 
     model.fc1.weight = torch.nn.Parameter(torch.randn(4, 4))  # a new object: the old program would be stale
@@ -70,7 +70,7 @@ def test_replacing_a_buffer_relowers():
     model, x, compiled = _frozen_net(1)
     model.shift = torch.full((2,), -3.0)
     assert_same(compiled(x), model(x))
-    assert captures()[-1].relowerings == 1
+    assert newest_capture().relowerings == 1
 
 
 def test_in_place_updates_and_data_assignment_are_seen_without_relowering():
@@ -81,7 +81,7 @@ def test_in_place_updates_and_data_assignment_are_seen_without_relowering():
     assert_same(compiled(x), model(x))
     model.fc1.weight.copy_(torch.randn(4, 4))
     assert_same(compiled(x), model(x))
-    assert captures()[-1].relowerings == 0
+    assert newest_capture().relowerings == 0
 
 
 def test_repeated_replacement_warns_once_with_the_fix():
@@ -94,7 +94,7 @@ def test_repeated_replacement_warns_once_with_the_fix():
     messages = [str(w.message) for w in caught if "frozen parameters changed" in str(w.message)]
     assert len(messages) == 1, messages
     assert "without options={'frozen_parameter': True}" in messages[0]
-    assert captures()[-1].relowerings == 5
+    assert newest_capture().relowerings == 5
 
 
 def test_the_applied_fix_compiling_without_frozen_parameter_never_relowers():
@@ -139,7 +139,7 @@ def test_a_folded_view_sees_in_place_updates_and_relowers_on_new_memory():
     model, x = torch.nn.Linear(4, 3, bias=False).eval(), torch.randn(2, 4)
     compiled = _compiled(model)
     assert_same(compiled(x), model(x))
-    graph = captures()[-1]
+    graph = newest_capture()
     assert graph.lowered.folded_ops == 1  # t(weight): a view of the weight
     model.weight.mul_(2)  # same memory: the folded view sees it
     assert_same(compiled(x), model(x))
@@ -167,7 +167,7 @@ def test_a_computed_fold_relowers_after_an_in_place_update(monkeypatch, capfd):
     model, x = Scaled().eval(), torch.randn(2, 4)
     compiled = _compiled(model)
     assert_same(compiled(x), model(x))
-    graph = captures()[-1]
+    graph = newest_capture()
     assert graph.lowered.folded_ops >= 2 and "aten::mul.Tensor" not in [t for _, t in graph.executor.node_names()]
     assert_same(compiled(x), model(x))
     assert graph.relowerings == 0
@@ -199,12 +199,12 @@ def test_a_buffer_the_graph_mutates_is_not_folded():
     for _ in range(3):
         assert_same(compiled(x), ref(x))
         assert_same(model.steps, ref.steps)
-    assert captures()[-1].relowerings == 0
+    assert newest_capture().relowerings == 0
 
 
 def test_a_bare_executor_refuses_a_replaced_parameter_by_name():
     model, x, compiled = _frozen_net(5)
-    graph = captures()[-1]
+    graph = newest_capture()
     args: list = []
     stop = graph.watch(lambda a, _outs: args.append(list(a)))
     compiled(x)
@@ -271,7 +271,7 @@ def _write(write, model: torch.nn.Module) -> None:
 def _frozen_with_weight_watch(model: torch.nn.Module, x: torch.Tensor):
     compiled = _compiled(model)
     assert_same(compiled(x), model(x))
-    graph = captures()[-1]
+    graph = newest_capture()
     args: list = []
     stop = graph.watch(lambda a, _outs: args.append(list(a)))
     compiled(x)

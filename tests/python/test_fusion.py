@@ -19,7 +19,7 @@ import torch
 import graphex
 from graphex.exporting import load_safetensors, safetensors_bytes
 
-from conftest import ROOT, captures, fused_ops, require
+from conftest import ROOT, captures, fused_ops, newest_capture, require
 
 from examples.models.decoder import DecoderConfig, build_decoder, decode
 from sweeps.fusion_coverage import MODEL_TOL as MODEL_TOL_PER_DTYPE  # fused mode's model tolerance, defined once
@@ -156,7 +156,7 @@ def test_user_pattern_needs_the_option_and_passes_its_extra_check(user_pattern):
         before = CALLS["tanh_mul"]
         torch.compile(f, backend="graphex", fullgraph=True, dynamic=False, options=options)(x, x)
         assert CALLS["tanh_mul"] == before
-        assert not any(n.target is torch.ops.graphex_test_fusion.tanh_mul.default for n in captures()[-1].gm.graph.nodes)
+        assert not any(n.target is torch.ops.graphex_test_fusion.tanh_mul.default for n in newest_capture().gm.graph.nodes)
 
 
 def test_npugraph_ex_path():
@@ -287,9 +287,9 @@ def test_transformers_llama_gqa_decode_with_a_static_cache():
             torch.testing.assert_close(got, want, **MODEL_TOL, msg=lambda m: f"step {i}: {m}")
             tok_f, tok_e = got[:, -1:].argmax(-1), want[:, -1:].argmax(-1)
             assert torch.equal(tok_f, tok_e), f"step {i}: greedy token differs"
-    counts = fused_ops(captures()[-1].gm)
+    counts = fused_ops(newest_capture().gm)
     assert counts["decode_attention"] == cfg.num_hidden_layers
-    assert not any(n.target is torch.ops.aten.clone.default for n in captures()[-1].gm.graph.nodes)
+    assert not any(n.target is torch.ops.aten.clone.default for n in newest_capture().gm.graph.nodes)
 
 
 def test_docs_register_replacement_example_runs():
@@ -354,7 +354,7 @@ def test_a_replacement_that_changes_the_layout_is_declined(capsys, monkeypatch):
         out = torch.compile(f, backend="graphex", fullgraph=True, dynamic=False, options=FUSED)(x, y)
         torch.testing.assert_close(out, f(x, y), atol=0, rtol=0)
         fused_here = any(n.target is torch.ops.graphex_test_fusion.sigmoid_mul.default
-                         for n in captures()[-1].gm.graph.nodes)
+                         for n in newest_capture().gm.graph.nodes)
         assert fused_here == fused_expected
     assert "differ from the graph's" in capsys.readouterr().err
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import captures, compile_graphex, fused_op_tol, fused_ops
+from conftest import compile_graphex, fused_op_tol, fused_ops, newest_capture
 
 
 def _rms(h, w, eps=1e-6):
@@ -264,7 +264,7 @@ def test_a_near_miss_is_not_fused_as_the_pattern(name):
     for g, w in zip(got, want):
         tol = fused_op_tol(w.dtype)
         torch.testing.assert_close(g, w, rtol=tol, atol=tol)
-    graph = captures()[-1]  # this test's (the newest)
+    graph = newest_capture()  # this test's (the newest)
     fired = set(fused_ops(graph.gm))
     assert not (fired & must_not), f"{name}: fused as {fired & must_not}, which it does not compute"
     assert must <= fired, f"{name}: expected {must} to fire, got {fired}"
@@ -300,7 +300,7 @@ def test_an_rms_norm_without_the_upcast_is_fused_only_where_it_squares_as_eager(
         torch._dynamo.reset()
         got, want = compile_graphex(fn, pattern_fusion_pass=True)(*args), fn(*args)
         got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
-        fired = set(fused_ops(captures()[-1].gm)) & {"rms_norm", "add_rms_norm"}
+        fired = set(fused_ops(newest_capture().gm)) & {"rms_norm", "add_rms_norm"}
         if dtype == torch.float16 and fn is not _rms_upcast:
             assert not fired, f"{fn.__name__}: fused in float16 without the upcast"
             assert torch.equal(got[0][0, 1], want[0][0, 1]) and not got[0][0, 1].any()  # eager's zeroed row
@@ -346,7 +346,7 @@ def test_a_gpt2_blocks_residual_layernorm_and_written_gelu_fuse(dtype, tokens):
     with torch.no_grad():
         got = compile_graphex(block, pattern_fusion_pass=True)(x)
         want = block(x)
-    fired = set(fused_ops(captures()[-1].gm))
+    fired = set(fused_ops(newest_capture().gm))
     matvec = tokens == 1  # one row: the four linears run matvec, float32 too (Note [A float32 row runs matvec too])
     assert fired == ({"add_layer_norm", "matvec", "pointwise"} if matvec else {"add_layer_norm", "pointwise"}), fired
     n = 6 if matvec else 2  # four matvecs, the norm and the chain in a row, or the norm and the chain
@@ -356,6 +356,6 @@ def test_a_gpt2_blocks_residual_layernorm_and_written_gelu_fuse(dtype, tokens):
         torch._dynamo.reset()
         with torch.no_grad():
             got = compile_graphex(block, pattern_fusion_pass=True, pointwise_fusion=False)(x)
-        assert set(fused_ops(captures()[-1].gm)) == {"add_layer_norm"}
+        assert set(fused_ops(newest_capture().gm)) == {"add_layer_norm"}
         tol = 2 * fused_op_tol(dtype)
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)

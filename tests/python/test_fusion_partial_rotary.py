@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import captures, compile_graphex, fused_ops
+from conftest import compile_graphex, fused_ops, newest_capture
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 fused = torch.ops.graphex_fused
@@ -83,7 +83,7 @@ def _run(form, dtype=torch.float32, r=16):
     with torch.no_grad():
         want = model(x, cos, sin)
         got = compile_graphex(model, pattern_fusion_pass=True)(x, cos, sin)
-    return got, want, fused_ops(captures()[-1].gm)
+    return got, want, fused_ops(newest_capture().gm)
 
 
 @pytest.mark.default_isa

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import captures, compile_graphex, fused_op_tol, fused_ops
+from conftest import compile_graphex, fused_op_tol, fused_ops, newest_capture
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -82,7 +82,7 @@ def _run(fn, args):
     compiled = compile_graphex(fn, pattern_fusion_pass=True, pointwise_fusion=False)
     with torch.no_grad():
         got, want = compiled(*args), fn(*args)
-    return got, want, fused_ops(captures()[-1].gm)
+    return got, want, fused_ops(newest_capture().gm)
 
 
 @pytest.mark.default_isa

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import captures, compile_graphex, require
+from conftest import compile_graphex, newest_capture, require
 
 aten = torch.ops.aten
 
@@ -53,7 +53,7 @@ def _run(model, make_inputs, calls=3, **options):
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
                 else:
                     assert torch.equal(a, b)
-    return captures()[-1].gm, got
+    return newest_capture().gm, got
 
 
 def _split_inputs():
@@ -77,7 +77,7 @@ def test_the_default_keeps_the_copies():
     model, inputs = Split().eval(), _split_inputs()
     with torch.no_grad():
         compile_graphex(model)(*inputs)
-    assert _indexes(captures()[-1].gm) == 2
+    assert _indexes(newest_capture().gm) == 2
 
 
 # Each near miss indexes an intermediate (memory the graph allocates, 64-byte aligned where the copy would start), so
@@ -174,7 +174,7 @@ def test_transformers_falcon_stays_bit_for_bit_without_its_index_copies():
         for token in (3, 7, 11):
             ids = torch.tensor([[token]])
             assert torch.equal(compiled(ids, torch.tensor(5)), eager(ids, torch.tensor(5)))
-    assert _indexes(captures()[-1].gm) == 0
+    assert _indexes(newest_capture().gm) == 0
 
 
 # ---- found by a helper against the second version (run before reinplacing, root() blind to _unsafe_view) ----------

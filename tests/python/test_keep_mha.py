@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_same, captures, compile_graphex
+from conftest import assert_same, compile_graphex, newest_capture
 
 
 def _targets() -> list[str]:
-    return [t for _, t in captures()[-1].executor.node_names()]
+    return [t for _, t in newest_capture().executor.node_names()]
 
 
 class Block(torch.nn.Module):

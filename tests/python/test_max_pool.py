@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import graphex  # noqa: F401
 import graphex._C  # noqa: F401
 
-from conftest import captures
+from conftest import newest_capture
 
 FUSED = {"pattern_fusion_pass": True}
 
@@ -94,7 +94,7 @@ def _fired(fn, *args, **options):
     torch._dynamo.reset()
     with torch.no_grad():
         got = torch.compile(fn, backend="graphex", fullgraph=True, dynamic=False, options={**FUSED, **options})(*args)
-    return got, captures()[-1].fused
+    return got, newest_capture().fused
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)

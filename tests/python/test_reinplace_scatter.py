@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_same, captures, compile_graphex
+from conftest import assert_same, compile_graphex, newest_capture
 
 pytestmark = pytest.mark.default_isa  # run again under ATEN_CPU_CAPABILITY=default (make test-default-isa)
 
@@ -72,5 +72,5 @@ def test_a_scatter_from_another_tensor_is_still_in_place():
     with torch.no_grad():
         assert_same(compiled(x, y), f(x, ref))
     assert_same(y, ref)
-    graph = captures()[-1]  # this test's (the newest)
+    graph = newest_capture()  # this test's (the newest)
     assert graph.kept_copies == []

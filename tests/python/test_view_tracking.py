@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import captures, compile_graphex
+from conftest import compile_graphex, newest_capture
 
 
 def _scatter_slice(x):
@@ -132,7 +132,7 @@ def test_the_executor_itself_returns_a_fresh_tensor_under_no_grad():
     """The same through graphex's Executor alone (what graphex-run and the device runner call), grad off and on:
     slice_scatter's result is not a view; a view op's result still is."""
     compile_graphex(_scatter_slice)(torch.randn(1, 4, 16))
-    executor = captures()[-1].executor
+    executor = newest_capture().executor
     assert any("slice_scatter" in target for _, target in executor.node_names())
     for grad in (False, True):
         with torch.set_grad_enabled(grad):
@@ -217,7 +217,7 @@ def test_views_that_only_feed_kernels_are_made_without_metadata():
         return y.view(2, 2, 8).transpose(0, 1).reshape(4, 8).sum(0), y.t()
 
     compile_graphex(fn)(torch.randn(1, 4, 16), torch.randn(8, 16))
-    executor = captures()[-1].executor
+    executor = newest_capture().executor
     listing = executor.describe()
     unseen = _unseen_views(executor)
     targets = dict(executor.node_names())
