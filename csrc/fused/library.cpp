@@ -24,6 +24,7 @@
 //   pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs)
 //                                      -> Tensor[]                            pointwise.cpp
 //   pointwise_table() -> str           its opcodes and output dtypes          pointwise.h
+//   intra_op_threads(int n) -> int     threads at::parallel_for ran n items on, here (a check)
 //   max_pool2d(Tensor x, int[] kernel, int[] stride, int[] padding, int[] dilation,
 //              bool ceil_mode) -> Tensor                                      max_pool.cpp
 //   batch_norm_scale_shift(Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var,
@@ -59,9 +60,13 @@
 // graphex-run runs an exported fused program.
 #include "fused/pointwise.h"
 
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 
 namespace {
 // "add:2,sub:2,...;float32,bfloat16,float16": GRAPHEX_POINTWISE_OPS and GRAPHEX_POINTWISE_DTYPES, which
@@ -75,6 +80,19 @@ std::string pointwise_table() {
   GRAPHEX_POINTWISE_DTYPES(GRAPHEX_PW_DTYPE)
 #undef GRAPHEX_PW_DTYPE
   return ops + ";" + dtypes;
+}
+
+// How many threads at::parallel_for runs n items on (grain 1) when it is compiled as the fused kernels are: ATen's
+// thread count (torch.set_num_threads, at most n) where OpenMP is on, 1 where it is not (Note [The fused kernels run
+// on ATen's OpenMP threads], CMakeLists.txt; tests/python/test_fused_kernels.py).
+int64_t intra_op_threads(int64_t n) {
+  std::mutex m;
+  std::set<std::thread::id> seen;
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    std::lock_guard<std::mutex> lock(m);
+    seen.insert(std::this_thread::get_id());
+  });
+  return static_cast<int64_t>(seen.size());
 }
 }  // namespace
 
@@ -105,6 +123,7 @@ TORCH_LIBRARY(graphex_fused, m) {
   m.def("matvec(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   m.def("pointwise(Tensor[] inputs, int[] code, float[] constants, int[] outputs) -> Tensor[]");
   m.def("pointwise_table() -> str", &pointwise_table);
+  m.def("intra_op_threads(int n) -> int", &intra_op_threads);
   m.def("max_pool2d(Tensor x, int[] kernel, int[] stride, int[] padding, int[] dilation, bool ceil_mode) -> Tensor");
   m.def("batch_norm_scale_shift(Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float eps, "
         "int dims, int which) -> Tensor");

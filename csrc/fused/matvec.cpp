@@ -126,8 +126,10 @@ bool matvec_columns(const at::Tensor& x, const at::Tensor& weight, const std::op
   std::vector<float> xf(static_cast<size_t>(Kd + 3), 0.f);
   for (int64_t k = 0; k < Kd; ++k) xf[k] = static_cast<float>(xp[k]);
   std::atomic<bool> finite{true};  // Note [A product that is not finite is eager's]
-  // slices of 64 outputs at least (whole vectors; a thread streams Kd short rows per slice)
-  at::parallel_for(0, (N + 63) / 64, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, Kd)), [&](int64_t b0, int64_t b1) {
+  // slices of 64 outputs at least (whole vectors; a thread streams Kd short rows per slice), and at least 128K
+  // weights a thread (GPT-2's 512 x 512 projection splits in two: Note [The fused kernels run on ATen's OpenMP
+  // threads], CMakeLists.txt)
+  at::parallel_for(0, (N + 63) / 64, std::max<int64_t>(1, 2048 / std::max<int64_t>(1, Kd)), [&](int64_t b0, int64_t b1) {
     const int64_t n0 = b0 * 64, n1 = std::min(N, b1 * 64), len = n1 - n0;
     std::vector<float> acc(static_cast<size_t>(len), 0.f);
     int64_t k = 0;

@@ -52,6 +52,56 @@ def test_ops_are_linked_into_graphex():
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"), name
 
 
+def test_the_fused_kernels_run_on_atens_threads():
+    """Note [The fused kernels run on ATen's OpenMP threads] (CMakeLists.txt): at::parallel_for, compiled as the fused
+    kernels are, splits its work over torch.get_num_threads() threads (it ran everything on one before 2026-12-06)."""
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert fused.intra_op_threads(8) == threads
+            assert fused.intra_op_threads(1) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_result_does_not_depend_on_the_thread_count():
+    """Each kernel splits only independent outputs over threads (rows, output columns, heads, pooling planes), so 1, 2
+    and 3 threads give the same bits; the shapes are large enough that every kernel splits."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(1, 8, 1, 64, generator=g), torch.randn(1, 2, 256, 64, generator=g), \
+        torch.randn(1, 2, 256, 64, generator=g)
+    mask = torch.rand(1, 1, 1, 256, generator=g) > 0.2
+    x1, xs = torch.randn(1, 512, generator=g), torch.randn(128, 256, generator=g)
+    w, b = torch.randn(2048, 512, generator=g), torch.randn(2048, generator=g)
+    w_kn = torch.randn(512, 2048, generator=g)
+    gate, up = torch.randn(32, 512, generator=g), torch.randn(32, 512, generator=g)
+    image = torch.randn(2, 32, 32, 32, generator=g)
+    runs = {
+        "matvec rows": lambda: fused.matvec(x1, w, b),
+        "matvec columns": lambda: fused.matvec(x1, w_kn.t(), b),
+        "matvec columns bfloat16": lambda: fused.matvec(x1.bfloat16(), w_kn.bfloat16().t()),
+        "rms_norm": lambda: fused.rms_norm(xs, xs[0], 1e-6),
+        "add_layer_norm": lambda: fused.add_layer_norm(xs, xs.flip(0), xs[1], xs[2], 1e-5),
+        "decode_attention": lambda: fused.decode_attention(q, k, v, mask, 0.125),
+        "silu_mul": lambda: fused.silu_mul(gate, up),
+        "max_pool2d": lambda: fused.max_pool2d(image, [3, 3], [2, 2], [1, 1], [1, 1], False),
+    }
+    before = torch.get_num_threads()
+    try:
+        results = {}
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert fused.intra_op_threads(8) == threads
+            for name, run in runs.items():
+                got = run()
+                want = results.setdefault(name, got)
+                for a, e in zip(*(t if isinstance(t, tuple) else (t,) for t in (got, want))):
+                    assert torch.equal(a, e), f"{name}: {threads} threads differ from 1"
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("shape", [(1, 1, 256), (2, 3, 100), (5, 7), (4,), (0, 16), (3, 0, 8)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_rms_norm(shape):
