@@ -40,6 +40,9 @@
 // order than ATen's, and exp comes from another implementation, so results differ in the last
 // bits. The promise, for float32, tested against eager in tests/python/test_fused_kernels.py:
 //     |fused - eager| <= 1e-5 + 1e-5 * |eager|      (elementwise; torch.testing's atol/rtol)
+// for sums of terms no larger than their result, as a trained layer's are: a sum of K terms each of order
+// sqrt(K) times its result (unscaled randn weights) differs by more (48x the bound at K = 32768), and the fused
+// sum was then the closer to float64's (docs/fused-mode.md, How close to eager).
 // Element-wise work that eager does op by op (x * cos + rotate_half(x) * sin, x * r * w) is done
 // in eager's order with FMA contraction off (-ffp-contract=off), so it adds no error of its own.
 // bfloat16 and float16 run the float32 rows and round once (Note [Reduced precision runs the
