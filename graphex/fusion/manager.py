@@ -95,6 +95,9 @@ def checked(name: str, search_fn: Callable[..., Any], replace_fn: Callable[..., 
             _log.detail("pattern fusion: %s not applied at %s: %s", name, match.output_nodes()[0], ignored)
             return False
         if not extra_check(match):
+            _log.detail("pattern fusion: %s not applied at %s: its check declined the match (a dtype, layout, shape or "
+                        "value the kernel does not implement exactly; docs/fused-mode.md lists what each one takes)",
+                        name, match.output_nodes()[0])
             return False
         why = _layout_differs(match, argnames, replace_fn) or _place_inputs_before_the_replacement(match)
         if why:

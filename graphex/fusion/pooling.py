@@ -45,23 +45,30 @@ def _arguments(node: torch.fx.Node) -> list[Any] | None:
 
 def replace_max_pool(graph: torch.fx.Graph) -> int:
     """Note [Max pooling without its indices]; returns how many nodes were replaced."""
+    from ..base import log
+
     done = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not aten.max_pool2d_with_indices.default:
             continue
         if not all(u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0 for u in node.users):
-            continue  # the indices are read
+            log.detail("max pooling %s keeps eager's kernel: its indices are read", node.name)
+            continue
         x = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
         if not isinstance(x, torch.Tensor) or x.dtype not in _FLOATS or x.device.type != "cpu" or \
                 x.dim() not in (3, 4) or not all(type(d) is int for d in x.shape) or not x.is_contiguous():
+            log.detail("max pooling %s keeps eager's kernel: its input is not a contiguous float32, bfloat16 or "
+                       "float16 CPU tensor of static shape (channels_last inputs keep it too)", node.name)
             continue
         out = next(iter(node.users)).meta.get("val") if node.users else None
         if not isinstance(out, torch.Tensor) or tuple(out.stride()) != contiguous_strides(tuple(out.shape)):
             # the kernel writes row-major memory; eager's result of a channels_last input with one channel (which is
             # also contiguous) is channels_last, its size-1 dimension strided otherwise (found by a helper)
+            log.detail("max pooling %s keeps eager's kernel: eager's result is not row-major", node.name)
             continue
         args = _arguments(node)
         if args is None:
+            log.detail("max pooling %s keeps eager's kernel: its window arguments are not plain ints", node.name)
             continue
         for user in list(node.users):
             with graph.inserting_before(user):

@@ -157,6 +157,9 @@ def _fused_rules(r: _Run) -> None:
         fired("pointwise", groups)
         if groups:
             log.info("%s: element-wise chains: %d ATen calls run as %d fused kernels", r.name, replaced, groups)
+    # the patterns' line (run_fusion) counts only them; this one counts every fused kernel of the graph
+    log.info("%s: fused mode: %s", r.name,
+             ", ".join(f"{name} x{count}" for name, count in sorted(r.fused.items())) or "nothing fused")
     say_if_nothing_fused(r.fused, r.name)  # Note [A fused compile that fused nothing says so]
 
 

@@ -6,6 +6,8 @@ the next call. Declined: a convolution or batch norm result read elsewhere, othe
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 import torch.nn as nn
@@ -74,13 +76,15 @@ def test_the_conv_net_runs_each_convolution_with_its_batch_norm_and_relu():
     _, got, again, graph = _run(net, x, **FUSED)
     with torch.no_grad():
         want = net(x)
-    assert graph.fused.get("conv_batch_norm") == 13, graph.fused
-    # the stem and the five blocks' first convolutions take their ReLU; the blocks' second ones (an add comes first)
-    # and the two 1x1 shortcuts do not
-    assert sorted(_attrs(graph)) == ["none"] * 7 + ["relu"] * 6, _attrs(graph)
-    targets = {n.target for n in graph.gm.graph.nodes if n.op == "call_function"}
-    assert torch.ops.aten._native_batch_norm_legit_no_training.default not in targets
-    assert torch.ops.aten.convolution.default not in targets
+    # Note [A batch norm is folded where its pass costs more than the fold]: of the 13 convolutions, the four of the
+    # last blocks whose weights outnumber their outputs (2304 > 2048, 4608 > 2 x 1024, 9216 > 1024) keep their batch
+    # norms; of the nine that take theirs, the stem and four blocks' first convolutions take their ReLU too, the
+    # others (an add comes first, or a 1x1 shortcut) do not
+    assert graph.fused.get("conv_batch_norm") == 9, graph.fused
+    assert sorted(_attrs(graph)) == ["none"] * 4 + ["relu"] * 5, _attrs(graph)
+    targets = collections.Counter(n.target for n in graph.gm.graph.nodes if n.op == "call_function")
+    assert targets[torch.ops.aten._native_batch_norm_legit_no_training.default] == 4
+    assert targets[torch.ops.aten.convolution.default] == 4
     _close(got, want, 13 * 3)
     assert torch.equal(got, again)
 
@@ -119,7 +123,7 @@ def test_a_later_write_to_the_weight_or_the_statistics_is_read_by_the_next_call(
 
 
 @pytest.mark.parametrize("case", ["conv_read_twice", "bn_read_twice", "float64", "bfloat16", "option_off",
-                                  "exact_mode", "nchw_only"])
+                                  "exact_mode", "nchw_only", "weight_outnumbers_output"])
 def test_a_near_miss_keeps_eagers_kernels(case):
     class ReadTwice(nn.Module):
         def __init__(self, what):
@@ -142,9 +146,12 @@ def test_a_near_miss_keeps_eagers_kernels(case):
 
     dtype = {"float64": torch.float64, "bfloat16": torch.bfloat16}.get(case, torch.float32)
     model = {"conv_read_twice": lambda: ReadTwice("conv"), "bn_read_twice": lambda: ReadTwice("bn"),
-             "nchw_only": OneConv}.get(case, Block)().eval().to(dtype)
+             "nchw_only": OneConv,
+             # 64 x 64 x 3 x 3 weights against a 64 x 4 x 4 output (x 2 with the ReLU): the fold would cost more
+             "weight_outnumbers_output": lambda: Block(64, 64)}.get(case, Block)().eval().to(dtype)
     options = {"option_off": {**FUSED, "conv_batch_norm": False}, "exact_mode": {}}.get(case, FUSED)
-    x = torch.randn(1, 8, 10, 10, dtype=dtype)
+    x = torch.randn(1, 64, 4, 4, dtype=dtype) if case == "weight_outnumbers_output" else \
+        torch.randn(1, 8, 10, 10, dtype=dtype)
     _, got, _, graph = _run(model, x, **options)
     with torch.no_grad():
         want = model(x)

@@ -359,6 +359,22 @@ def test_a_replacement_that_changes_the_layout_is_declined(capsys, monkeypatch):
     assert "differ from the graph's" in capsys.readouterr().err
 
 
+def test_a_match_its_own_check_declines_is_logged(capsys, monkeypatch):
+    """GRAPHEX_LOG=2 names a pattern whose own check declined a match (a helper found these silent): a float16 RMSNorm
+    written without the float32 upcast keeps eager's kernels (eager squares in float16) and the log says so."""
+    monkeypatch.setenv("GRAPHEX_LOG", "2")
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    x, w = torch.randn(2, 16).half(), torch.randn(16).half()
+    torch._dynamo.reset()
+    out = torch.compile(rms, backend="graphex", fullgraph=True, dynamic=False, options=FUSED)(x, w)
+    assert "rms_norm" not in newest_capture().fused
+    torch.testing.assert_close(out, rms(x, w), atol=1e-3, rtol=1e-3)
+    assert "pattern fusion: rms_norm not applied at" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("how", ["frozen_parameter", "cache_compile"])
 def test_fused_mode_with_frozen_parameters_and_cache_compile(how, tmp_path):
     model = build_decoder(DecoderConfig(layers=2))

@@ -140,3 +140,19 @@ def test_a_channels_last_input_of_one_channel_keeps_eagers_layout():
         want = pool(inp)
         assert ("max_pool2d" in fired) == fuses
         assert torch.equal(got, want) and got.stride() == want.stride(), (got.stride(), want.stride())
+
+
+def test_the_log_counts_every_fused_kernel_and_says_why_a_pool_was_declined(capsys, monkeypatch):
+    """GRAPHEX_LOG=1 names the kernels fused mode's rules fired after the patterns (a helper found max pooling logged
+    as "no pattern matched"), and GRAPHEX_LOG=2 says why a pool keeps eager's kernel."""
+    monkeypatch.setenv("GRAPHEX_LOG", "2")
+    pool = torch.nn.MaxPool2d(2)
+    for x, want in ((torch.randn(1, 4, 6, 6), "fused mode: max_pool2d x1"),
+                    (torch.randn(1, 4, 6, 6).contiguous(memory_format=torch.channels_last), "fused mode: nothing fused")):
+        torch._dynamo.reset()
+        compiled = torch.compile(pool, backend="graphex", fullgraph=True, dynamic=False, options=FUSED)
+        with torch.no_grad():
+            assert torch.equal(compiled(x), pool(x))
+        err = capsys.readouterr().err
+        assert f"{newest_capture().name}: {want}" in err, err
+    assert "keeps eager's kernel: its input is not a contiguous" in err, err
