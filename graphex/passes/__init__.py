@@ -13,9 +13,10 @@
                                      grouped_heads.py)
      common subexpressions           (option cse; pure ATen calls repeated with the same arguments, cse.py)
      element-wise chains, pooling    (fused mode only: with option channels_last_conv, 2-d convolutions and the
-                                     ops between them in channels_last order, conv_layout.py; max pooling whose
-                                     indices nothing reads as
-                                     graphex_fused::max_pool2d, graphex/fusion/pooling.py; a partial rotary
+                                     ops between them in channels_last order, conv_layout.py, and with option
+                                     conv_batch_norm a convolution with its batch norm and ReLU, conv_bn.py; max
+                                     pooling whose indices nothing reads as graphex_fused::max_pool2d,
+                                     graphex/fusion/pooling.py; a partial rotary
                                      and its cat as graphex_fused::partial_rotary, partial_rotary.py; with
                                      option pointwise_fusion, inference batch norms as a multiply and an add
                                      (graphex/fusion/batch_norm.py) and connected element-wise ops of one shape as one

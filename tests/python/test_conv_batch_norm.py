@@ -189,3 +189,32 @@ def test_the_folded_weight_is_the_weight_times_the_batch_norms_factor_bit_for_bi
         fold(w, None, bn_w, bn_b, mean[:8], var, 1e-3, 0)
     with pytest.raises(RuntimeError, match="float32"):
         fold(w.double(), None, bn_w, bn_b, mean, var, 1e-3, 0)
+
+
+def test_graphex_run_runs_a_conv_net_with_its_batch_norms_folded(tmp_path):
+    """The exported fused program calls mkldnn::_convolution_pointwise and graphex_fused::conv_batch_norm_fold from
+    C++ alone: the Python engine's result, bit for bit."""
+    import os
+    import subprocess
+
+    import graphex
+    from graphex.exporting import load_safetensors, safetensors_bytes
+
+    from conftest import ROOT
+    from bench.models import build_convnet
+
+    runner = os.path.join(os.environ.get("GRAPHEX_BUILD_DIR") or os.path.join(ROOT, "build", "py"), "graphex-run")
+    assert os.path.exists(runner), "graphex-run is not built: make build"
+    net, x = build_convnet(8), torch.randn(1, 3, 32, 32)
+    path = graphex.export(net, (x,), tmp_path / "convnet.graphex", options=FUSED)
+    program = open(os.path.join(path, "program.gxp"), "rb").read().decode("latin-1")
+    assert "_convolution_pointwise" in program and "conv_batch_norm_fold" in program
+    (tmp_path / "in.safetensors").write_bytes(safetensors_bytes({"0": x}))
+    proc = subprocess.run([runner, path, "--inputs", str(tmp_path / "in.safetensors"),
+                           "--output", str(tmp_path / "out.safetensors")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    _, in_python, _, _ = _run(net, x, **FUSED)
+    got = load_safetensors(tmp_path / "out.safetensors")["0"]
+    assert torch.equal(got, in_python)
+    with torch.no_grad():
+        _close(got, net(x), 13 * 3)
