@@ -160,13 +160,6 @@ class Options:
         "back contiguous (graphex/fusion/conv_layout.py). Within fused mode's tolerance, not bit for bit. No effect "
         "in exact mode.")
 
-    conv_batch_norm: bool = _option(
-        True, (bool,),
-        "In fused mode (pattern_fusion_pass=True) with channels_last_conv, run a float32 2-d convolution, the "
-        "inference batch norm after it and a ReLU after that as one oneDNN call (torch's "
-        "mkldnn::_convolution_pointwise) with the batch norm folded into the weight and bias on every call "
-        "(graphex/fusion/conv_bn.py). Within fused mode's tolerance, not bit for bit. No effect in exact mode.")
-
     pointwise_fusion: bool = _option(
         True, (bool,),
         "In fused mode (pattern_fusion_pass=True), also run each chain of element-wise ops of one shape (a tanh "

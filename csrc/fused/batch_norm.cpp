@@ -10,9 +10,6 @@
 // one multiply-add per element). Eager contracts its multiply-add to an FMA where its build allows (measured: AVX2),
 // and the chain does not, so the result is within fused mode's tolerance (Note [Fused kernels are close, not
 // bitwise], library.cpp), a rounding or two, not bit for bit.
-#include "fused/vec.h"
-
-#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
@@ -70,87 +67,9 @@ at::Tensor scale_shift_meta(const std::optional<at::Tensor>& /*weight*/, const s
   return at::empty(out_shape(running_mean.size(0), dims), running_mean.options().dtype(at::kFloat));
 }
 
-
-// conv_batch_norm_fold: a convolution's weight or bias with the inference batch norm after it folded in
-// (Note [A convolution takes its batch norm and ReLU], graphex/fusion/conv_bn.py), float32 only:
-//   which 0: conv_weight[o, ...] * scale[o]                       the weight, [O, I / groups, kH, kW], contiguous
-//   which 1: conv_bias[o] * scale[o] + shift[o] (shift[o] alone without a conv bias)                 the bias, [O]
-// with scale and shift as batch_norm_scale_shift computes them (eager's two terms per channel).
-at::Tensor conv_fold_cpu(const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
-                         const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                         const at::Tensor& running_mean, const at::Tensor& running_var, double eps, int64_t which) {
-  TORCH_CHECK(which == 0 || which == 1, "graphex_fused::conv_batch_norm_fold: which must be 0 (weight) or 1 (bias)");
-  TORCH_CHECK(conv_weight.scalar_type() == at::kFloat && conv_weight.dim() >= 2,
-              "graphex_fused::conv_batch_norm_fold: conv_weight must be a float32 convolution weight, got ",
-              conv_weight.scalar_type(), conv_weight.sizes());
-  const int64_t channels = conv_weight.size(0);
-  if (conv_bias) {
-    TORCH_CHECK(conv_bias->scalar_type() == at::kFloat, "graphex_fused::conv_batch_norm_fold: conv_bias must be float32");
-    check_channels("conv_bias", *conv_bias, channels);
-  }
-  TORCH_CHECK(running_mean.dim() == 1 && running_mean.size(0) == channels,
-              "graphex_fused::conv_batch_norm_fold: running_mean must have shape [", channels,
-              "] (the convolution's output channels), got ", running_mean.sizes());
-  check_channels("running_var", running_var, channels);
-  if (weight) check_channels("weight", *weight, channels);
-  if (bias) check_channels("bias", *bias, channels);
-  // float32 [C] vectors read in place (the pass hands over parameters and buffers as they are): no temporaries, no
-  // dispatcher calls, as this runs on every call
-  auto floats = [](const at::Tensor& t) {
-    return t.scalar_type() == at::kFloat && t.is_contiguous() ? t : t.to(at::kFloat).contiguous();
-  };
-  const at::Tensor m = floats(running_mean), v = floats(running_var);
-  const at::Tensor bw = weight ? floats(*weight) : at::Tensor(), bb = bias ? floats(*bias) : at::Tensor();
-  const at::Tensor cb = conv_bias ? floats(*conv_bias) : at::Tensor();
-  const float* mp = m.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  const float* bwp = bw.defined() ? bw.data_ptr<float>() : nullptr;
-  const float* bbp = bb.defined() ? bb.data_ptr<float>() : nullptr;
-  const float* cbp = cb.defined() ? cb.data_ptr<float>() : nullptr;
-  const float e = static_cast<float>(eps);
-  // batch_norm_scale_shift's two terms, the same expressions
-  auto scale_of = [&](int64_t c) { return 1.f / std::sqrt(vp[c] + e) * (bwp ? bwp[c] : 1.f); };
-  if (which == 1) {
-    at::Tensor out = at::empty({channels}, running_mean.options().dtype(at::kFloat));
-    float* o = out.data_ptr<float>();
-    for (const auto c : c10::irange(channels)) {
-      const float sc = scale_of(c);
-      const float shift = (bbp ? bbp[c] : 0.f) - mp[c] * sc;
-      o[c] = cbp ? cbp[c] * sc + shift : shift;
-    }
-    return out;
-  }
-  const at::Tensor w = conv_weight.is_contiguous() ? conv_weight : conv_weight.contiguous();
-  at::Tensor out = at::empty(w.sizes(), w.options());
-  const int64_t inner = w.numel() / channels;
-  const float* in = w.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  const RowKernels& k = row_kernels();
-  // a slice of 64K weights a thread (a [64, 64, 3, 3] weight is one); the product is one rounding either way
-  at::parallel_for(0, channels, std::max<int64_t>(1, 65536 / std::max<int64_t>(inner, 1)), [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) k.scale(scale_of(c), in + c * inner, o + c * inner, inner);
-  });
-  return out;
-}
-
-at::Tensor conv_fold_meta(const at::Tensor& conv_weight, const std::optional<at::Tensor>& /*conv_bias*/,
-                          const std::optional<at::Tensor>& /*weight*/, const std::optional<at::Tensor>& /*bias*/,
-                          const at::Tensor& running_mean, const at::Tensor& /*running_var*/, double /*eps*/,
-                          int64_t which) {
-  TORCH_CHECK(which == 0 || which == 1, "graphex_fused::conv_batch_norm_fold: which must be 0 (weight) or 1 (bias)");
-  if (which == 1) return at::empty({conv_weight.size(0)}, running_mean.options().dtype(at::kFloat));
-  return at::empty(conv_weight.sizes(), conv_weight.options());
-}
-
 }  // namespace
 }  // namespace graphex::fused
 
-TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) {
-  m.impl("batch_norm_scale_shift", &graphex::fused::scale_shift_cpu);
-  m.impl("conv_batch_norm_fold", &graphex::fused::conv_fold_cpu);
-}
+TORCH_LIBRARY_IMPL(graphex_fused, CPU, m) { m.impl("batch_norm_scale_shift", &graphex::fused::scale_shift_cpu); }
 
-TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) {
-  m.impl("batch_norm_scale_shift", &graphex::fused::scale_shift_meta);
-  m.impl("conv_batch_norm_fold", &graphex::fused::conv_fold_meta);
-}
+TORCH_LIBRARY_IMPL(graphex_fused, Meta, m) { m.impl("batch_norm_scale_shift", &graphex::fused::scale_shift_meta); }

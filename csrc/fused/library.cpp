@@ -29,9 +29,6 @@
 //              bool ceil_mode) -> Tensor                                      max_pool.cpp
 //   batch_norm_scale_shift(Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var,
 //                          float eps, int dims, int which) -> Tensor          batch_norm.cpp
-//   conv_batch_norm_fold(Tensor conv_weight, Tensor? conv_bias, Tensor? weight, Tensor? bias,
-//                        Tensor running_mean, Tensor running_var, float eps, int which)
-//                                      -> Tensor                              batch_norm.cpp
 //
 // Their float32 inner loops are the row kernels of vec_kernels.h, built once per CPU capability
 // (Note [One row kernel per CPU capability], vec.h); rows.h walks the rows of broadcast operands.
@@ -133,6 +130,4 @@ TORCH_LIBRARY(graphex_fused, m) {
   m.def("max_pool2d(Tensor x, int[] kernel, int[] stride, int[] padding, int[] dilation, bool ceil_mode) -> Tensor");
   m.def("batch_norm_scale_shift(Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float eps, "
         "int dims, int which) -> Tensor");
-  m.def("conv_batch_norm_fold(Tensor conv_weight, Tensor? conv_bias, Tensor? weight, Tensor? bias, "
-        "Tensor running_mean, Tensor running_var, float eps, int which) -> Tensor");
 }

@@ -41,7 +41,6 @@ struct RowKernels {
   float (*dot_bf16)(const float* a, const c10::BFloat16* b, int64_t n);
   float (*dot_half)(const float* a, const c10::Half* b, int64_t n);
   void (*axpy)(float a, const float* x, float* y, int64_t n);                          // y += a * x
-  void (*scale)(float a, const float* x, float* y, int64_t n);                         // y = a * x
   // y += a[0] * w[0] + ... + a[3] * w[3], w's rows float32, bfloat16 / float16 (matvec on a weight stored [K, N])
   void (*axpy4_f32)(const float* a, const float* const* w, float* y, int64_t n);
   void (*axpy4_bf16)(const float* a, const c10::BFloat16* const* w, float* y, int64_t n);

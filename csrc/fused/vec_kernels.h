@@ -328,19 +328,12 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-inline void scale(float a, const float* x, float* y, int64_t n) {  // y = a * x
-  const Vec va(a);
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) (va * Vec::loadu(x + i)).store(y + i);
-  for (; i < n; ++i) y[i] = a * x[i];
-}
-
 #define GRAPHEX_STR2(x) #x
 #define GRAPHEX_STR(x) GRAPHEX_STR2(x)
 
 inline RowKernels table() {
   return RowKernels{&rms_norm_row, &add_row,  &layer_norm_row, &silu_mul_row, &rotary_row, &rotary_pairs_row, &max_abs, &dot,
-                    &dot_f32,      &dot_bf16,     &dot_half, &axpy,         &scale,        &axpy4_f32,   &axpy4_bf16,  &axpy4_half, &max_pool_f32, &max_pool_bf16, &max_pool_half,
+                    &dot_f32,      &dot_bf16,     &dot_half, &axpy,         &axpy4_f32,   &axpy4_bf16,  &axpy4_half, &max_pool_f32, &max_pool_bf16, &max_pool_half,
                     &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
 }
 

@@ -149,9 +149,6 @@ ArgSource listSource(const fb::Arg* v, const c10::TypePtr& elem, const std::vect
         a.kind = Kind::OptionalTensorList;
         break;
       }
-      // An empty list of any other element type is a constant (mkldnn::_convolution_pointwise's `Scalar?[] scalars`
-      // for an activation with no parameters: Note [A convolution takes its batch norm and ReLU]).
-      if (!v->items() || v->items()->size() == 0) return constant(c10::IValue(c10::impl::GenericList(elem)));
       badArg(what, list_type, v, "lists of " + elem->str() + " are not supported");
   }
   bool of_tensors = a.kind == Kind::TensorList || a.kind == Kind::OptionalTensorList;

@@ -16,8 +16,6 @@
     batch_norm.py     inference batch norm as a per-channel multiply and add, for the chains to fuse (option
                       pointwise_fusion)
     conv_layout.py    2-d convolutions and the ops between them in channels_last order (option channels_last_conv)
-    conv_bn.py        a channels_last convolution with the batch norm and ReLU after it as one oneDNN call, the norm
-                      folded into weight and bias (option conv_batch_norm)
 
 The fused ops are graphex_fused::* (csrc/fused/), C++ kernels of ours, close to eager but not
 bitwise (Note [Fused kernels are close, not bitwise] in csrc/fused/library.cpp).

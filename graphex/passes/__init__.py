@@ -13,10 +13,9 @@
                                      grouped_heads.py)
      common subexpressions           (option cse; pure ATen calls repeated with the same arguments, cse.py)
      element-wise chains, pooling    (fused mode only: with option channels_last_conv, 2-d convolutions and the
-                                     ops between them in channels_last order, conv_layout.py, and with option
-                                     conv_batch_norm a convolution with its batch norm and ReLU, conv_bn.py; max
-                                     pooling whose indices nothing reads as graphex_fused::max_pool2d,
-                                     graphex/fusion/pooling.py; a partial rotary
+                                     ops between them in channels_last order, conv_layout.py; max pooling whose
+                                     indices nothing reads as graphex_fused::max_pool2d, graphex/fusion/pooling.py;
+                                     a partial rotary
                                      and its cat as graphex_fused::partial_rotary, partial_rotary.py; with
                                      option pointwise_fusion, inference batch norms as a multiply and an add
                                      (graphex/fusion/batch_norm.py) and connected element-wise ops of one shape as one
@@ -128,7 +127,6 @@ def _fused_rules(r: _Run) -> None:
     from ..fusion import say_if_nothing_fused
     from ..fusion.batch_norm import split_batch_norm
     from ..fusion.chains import fuse_elementwise_chains
-    from ..fusion.conv_bn import fold_batch_norms_into_convolutions
     from ..fusion.conv_layout import run_convolutions_channels_last
     from ..fusion.partial_rotary import fuse_partial_rotary
     from ..fusion.pooling import replace_max_pool
@@ -142,8 +140,6 @@ def _fused_rules(r: _Run) -> None:
 
     if r.options.channels_last_conv:  # Note [A conv net runs channels_last between its convolutions]
         fired("channels_last_conv", run_convolutions_channels_last(r.gm.graph, r.fake_mode))
-        if r.options.conv_batch_norm:  # Note [A convolution takes its batch norm and ReLU]
-            fired("conv_batch_norm", fold_batch_norms_into_convolutions(r.gm.graph, r.fake_mode))
     pooled = replace_max_pool(r.gm.graph)  # Note [Max pooling without its indices]
     fired("max_pool2d", pooled)
     partial = fuse_partial_rotary(r.gm.graph)  # Note [A partial rotary writes its tail in the same pass]
@@ -210,7 +206,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("attention over grouped key/value heads", ("grouped_kv_heads",), _grouped_heads),
     Pass("common subexpression elimination", ("cse",), _cse),
     Pass("element-wise chains, batch norm, max pooling, channels_last convolutions",
-         ("pointwise_fusion", "channels_last_conv", "conv_batch_norm"), _fused_rules, gated=False),
+         ("pointwise_fusion", "channels_last_conv"), _fused_rules, gated=False),
     Pass("reinplacing", ("inplace_pass", "input_inplace_pass"), _reinplace, gated=False),
     # after reinplacing: every write is then an explicit in-place op (Note [A constant index reads through a view])
     Pass("constant indices as views", ("index_as_view",), _index_as_view),
