@@ -81,27 +81,35 @@ def _sdpa_form(gqa: str, scaled: bool, mask_kind: str) -> Callable[..., Any]:
     masked = mask_kind not in ("none", "causal")
     causal = mask_kind == "causal"
 
+    def sdpa(q, k, v, **kwargs):
+        # "none": the key/value heads as they are; where they are fewer than the query's, SDPA's own grouped heads
+        # (enable_gqa=True: query head h reads head h // n, as both repeats give it), which reaches the ATen graph as
+        # the same call on the same tensors, so it is this form, retraced on the match's shapes
+        if gqa == "none" and q.shape[1] != k.shape[1]:
+            kwargs["enable_gqa"] = True
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
     def n(q, k):
         return q.shape[1] // k.shape[1]
 
     if causal and scaled:
         def search(q, k, v, scale):
-            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), is_causal=True, scale=scale)
+            return sdpa(q, rep(k, n(q, k)), rep(v, n(q, k)), is_causal=True, scale=scale)
     elif causal:
         def search(q, k, v):
-            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), is_causal=True)
+            return sdpa(q, rep(k, n(q, k)), rep(v, n(q, k)), is_causal=True)
     elif scaled and masked:
         def search(q, k, v, mask, scale):
-            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), attn_mask=mask, scale=scale)
+            return sdpa(q, rep(k, n(q, k)), rep(v, n(q, k)), attn_mask=mask, scale=scale)
     elif masked:
         def search(q, k, v, mask):
-            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), attn_mask=mask)
+            return sdpa(q, rep(k, n(q, k)), rep(v, n(q, k)), attn_mask=mask)
     elif scaled:
         def search(q, k, v, scale):
-            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)), scale=scale)
+            return sdpa(q, rep(k, n(q, k)), rep(v, n(q, k)), scale=scale)
     else:
         def search(q, k, v):
-            return F.scaled_dot_product_attention(q, rep(k, n(q, k)), rep(v, n(q, k)))
+            return sdpa(q, rep(k, n(q, k)), rep(v, n(q, k)))
     search.__qualname__ = search.__name__ = (f"sdpa_{gqa}_{'scale' if scaled else 'default_scale'}_"
                                              f"{mask_kind}_mask")
     return search

@@ -262,6 +262,33 @@ def test_sdpa_prefill_without_a_repeat_is_left_as_it_is():
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_sdpas_own_grouped_heads_decode_as_decode_attention(dtype, mask_kind, scale):
+    """F.scaled_dot_product_attention(..., enable_gqa=True) reaches the graph as the no-repeat form's call on fewer
+    key/value heads: one query row runs decode_attention (a helper found it missed), within fused mode's tolerance,
+    a row masked everywhere 0 as SDPA gives; many rows stay eager's (the graph runs the tiled kernel already)."""
+    kw = {} if scale is None else {"scale": scale}
+
+    def fn(q, k, v, *mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[0] if mask else None, enable_gqa=True, **kw)
+
+    for t, want_fired in ((1, {"decode_attention": 1}), (6, {})):
+        q, k, v = _inputs(dtype, t=t, s=9, h=8, hkv=2)
+        mask = _causal_bool(t, 9).expand(2, 1, t, 9).clone()
+        mask[1, 0, 0] = False  # a row masked everywhere
+        masks = {"bool": [mask], "additive": [_additive(mask, dtype)], "none": []}[mask_kind]
+        got, want, fired = _run(fn, (q, k, v, *masks))
+        assert dict(fired) == want_fired, dict(fired)
+        if not want_fired:
+            assert torch.equal(got, want)
+            continue
+        assert torch.equal(got.isnan(), want.isnan())
+        tol = 4 * fused_op_tol(dtype)
+        torch.testing.assert_close(got.float().nan_to_num(), want.float().nan_to_num(), rtol=tol, atol=tol)
+
+
 def test_a_mask_that_grows_the_scores_stays_eagers():
     """A mask with more batches than q: eager broadcasts the scores to it; not the kernel's."""
     q, k, v = _inputs(torch.float32, t=192, s=192, batch=1, d=8)
