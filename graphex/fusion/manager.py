@@ -25,7 +25,7 @@ from torch._guards import detect_fake_mode
 from ..base import log as _log
 from ..base.warn import warn_once
 from .checks import REDUCED_DTYPES
-from .spellings import normalize_arguments
+from .spellings import merge_repeated_views, normalize_arguments
 
 if TYPE_CHECKING:
     from torch._inductor.pattern_matcher import Match, PatternMatcherPass
@@ -290,6 +290,8 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
         try:
             normalize_arguments(gm.graph)  # Note [Arguments are matched in one spelling]
             REGISTRY.matcher.apply(gm.graph)
+            if merge_repeated_views(gm.graph):  # a view written twice, as one node: the patterns once more
+                REGISTRY.matcher.apply(gm.graph)
         finally:
             _fired.reset(token)
     fired = dict(counts)

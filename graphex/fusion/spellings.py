@@ -19,6 +19,14 @@ written in:
   non-negative and a start or end counted from the end made non-negative, as `x[..., a:b]` traces; an end at or
   past the dim's size written `sys.maxsize` (as `x[..., a:]` traces), a step of 1 left out, a start of None 0;
 - `cat(tensors, dim)`: the dim negative, as `cat(..., dim=-1)` traces (a dim left out is 0).
+After the patterns have run once, a view written twice (`torch.cat((-x.chunk(2, -1)[1], x.chunk(2, -1)[0]), -1)`:
+two `split.Tensor` of x, each with one `getitem`) is made one node and the patterns run again, as they are traced from
+`x1, x2 = x.chunk(2, -1)` (found by a helper: such a rotary ran as an element-wise chain; merge_repeated_views, called
+by run_fusion). Only `split.Tensor`, `slice.Tensor` and their `getitem`s, in the spelling above, are merged, where both
+are the same call on the same node and neither is a graph output (two returned views are two tensors); the graph is
+functional here, so the two are the same value. Not before the first round: a merged view read elsewhere too (the
+slice `x[..., :h]` of a rotary, taken again for another use) would stop a match that its own copy allowed. Common
+subexpressions in general are merged later (cse.py), for the same reason.
 The rewrite keeps each op and what it computes; where no pattern fires the graph runs exact as
 before (the same kernels on the same arguments). The patterns in patterns.py and attention_patterns.py are written in this
 spelling (Note [Attention forms are generated from one table]).
@@ -86,6 +94,38 @@ def normalize_arguments(graph: torch.fx.Graph) -> int:
         elif node.target is aten.slice.Tensor and not node.kwargs:
             changed += _slice(node, rank)
     return changed
+
+
+_MERGED_VIEWS = (aten.split.Tensor, aten.slice.Tensor)
+
+
+def merge_repeated_views(graph: torch.fx.Graph) -> int:
+    """Note [Arguments are matched in one spelling]: a split or slice written twice, and its getitems, as one node;
+    returns how many nodes were merged away."""
+    import operator
+
+    seen: dict[tuple[Any, ...], torch.fx.Node] = {}
+    merged = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.kwargs:
+            continue
+        is_view = node.target in _MERGED_VIEWS
+        is_part = node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
+            and node.args[0].target is aten.split.Tensor
+        if not (is_view or is_part) or any(u.op == "output" for u in node.users):
+            continue
+        try:
+            key = (node.target, *node.args)
+            hash(key)
+        except TypeError:  # an argument that is a list: not one of the spellings above
+            continue
+        kept = seen.setdefault(key, node)
+        if kept is node or any(u.op == "output" for u in kept.users):
+            continue
+        node.replace_all_uses_with(kept)
+        graph.erase_node(node)
+        merged += 1
+    return merged
 
 
 def _equal_split(node: torch.fx.Node, rank: int) -> int:
