@@ -34,6 +34,7 @@ spelling (Note [Attention forms are generated from one table]).
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any
 
@@ -99,11 +100,17 @@ def normalize_arguments(graph: torch.fx.Graph) -> int:
 _MERGED_VIEWS = (aten.split.Tensor, aten.slice.Tensor)
 
 
+def _returned(node: torch.fx.Node) -> bool:
+    """Whether the graph returns `node`, or one of its parts as a split's getitem: two returned views are two tensors,
+    and two getitems of one split node are one tensor (found by a helper: `y.chunk(2, -1)[0]` returned twice came back
+    as one object)."""
+    return any(u.op == "output" or (u.target is operator.getitem and any(w.op == "output" for w in u.users))
+               for u in node.users)
+
+
 def merge_repeated_views(graph: torch.fx.Graph) -> int:
     """Note [Arguments are matched in one spelling]: a split or slice written twice, and its getitems, as one node;
     returns how many nodes were merged away."""
-    import operator
-
     seen: dict[tuple[Any, ...], torch.fx.Node] = {}
     merged = 0
     for node in list(graph.nodes):
@@ -112,7 +119,7 @@ def merge_repeated_views(graph: torch.fx.Graph) -> int:
         is_view = node.target in _MERGED_VIEWS
         is_part = node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
             and node.args[0].target is aten.split.Tensor
-        if not (is_view or is_part) or any(u.op == "output" for u in node.users):
+        if not (is_view or is_part) or _returned(node):
             continue
         try:
             key = (node.target, *node.args)
@@ -120,7 +127,7 @@ def merge_repeated_views(graph: torch.fx.Graph) -> int:
         except TypeError:  # an argument that is a list: not one of the spellings above
             continue
         kept = seen.setdefault(key, node)
-        if kept is node or any(u.op == "output" for u in kept.users):
+        if kept is node or _returned(kept):
             continue
         node.replace_all_uses_with(kept)
         graph.erase_node(node)
