@@ -23,8 +23,8 @@ After the patterns have run once, a view written twice (`torch.cat((-x.chunk(2, 
 two `split.Tensor` of x, each with one `getitem`) is made one node and the patterns run again, as they are traced from
 `x1, x2 = x.chunk(2, -1)` (found by a helper: such a rotary ran as an element-wise chain; merge_repeated_views, called
 by run_fusion). Only `split.Tensor`, `slice.Tensor` and their `getitem`s, in the spelling above, are merged, where both
-are the same call on the same node and neither is a graph output (two returned views are two tensors); the graph is
-functional here, so the two are the same value. Not before the first round: a merged view read elsewhere too (the
+are the same call on the same node, by the CSE pass's own rules (no in-place op between them, nothing that shares an
+output's memory: two returned views are two tensors). Not before the first round: a merged view read elsewhere too (the
 slice `x[..., :h]` of a rotary, taken again for another use) would stop a match that its own copy allowed. Common
 subexpressions in general are merged later (cse.py), for the same reason.
 The rewrite keeps each op and what it computes; where no pattern fires the graph runs exact as
@@ -97,42 +97,20 @@ def normalize_arguments(graph: torch.fx.Graph) -> int:
     return changed
 
 
-_MERGED_VIEWS = (aten.split.Tensor, aten.slice.Tensor)
-
-
-def _returned(node: torch.fx.Node) -> bool:
-    """Whether the graph returns `node`, or one of its parts as a split's getitem: two returned views are two tensors,
-    and two getitems of one split node are one tensor (found by a helper: `y.chunk(2, -1)[0]` returned twice came back
-    as one object)."""
-    return any(u.op == "output" or (u.target is operator.getitem and any(w.op == "output" for w in u.users))
-               for u in node.users)
+def _is_cut(node: torch.fx.Node) -> bool:
+    """A split or slice in the spelling above, or a part of a split."""
+    if node.target is operator.getitem:
+        return isinstance(node.args[0], torch.fx.Node) and node.args[0].target is aten.split.Tensor
+    return node.target in (aten.split.Tensor, aten.slice.Tensor)
 
 
 def merge_repeated_views(graph: torch.fx.Graph) -> int:
-    """Note [Arguments are matched in one spelling]: a split or slice written twice, and its getitems, as one node;
-    returns how many nodes were merged away."""
-    seen: dict[tuple[Any, ...], torch.fx.Node] = {}
-    merged = 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.kwargs:
-            continue
-        is_view = node.target in _MERGED_VIEWS
-        is_part = node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
-            and node.args[0].target is aten.split.Tensor
-        if not (is_view or is_part) or _returned(node):
-            continue
-        try:
-            key = (node.target, *node.args)
-            hash(key)
-        except TypeError:  # an argument that is a list: not one of the spellings above
-            continue
-        kept = seen.setdefault(key, node)
-        if kept is node or _returned(kept):
-            continue
-        node.replace_all_uses_with(kept)
-        graph.erase_node(node)
-        merged += 1
-    return merged
+    """Note [Arguments are matched in one spelling]: a split or slice written twice, and its getitems, as one node, by
+    the CSE pass's own rules restricted to them (Note [CSE keeps eager's values]); returns how many nodes were merged
+    away."""
+    from ..passes.cse import eliminate_common_subexpressions
+
+    return eliminate_common_subexpressions(graph, only=_is_cut)
 
 
 def _equal_split(node: torch.fx.Node, rank: int) -> int:

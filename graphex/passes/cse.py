@@ -8,7 +8,8 @@ call, and the replay would run it each time. A repeated call of a pure ATen oper
 the same arguments gives the same value, bit for bit, so its later copies are replaced by
 the first. Only where that is certain:
 - ATen / prims operators with no mutable argument, one tensor result, not random
-  (`nondeterministic_seeded`) and not `empty*` (uninitialized memory is not a value);
+  (`nondeterministic_seeded`) and not `empty*` (uninitialized memory is not a value); and `split.Tensor` (the views
+  `chunk` writes, a list of them) with the `getitem`s of it, which are views too;
 - both calls in the same mutation region (no in-place op of the graph between them, see
   torch._inductor.pattern_matcher.compute_mutation_region_ids, which AOTAutograd's own CSE uses);
 - neither is a graph output or a view of one: outputs are distinct tensors in eager, and a
@@ -20,7 +21,8 @@ the first. Only where that is certain:
 
 from __future__ import annotations
 
-from typing import Any
+import operator
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -29,17 +31,20 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..lowering.streams import stream_of
 
+aten = torch.ops.aten
 _UNINITIALIZED = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
 
 
-def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
-    """Note [CSE keeps eager's values]. Returns how many calls were removed."""
+def eliminate_common_subexpressions(graph: torch.fx.Graph,
+                                    only: Callable[[torch.fx.Node], bool] | None = None) -> int:
+    """Note [CSE keeps eager's values]; `only`: merge only the calls it accepts (fused mode's cuts written twice,
+    graphex/fusion/spellings.py). Returns how many calls were removed."""
     compute_mutation_region_ids(graph)  # type: ignore[arg-type]
     output_storages = {_storage(n) for n in graph.output_node().all_input_nodes} - {None}
     first: dict[Any, torch.fx.Node] = {}
     removed = 0
     for node in list(graph.nodes):
-        if not _mergeable(node) or _storage(node) in output_storages:
+        if (only is not None and not only(node)) or not _mergeable(node) or _storage(node) in output_storages:
             continue
         try:
             key = (node.target, _key(node.args), _key(node.kwargs), node.meta["mutation_region_id"], stream_of(node))
@@ -60,6 +65,12 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
 
 def _mergeable(node: torch.fx.Node) -> bool:
     target = node.target
+    if node.op == "call_function" and target is operator.getitem:  # a view out of a split's list
+        return isinstance(node.args[0], torch.fx.Node) and node.args[0].target is aten.split.Tensor \
+            and isinstance(node.meta.get("val"), torch.Tensor)
+    if node.op == "call_function" and target is aten.split.Tensor:
+        val = node.meta.get("val")
+        return isinstance(val, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in val)
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return False
     if target.namespace not in ("aten", "prims") or target._schema.name.split("::")[-1] in _UNINITIALIZED:
@@ -74,6 +85,8 @@ def _mergeable(node: torch.fx.Node) -> bool:
 
 def _storage(node: torch.fx.Node) -> Any:
     val = node.meta.get("val")
+    if isinstance(val, (list, tuple)) and val:  # a split's views: their one storage
+        val = val[0]
     if not isinstance(val, torch.Tensor):
         return None
     try:

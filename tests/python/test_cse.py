@@ -55,6 +55,30 @@ def test_equal_outputs_stay_distinct_tensors():
     assert_same(b, x + 1)
 
 
+def test_a_split_written_twice_runs_once_and_its_returned_parts_stay_two_tensors():
+    """split.Tensor (what chunk writes) and its getitems are views: repeated, they run once, bitwise; a part returned
+    twice is two tensors, as in eager (reshaping one leaves the other)."""
+    def f(x):
+        y = x * 2
+        return torch.cat((-y.chunk(2, -1)[1], y.chunk(2, -1)[0]), -1) + 1
+
+    def returned(x):
+        y = x * 2
+        return y.chunk(2, -1)[0], y.chunk(2, -1)[0]
+
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert_same(compile_graphex(f)(x), f(x))
+        assert _targets().count("aten::split.Tensor") == 1
+        assert_same(compile_graphex(f, cse=False)(x), f(x))
+        assert _targets().count("aten::split.Tensor") == 2
+        a, b = compile_graphex(returned)(x)
+    assert_same([a, b], list(returned(x)))
+    assert a is not b
+    a.t_()
+    assert b.shape == (3, 4)
+
+
 calls = {"n": 0}
 
 
