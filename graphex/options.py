@@ -160,6 +160,15 @@ class Options:
         "back contiguous (graphex/fusion/conv_layout.py). Within fused mode's tolerance, not bit for bit. No effect "
         "in exact mode.")
 
+    prepack_conv_weights: bool = _option(
+        True, (bool,),
+        "In fused mode with frozen_parameter=True, a float32 2-d convolution in channels_last order (see "
+        "channels_last_conv) whose weight is a frozen parameter larger than 1x1 reads that weight in oneDNN's "
+        "own layout, reordered once when the program is lowered instead of on every call "
+        "(graphex/lowering/prepack.py). The weight is then watched by contents: any write into it is seen on the "
+        "next call and the program is re-lowered. Within fused mode's tolerance, not bit for bit. No effect in "
+        "exact mode or without frozen_parameter.")
+
     pointwise_fusion: bool = _option(
         True, (bool,),
         "In fused mode (pattern_fusion_pass=True), also run each chain of element-wise ops of one shape (a tanh "

@@ -149,6 +149,9 @@ ArgSource listSource(const fb::Arg* v, const c10::TypePtr& elem, const std::vect
         a.kind = Kind::OptionalTensorList;
         break;
       }
+      // An empty list of any other element type is a constant (mkldnn::_convolution_pointwise's `Scalar?[] scalars`
+      // with no post-op: Note [A frozen convolution weight is prepacked once], graphex/lowering/prepack.py).
+      if (!v->items() || v->items()->size() == 0) return constant(c10::IValue(c10::impl::GenericList(elem)));
       badArg(what, list_type, v, "lists of " + elem->str() + " are not supported");
   }
   bool of_tensors = a.kind == Kind::TensorList || a.kind == Kind::OptionalTensorList;

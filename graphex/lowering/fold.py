@@ -91,7 +91,7 @@ def fold_constants(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) ->
     """Evaluate every foldable node of `gm` given the frozen inputs (index -> real tensor; none without
     frozen_parameter, where only chains from factories fold)."""
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    written = _written(gm.graph)
+    written = written_values(gm.graph)
     value: dict[torch.fx.Node, Any] = {}
     sources: dict[torch.fx.Node, dict[int, int]] = {}  # foldable node -> frozen inputs it reads, with watch level
     for index, node in enumerate(placeholders):
@@ -219,7 +219,7 @@ def _returned_memory(outputs: set[torch.fx.Node]) -> set[torch.fx.Node]:
     return returned
 
 
-def _written(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+def written_values(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """Every value an op of the graph may write: written_nodes (Note [One alias analysis]), and the values sharing
     memory with a written one through what schemas do not declare (a write into `_unsafe_view(clone)` writes the
     clone)."""

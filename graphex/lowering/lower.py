@@ -23,7 +23,8 @@ from ..program import Const, GetItemNode, Input, Node, OpNode, Program, Slot, Sy
 from ..fb import SymFn as _fb_sym
 from ..custom_ops.registration import is_custom
 from ..errors import CaptureError, Finding
-from .fold import fold_constants
+from .fold import WATCH_CONTENTS, fold_constants, written_values
+from .prepack import CONVOLUTION_ON_PACKED, packed_call, prepack_convolution_weights
 from ..compat import traces_side_streams
 from .streams import ENTRY_STREAM, NOT_MADE_HERE, is_control_deps, slots_in, stream_of
 
@@ -74,18 +75,21 @@ except ImportError:  # pragma: no cover
     pass
 
 
-def lower(gm: torch.fx.GraphModule, *, name: str, frozen: dict[int, torch.Tensor] | None = None) -> LoweredGraph:
+def lower(gm: torch.fx.GraphModule, *, name: str, frozen: dict[int, torch.Tensor] | None = None,
+          prepack: bool = False) -> LoweredGraph:
     """Lower `gm` (functional or reinplaced ATen graph) to a typed Program.
 
     `frozen` maps graph-input indices to the real tensors to bake in as constants
-    (option frozen_parameter). Raises CaptureError naming the node, its source line
+    (option frozen_parameter). `prepack` (fused mode): convolutions on frozen weights read them reordered once
+    (Note [A frozen convolution weight is prepacked once]). Raises CaptureError naming the node, its source line
     and the fix when something cannot run on the engine.
     """
-    return _Lowering(gm, name, frozen or {}).run()
+    return _Lowering(gm, name, frozen or {}, prepack).run()
 
 
 class _Lowering:
-    def __init__(self, gm: torch.fx.GraphModule, name: str, frozen: dict[int, torch.Tensor]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, name: str, frozen: dict[int, torch.Tensor],
+                 prepack: bool = False) -> None:
         self.gm = gm
         self.name = name
         self.frozen = frozen
@@ -99,6 +103,8 @@ class _Lowering:
         self.dynamic = False
         self.node_ops: dict[int, torch._ops.OpOverload] = {}
         self.folded = fold_constants(gm, frozen)  # Note [Folding frozen parameters], Note [Folding what reads no input]
+        # Note [A frozen convolution weight is prepacked once]: convolution node -> (weight's input, reordered weight)
+        self.prepacked = prepack_convolution_weights(gm, frozen, written_values(gm.graph)) if prepack else {}
         self.stream: int | None = None  # Note [Side streams in a program]: the stream the next op runs on
         self.lower_streams = traces_side_streams()  # torch < 2.13: annotations not lowered (compat)
         self.produced_on: dict[int, int | None] = {}  # slot -> the stream its op ran on
@@ -146,6 +152,11 @@ class _Lowering:
             if folded_ops:
                 _log.info("%s: folded %d operator calls that read only frozen parameters or no input at all",
                           self.name, folded_ops)
+        for index, _ in self.prepacked.values():  # Note [A frozen convolution weight is prepacked once]
+            watch[index] = WATCH_CONTENTS
+        if self.prepacked:
+            _log.info("%s: %d convolution(s) read their frozen weights reordered once for oneDNN", self.name,
+                      len(self.prepacked))
         return LoweredGraph(program, self.constants, self.num_ops, sorted(self.frozen), self.dynamic, node_ops,
                             frozen_watch=watch, folded_ops=folded_ops)
 
@@ -197,7 +208,9 @@ class _Lowering:
                 self.value_of[node] = self.const(self.folded.values[node])
             return
         target = node.target
-        if isinstance(target, torch._ops.OpOverload):
+        if node in self.prepacked:  # Note [A frozen convolution weight is prepacked once]
+            self.op(node, CONVOLUTION_ON_PACKED, args=packed_call(node, self.prepacked[node][1]), kwargs={})
+        elif isinstance(target, torch._ops.OpOverload):
             self.op(node, target)
         elif target is operator.getitem:
             self.getitem(node)

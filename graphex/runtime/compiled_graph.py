@@ -165,7 +165,9 @@ class CompiledGraph(_C.RunnerCall):
 
     def _lower_frozen(self, args: list[Any]) -> None:
         frozen = {i: args[i] for i in self.static_inputs}
-        lowered = lower(self.gm, name=self.name, frozen=frozen)
+        # Note [A frozen convolution weight is prepacked once]: fused mode only (not bit for bit)
+        prepack = self.options.pattern_fusion_pass and self.options.prepack_conv_weights
+        lowered = lower(self.gm, name=self.name, frozen=frozen, prepack=prepack)
         executor = build_executor(lowered)
         # Note [A frozen parameter is checked by identity], Note [Folding frozen parameters]
         executor.bind_frozen([(i, t, lowered.frozen_watch.get(i, 0)) for i, t in sorted(frozen.items())])
