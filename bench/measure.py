@@ -31,6 +31,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = ("eager", "torchscript", "torchscript_ofi", "onnxruntime", "inductor", "aot_eager", "graphex", "graphex_fused",
             "graphex_cached")
 
+# The options of the graphex_fused row (docs/benchmarks.md, The peers).
+FUSED_OPTIONS = {"pattern_fusion_pass": True, "frozen_parameter": True}
+
 # First call and memory in a fresh process each (first_call_isolated): the two of the first-call target. The
 # others are measured in the bench process when they are prepared (compile + first call, Dynamo reset before):
 # no compile cache applies to them, and a fresh process each would cost minutes of imports on 2 cores.
@@ -103,8 +106,10 @@ def compile_for(backend: str, fn: Callable[..., Any], args: tuple[Any, ...] | No
         if "pattern_fusion_pass" not in {f.name for f in dataclasses.fields(Options)}:
             raise Unavailable("not available in this build (graphex.options.Options has no pattern_fusion_pass)")
         del graphex
-        return torch.compile(fn, backend="graphex", options={"pattern_fusion_pass": True}, fullgraph=True,
-                             dynamic=False)
+        # fused mode as an inference user runs it: parameters frozen (as TorchScript freeze and ONNX Runtime hold
+        # them), which lets convolutions read their weights reordered once (Note [A frozen convolution weight is
+        # prepacked once])
+        return torch.compile(fn, backend="graphex", options=FUSED_OPTIONS, fullgraph=True, dynamic=False)
     if backend == "inductor":
         configure_cold_inductor()
     elif backend == "graphex":

@@ -23,7 +23,7 @@ ORDER = ("eager", "torchscript", "torchscript_ofi", "onnxruntime", "inductor", "
 LABELS = {"eager": "eager", "torchscript": "TorchScript (trace + freeze)",
           "torchscript_ofi": "TorchScript optimize_for_inference", "onnxruntime": "ONNX Runtime (CPU EP)",
           "inductor": "inductor (torch.compile default)", "aot_eager": "aot_eager",
-          "graphex": "graphex", "graphex_fused": "graphex fused (pattern_fusion_pass)",
+          "graphex": "graphex", "graphex_fused": "graphex fused (pattern_fusion_pass, frozen_parameter)",
           "graphex_cached": "graphex via cache_compile (no Dynamo per call)", "handwritten": "hand-written C++ (ATen)"}
 
 
