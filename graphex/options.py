@@ -65,7 +65,8 @@ class Options:
         "In-place updates and `.data =` are seen; replacing a parameter or buffer object, or "
         "changing one a folded value came from (any write, `.data` and views included), is "
         "detected on the next call (a pointer compare per parameter; a byte compare of the few "
-        "under 64 KiB that computed values were folded from) and the program is re-lowered "
+        "under 64 KiB that computed values were folded from, and in fused mode of each convolution weight "
+        "read reordered, see prepack_conv_weights) and the program is re-lowered "
         "(logged; a warning after 3).")
 
     clone_input: bool = _option(
