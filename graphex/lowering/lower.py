@@ -23,7 +23,7 @@ from ..program import Const, GetItemNode, Input, Node, OpNode, Program, Slot, Sy
 from ..fb import SymFn as _fb_sym
 from ..custom_ops.registration import is_custom
 from ..errors import CaptureError, Finding
-from .fold import WATCH_CONTENTS, fold_constants, written_values
+from .fold import WATCH_CONTENTS, WATCH_DATA, WATCH_IDENTITY, fold_constants, written_values
 from .prepack import CONVOLUTION_ON_PACKED, packed_call, prepack_convolution_weights
 from ..compat import traces_side_streams
 from .streams import ENTRY_STREAM, NOT_MADE_HERE, is_control_deps, slots_in, stream_of
@@ -103,7 +103,7 @@ class _Lowering:
         self.dynamic = False
         self.node_ops: dict[int, torch._ops.OpOverload] = {}
         self.folded = fold_constants(gm, frozen)  # Note [Folding frozen parameters], Note [Folding what reads no input]
-        # Note [A frozen convolution weight is prepacked once]: convolution node -> (weight's input, reordered weight)
+        # Note [A frozen convolution weight is prepacked once]: convolution node -> its reordered weight
         self.prepacked = prepack_convolution_weights(gm, frozen, written_values(gm.graph)) if prepack else {}
         self.stream: int | None = None  # Note [Side streams in a program]: the stream the next op runs on
         self.lower_streams = traces_side_streams()  # torch < 2.13: annotations not lowered (compat)
@@ -152,8 +152,10 @@ class _Lowering:
             if folded_ops:
                 _log.info("%s: folded %d operator calls that read only frozen parameters or no input at all",
                           self.name, folded_ops)
-        for index, _ in self.prepacked.values():  # Note [A frozen convolution weight is prepacked once]
-            watch[index] = WATCH_CONTENTS
+        for packed in self.prepacked.values():  # Note [A frozen convolution weight is prepacked once]
+            watch[packed.weight] = WATCH_CONTENTS
+            if packed.bias is not None:
+                watch[packed.bias] = max(watch.get(packed.bias, WATCH_IDENTITY), WATCH_DATA)
         if self.prepacked:
             _log.info("%s: %d convolution(s) read their frozen weights reordered once for oneDNN", self.name,
                       len(self.prepacked))
@@ -209,7 +211,7 @@ class _Lowering:
             return
         target = node.target
         if node in self.prepacked:  # Note [A frozen convolution weight is prepacked once]
-            self.op(node, CONVOLUTION_ON_PACKED, args=packed_call(node, self.prepacked[node][1]), kwargs={})
+            self.op(node, CONVOLUTION_ON_PACKED, args=packed_call(node, self.prepacked[node].reordered), kwargs={})
         elif isinstance(target, torch._ops.OpOverload):
             self.op(node, target)
         elif target is operator.getitem:

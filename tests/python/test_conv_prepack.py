@@ -201,3 +201,47 @@ def test_float64_and_a_1x1_kernel_keep_atens_convolution():
         got = compiled(x)
         assert _packed(newest_capture()) == 0
         torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-5)
+
+
+class SlicedBias(nn.Module):
+    """A convolution whose bias is a view of a parameter (a helper's find: the packed call reads its bias dense)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.w = nn.Parameter(torch.randn(16, 8, 3, 3) * 0.1)
+        self.ball = nn.Parameter(torch.randn(32))
+        self.b2 = nn.Parameter(torch.randn(16, 2))
+        self.b1 = nn.Parameter(torch.randn(1))
+
+    def forward(self, x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        bias = {"strided": self.ball[::2], "column": self.b2[:, 1], "expand": self.b1.expand(16), "offset": self.ball[16:],
+                "argument": b}[self.how]
+        return torch.relu(torch.nn.functional.conv2d(x, self.w, bias, padding=1))
+
+
+@pytest.mark.parametrize("how", ["strided", "column", "expand", "offset", "argument"])
+def test_a_bias_that_is_not_dense_keeps_atens_convolution(how):
+    torch.manual_seed(8)
+    m, x = SlicedBias(how).eval(), torch.randn(2, 8, 7, 7)
+    b = torch.randn(32)[::2]  # a strided argument
+    compiled = _compile(m)
+    _close(compiled(x, b), m(x, b))
+    assert _packed(newest_capture()) == (1 if how == "offset" else 0)  # an offset slice is dense
+
+
+@pytest.mark.parametrize("guards", ["dynamo's", "none"])
+def test_a_frozen_bias_given_another_layout_is_seen(guards):
+    torch.manual_seed(9)
+    m, x = Conv().eval(), torch.randn(1, 8, 12, 12)
+    # without Dynamo's guards, graphex's own watch on the frozen bias is all that sees the change
+    options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe} if guards == "none" else {}
+    compiled = _compile(m, **options)
+    _close(compiled(x), m(x))
+    graph = newest_capture()
+    assert _packed(graph) == 1
+    m.conv.bias.data = torch.randn(32)[::2]  # the same parameter object, now strided
+    _close(compiled(x), m(x))
+    if guards == "none":
+        assert graph.relowerings == 1  # seen by the engine: re-lowered
+    assert _packed(newest_capture()) == 0  # the strided bias keeps ATen's call (re-lowered, or compiled again)
