@@ -272,6 +272,13 @@ class _Reinplacer:
             copy_node = self._copy_back_of(node, a)
             if copy_node is not None:
                 self.replace[copy_node] = copy_node.args[0]
+        if is_foreach_entry(node.target):
+            # the in-place foreach op returns nothing: each item read from its result is the list item it wrote
+            # (a read of the parameter after `torch._foreach_mul_([p], 0.5)`; a helper's find: the getitem was left
+            # on a call that returns nothing, and the program failed to build)
+            for user in list(node.users):
+                if user.target is operator.getitem:
+                    self.replace[user] = mutated[user.args[1]]
         node.target = entry.inplace_op
         self.in_place[op_name(entry.inplace_op)] += 1
 

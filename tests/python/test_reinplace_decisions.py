@@ -158,3 +158,38 @@ def test_a_custom_op_on_a_clone_of_an_input_keeps_one_clone_and_says_why():
     assert kept.cause == "not-declared" and kept.node == "auto_functionalized_v2", kept
     targets = [n.target for n in graph.gm.graph.nodes if n.op == "call_function"]
     assert targets.count(aten.clone.default) == 1 and aten.copy_.default not in targets
+
+
+class _ForeachInForward(torch.nn.Module):
+    """An in-place foreach op on parameters inside forward, then a read of them (a helper's find: the program failed to
+    build, `getitem takes a slot and a constant index`, where eager runs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch._foreach_mul_([self.a.weight, self.b.weight], 0.5)
+        torch._foreach_add_([self.a.bias, self.b.bias], [x[0], x[1]])
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("options", [{}, {"frozen_parameter": True}, {"pattern_fusion_pass": True}],
+                         ids=lambda o: ",".join(o) or "default")
+def test_an_in_place_foreach_on_parameters_runs_in_place_and_its_items_read_the_written_lists(options):
+    torch.manual_seed(12)
+    ours, theirs = _ForeachInForward().eval(), _ForeachInForward().eval()
+    theirs.load_state_dict(ours.state_dict())
+    torch._dynamo.reset()
+    compiled = compile_graphex(ours, **options)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            got, want = compiled(x), theirs(x)
+            if options.get("pattern_fusion_pass"):
+                torch.testing.assert_close(got, want)
+            else:
+                assert_same(got, want)
+    for name, p in ours.state_dict().items():
+        assert_same(p, theirs.state_dict()[name])
