@@ -3,9 +3,10 @@
 Note [A frozen convolution weight is prepacked once]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 ATen's CPU convolution (oneDNN) reorders its weight from PyTorch's [O, I, kH, kW] into oneDNN's blocked layout on
-every call. On the bench's conv net that reorder is a fifth of each 3x3 convolution's time: one thread, channels_last
-input, each layer alone, 128 -> 128 channels on 8x8 took 300 us through `aten.convolution` and 168 us on a weight
-reordered beforehand, 32 -> 32 on 32x32 255 against 214 us (2026-12-07, /tmp/s52/prepack.py). So when the program is
+every call. On the bench's conv net that reorder is up to half of a 3x3 convolution's time: one thread, channels_last
+input, each layer alone, 128 -> 128 channels on 8x8 took 300 us through `aten.convolution` and 169 us on a weight
+reordered beforehand, the 3 -> 32 stem on 64x64 239 against 97 us, 32 -> 32 on 32x32 about even (211 against 225;
+2026-12-07, `python -m bench.convnet --layers`). So when the program is
 lowered with frozen parameters (the first call), a convolution whose weight is a frozen parameter runs as
 `mkldnn::_convolution_pointwise` (the op inductor's freezing runs) on the weight reordered once, here, by
 `mkldnn::_reorder_convolution_weight` (with the input's size, as inductor's freezing calls it). The reordered
