@@ -87,11 +87,13 @@ class Folded:
     count: int  # operator calls removed from every run
 
 
-def fold_constants(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> Folded:
+def fold_constants(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
+                   written: set[torch.fx.Node] | None = None) -> Folded:
     """Evaluate every foldable node of `gm` given the frozen inputs (index -> real tensor; none without
-    frozen_parameter, where only chains from factories fold)."""
+    frozen_parameter, where only chains from factories fold). `written`: written_values(gm.graph), if the caller
+    has it already."""
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    written = written_values(gm.graph)
+    written = written_values(gm.graph) if written is None else written
     value: dict[torch.fx.Node, Any] = {}
     sources: dict[torch.fx.Node, dict[int, int]] = {}  # foldable node -> frozen inputs it reads, with watch level
     for index, node in enumerate(placeholders):

@@ -102,9 +102,11 @@ class _Lowering:
         self.num_ops = 0
         self.dynamic = False
         self.node_ops: dict[int, torch._ops.OpOverload] = {}
-        self.folded = fold_constants(gm, frozen)  # Note [Folding frozen parameters], Note [Folding what reads no input]
+        written = written_values(gm.graph)  # one alias analysis for folding and prepacking
+        # Note [Folding frozen parameters], Note [Folding what reads no input]
+        self.folded = fold_constants(gm, frozen, written)
         # Note [A frozen convolution weight is prepacked once]: convolution node -> its reordered weight
-        self.prepacked = prepack_convolution_weights(gm, frozen, written_values(gm.graph)) if prepack else {}
+        self.prepacked = prepack_convolution_weights(gm, frozen, written) if prepack else {}
         self.stream: int | None = None  # Note [Side streams in a program]: the stream the next op runs on
         self.lower_streams = traces_side_streams()  # torch < 2.13: annotations not lowered (compat)
         self.produced_on: dict[int, int | None] = {}  # slot -> the stream its op ran on
