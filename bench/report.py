@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 from .cases import CHAIN, DECODER
 
+DECODE_CASES = (DECODER.name, "llama_decode", "gpt2_decode")
+
 ORDER = ("eager", "torchscript", "torchscript_ofi", "onnxruntime", "inductor", "aot_eager", "graphex", "graphex_fused",
          "graphex_cached", "handwritten")
 LABELS = {"eager": "eager", "torchscript": "TorchScript (trace + freeze)",
@@ -52,6 +54,10 @@ def _ratio(backend: str, base: str, key: str) -> Callable[[dict[str, Any]], floa
     return compute
 
 
+def _outside_engine(case: dict[str, Any]) -> float | None:
+    return _get(case, "graphex", "outside_engine_us")
+
+
 def _overhead_per_op(case: dict[str, Any]) -> float | None:
     g, h = _get(case, "graphex", "median_us"), _get(case, "handwritten", "median_us")
     return (g - h) / case["ops"] if g is not None and h is not None and case.get("ops") else None
@@ -63,7 +69,24 @@ TARGETS = (
     Target("first call, graphex / inductor", 0.2, "x", _ratio("graphex", "inductor", "first_call_s"), per_threads=False),
     Target("peak step memory, graphex / eager", 1.1, "x", _ratio("graphex", "eager", "peak_step_bytes"),
            per_threads=False),
+    # issue 21 (fused mode) and issue 22 (exact mode's per call), as those issues state them
+    Target("decode step, graphex fused / inductor", 0.85, "x", _ratio("graphex_fused", "inductor", "median_us"),
+           DECODE_CASES),
+    Target("decode step, graphex fused / ONNX Runtime", 1.0, "x", _ratio("graphex_fused", "onnxruntime", "median_us"),
+           DECODE_CASES),
+    Target("prefill, encoder or conv net, graphex fused / inductor", 1.0, "x",
+           _ratio("graphex_fused", "inductor", "median_us"), ("llama_prefill128", "gpt2_prefill128", "bert_encoder",
+                                                              "convnet", "mha_block", "transformer_encoder")),
+    Target("decode step, graphex exact / TorchScript freeze", 0.9, "x", _ratio("graphex", "torchscript", "median_us"),
+           DECODE_CASES),
+    Target("conv net or attention block, graphex exact / eager", 0.9, "x", _ratio("graphex", "eager", "median_us"),
+           ("convnet", "mha_block", "transformer_encoder")),
+    Target("outside the engine, graphex exact", 40.0, "us", _outside_engine),
 )
+# the variants' medians (bench/variants.py), as the same targets: (figure, limit, key of the median)
+VARIANT_TARGETS = (("decode step, graphex fused / inductor (generated variants' median)", 0.85, "fused_over_inductor"),
+                   ("decode step, graphex fused / ONNX Runtime (generated variants' median)", 1.0,
+                    "fused_over_onnxruntime"))
 
 
 def derive(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -75,6 +98,12 @@ def derive(results: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"figure": "cache_compile first output, warm / cold process", "case": DECODER.name,
                      "value": value, "limit": 0.1, "unit": "x",
                      "passed": None if value is None else bool(value <= 0.1)})
+    variants = results.get("variants") or {}
+    for n, medians in (variants.get("medians") or {}).items():
+        for figure, limit, key in VARIANT_TARGETS:
+            value = medians.get(key)
+            rows.append({"figure": figure, "case": "bench/variants.py", "threads": int(n), "value": value,
+                         "limit": limit, "unit": "x", "passed": None if value is None else bool(value <= limit)})
     last = {case["name"]: i for i, case in enumerate(results["cases"])}  # a case's entry at its last thread count
     for target in TARGETS:
         for i, case in enumerate(results["cases"]):
@@ -266,6 +295,9 @@ def markdown(results: dict[str, Any]) -> str:
     from .device_graph_cost import markdown_lines as device_graph_cost_lines
 
     lines += device_graph_cost_lines(results.get("device_graph_cost"))
+    from .variants import markdown_lines as variants_lines
+
+    lines += variants_lines(results.get("variants"))
     lines += ["", "Workloads:"]
     listed: set[str] = set()
     for case in results["cases"]:

@@ -1,7 +1,7 @@
 """`make bench`: eager, TorchScript, ONNX Runtime, inductor, aot_eager and graphex side by side on every workload.
 
     python -m bench.run [--quick] [--only NAME] [--out DIR] [--backends a,b] [--threads 1,2] [--bin-dir DIR]
-                        [--no-tp-decode] [--no-cpp-runner] [--no-per-call] [--no-device-graph-cost]
+                        [--no-tp-decode] [--no-cpp-runner] [--no-per-call] [--no-device-graph-cost] [--no-variants]
 
 For each case (bench/cases.py):
   1. first call (compile + first run) and the peak memory of one steady-state step,
@@ -20,7 +20,10 @@ For each case (bench/cases.py):
      --no-per-call skips it);
   6. device graphs' host cost on the simulated accelerator gxsim: graphex's runner around a replay, part by part,
      next to the CPU engine's per-call cost for the same program (bench/device_graph_cost.py;
-     --no-device-graph-cost skips it).
+     --no-device-graph-cost skips it);
+  7. the generated decoder variants (sweeps/coverage_decoder.py spelled the ways model code spells its parts) at the
+     bench's Llama size: graphex fused against inductor and ONNX Runtime per variant, and the medians over them
+     (bench/variants.py; --no-variants skips it, and so does --only).
 Writes results.json, results.md and latency.png under --out and prints the Markdown.
 """
 
@@ -316,13 +319,14 @@ def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, iso
               bin_dir: str = DEFAULT_BIN_DIR, log: Callable[[str], None] = _log,
               warm_start: bool = False, tp_decode: bool = False, cpp_runner: list[Case] | None = None,
               cpp_runs: int = 1000, threads: list[int] | None = None, per_call: bool = False,
-              device_graph_cost: bool = False) -> dict[str, Any]:
+              device_graph_cost: bool = False, variants: bool = False) -> dict[str, Any]:
     """Measure every case on every backend; the results dict of bench/report.py, targets included.
 
     isolate=False measures the first call in this process (for tests: cases need not be importable).
     threads: the torch thread counts each case is timed at (default: torch's current one); one entry per
     case per thread count in results["cases"].
     cpp_runner: the cases graphex-run also runs (exported; bench/cpp_runner.py), `cpp_runs` timed runs each.
+    variants: also time the generated decoder variants (bench/variants.py) at the same thread counts.
     """
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     scratch = tempfile.mkdtemp(prefix="graphex-bench-")
@@ -370,6 +374,23 @@ def run_suite(cases: list[Case], backends: list[str], settings: Settings, *, iso
                 log, rounds=settings.rounds, calls=300 if settings == FULL else 30)
         except Exception as e:  # noqa: BLE001  one section failing does not lose the others
             results["device_graph_cost"] = {"error": f"{type(e).__name__}: {e}"}
+    if variants:  # the generated decoder variants' decode steps (bench/variants.py): fused against inductor and ORT
+        from . import variants as variants_mod
+
+        saved_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="graphex-bench-variants-")
+        try:
+            results["variants"] = variants_mod.measure_all(
+                log, threads, rounds=settings.rounds, round_s=settings.round_s, warmup=settings.warmup,
+                which="bench" if settings == FULL else "quick", backends=backends)
+        except Exception as e:  # noqa: BLE001  one section failing does not lose the others
+            results["variants"] = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+            if saved_dir is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved_dir
     results["targets"] = report.derive(results)
     return results
 
@@ -402,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip device graphs' host cost on the simulated accelerator (bench/device_graph_cost.py)")
     parser.add_argument("--no-per-call", action="store_true",
                         help="skip the per-call layers outside the engine (Dynamo, guards, AOTAutograd, graphex's Python)")
+    parser.add_argument("--no-variants", action="store_true",
+                        help="skip the generated decoder variants' decode steps (bench/variants.py: fused against "
+                        "inductor and ONNX Runtime)")
     parser.add_argument("--bin-dir", default=DEFAULT_BIN_DIR, help="where the hand-written C++ binaries are "
                         "(default build/py/bench)")
     ns = parser.parse_args(argv)
@@ -427,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                         cpp_runner=None if ns.no_cpp_runner else cpp_runner_cases(selected),
                         cpp_runs=100 if ns.quick else 1000, threads=threads,
                         per_call=not ns.no_per_call and "graphex" in backends,
-                        device_graph_cost=not ns.no_device_graph_cost and "graphex" in backends)
+                        device_graph_cost=not ns.no_device_graph_cost and "graphex" in backends,
+                        variants=not ns.no_variants and not ns.only and "graphex_fused" in backends)
     paths = report.write(results, ns.out)
     _log("wrote " + ", ".join(paths.values()))
     print(report.markdown(results), end="")

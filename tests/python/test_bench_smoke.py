@@ -79,6 +79,29 @@ def test_targets_on_known_numbers():
     assert got[("peak step memory, graphex / eager", "chain500")] == (None, None)
 
 
+def test_the_fused_and_per_call_targets_of_issues_21_and_22_on_known_numbers():
+    results = {"cases": [
+        {"name": "gpt2_decode", "ops": None, "results": {
+            "torchscript": {"median_us": 1000.0}, "onnxruntime": {"median_us": 1000.0},
+            "inductor": {"median_us": 1000.0},
+            "graphex": {"median_us": 950.0, "outside_engine_us": 300.0},
+            "graphex_fused": {"median_us": 800.0}}},
+        {"name": "convnet", "ops": None, "results": {
+            "eager": {"median_us": 1000.0}, "inductor": {"median_us": 1000.0},
+            "graphex": {"median_us": 850.0, "outside_engine_us": 30.0}, "graphex_fused": {"median_us": 1010.0}}},
+    ]}
+    got = {(t["figure"], t["case"]): (round(t["value"], 6) if t["value"] is not None else None, t["passed"])
+           for t in report.derive(results)}
+    assert got[("decode step, graphex fused / inductor", "gpt2_decode")] == (0.8, True)
+    assert got[("decode step, graphex fused / ONNX Runtime", "gpt2_decode")] == (0.8, True)
+    assert got[("decode step, graphex exact / TorchScript freeze", "gpt2_decode")] == (0.95, False)
+    assert got[("prefill, encoder or conv net, graphex fused / inductor", "convnet")] == (1.01, False)
+    assert got[("conv net or attention block, graphex exact / eager", "convnet")] == (0.85, True)
+    assert got[("outside the engine, graphex exact", "gpt2_decode")] == (300.0, False)
+    assert got[("outside the engine, graphex exact", "convnet")] == (30.0, True)
+    assert ("decode step, graphex fused / inductor", "convnet") not in got
+
+
 def test_shipped_cases_are_well_formed():
     names = [c.name for c in CASES]
     assert len(names) == len(set(names)) and {"decoder_step", "chain500"} <= set(names)
@@ -250,3 +273,31 @@ def test_runner_call_cost_times_both_calls_and_restores_the_graph():
                          "Python __call__ - C++ slot, per round", "engine over the engine (the pairing's own floor)"}
     gc.collect()
     assert all(type(g) is CompiledGraph for g in gc.get_objects() if isinstance(g, CompiledGraph))
+
+
+def test_generated_variants_are_timed_fused_against_the_others_and_their_medians_are_targets():
+    """bench/variants.py on two tiny variants (eager and graphex fused only: no inductor or ONNX export here): each row
+    has its medians, the fused kernels that fired and its difference from eager; the medians over the variants become
+    the rows of issue 21's targets."""
+    from bench import variants
+    from sweeps.coverage_decoder import Sizes, Spelling
+
+    section = variants.measure_all(lambda _m: None, [1], rounds=2, round_s=0.01, warmup=1,
+                                   backends=["eager", "graphex_fused"], sizes=Sizes(),
+                                   spellings=[Spelling(), Spelling(norm="layernorm", mlp="ungated")])
+    assert [r["name"] for r in section["rows"]] == ["baseline", "norm=layernorm,mlp=ungated"]
+    for row in section["rows"]:
+        assert set(row["median_us"]["1"]) == {"eager", "graphex_fused"}, row
+        fused = row["backends"]["graphex_fused"]
+        assert fused["fired"], row  # these spellings fuse (sweeps/fusion_coverage.py checks which)
+        assert fused["max_abs_diff_vs_eager"] < 1e-4, row
+    medians = section["medians"]["1"]
+    assert medians["fused_over_eager"] > 0 and medians["fused_over_eager_count"] == 2
+    assert medians["fused_over_inductor"] is None and medians["fused_over_inductor_count"] == 0
+    text = "\n".join(variants.markdown_lines(section))
+    assert "| baseline | 1 |" in text and "fused / inductor -" in text
+
+    section["medians"]["1"].update(fused_over_inductor=0.8, fused_over_onnxruntime=1.2)
+    got = {t["figure"]: t["passed"] for t in report.derive({"cases": [], "variants": section})}
+    assert got["decode step, graphex fused / inductor (generated variants' median)"] is True
+    assert got["decode step, graphex fused / ONNX Runtime (generated variants' median)"] is False
