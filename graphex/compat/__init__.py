@@ -62,6 +62,7 @@ from .dynamo import (  # noqa: F401
     guard_recorder,
     treespec_children,
     opaque_guard_fn,
+    SideEffect,
     dynamo_side_effects,
 )
 

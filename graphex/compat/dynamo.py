@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -82,19 +83,44 @@ def opaque_guard_fn(cls: type) -> Callable[[Any], Any] | None:
 
 # -- what the frame being compiled changes (cache_compile) ----------------------------------------------
 
-def dynamo_side_effects() -> list[str] | None:
-    """What the frame Dynamo is compiling changes in Python state when it runs (attributes set, lists or dicts
-    mutated, cells and globals written), as names; [] for none, None when this torch does not say. Call from a
-    backend or guard hook during the compile (InstructionTranslator.current_tx(), SideEffects, 2.11-2.15)."""
+@dataclasses.dataclass(frozen=True)
+class SideEffect:
+    """One object that existed before the call and that the traced frame changes (Dynamo replays the change after
+    its graph runs)."""
+
+    source: str  # the object's source name, as its guards name it
+    # attribute -> the Python constant it is left holding, when the change is only attribute stores of constants;
+    # None otherwise (a list or dict mutated, a non-constant stored, an attribute deleted)
+    stores: dict[str, Any] | None
+
+
+def dynamo_side_effects() -> list[SideEffect] | None:
+    """What the frame Dynamo is compiling changes in Python state that existed before the call (attributes set,
+    lists or dicts mutated, cells and globals written); [] for none, None when this torch does not say. Call from
+    the backend, while Dynamo's InstructionTranslator is current (2.11-2.15: its thread-local is unset once the frame
+    is traced, so a guard hook learns nothing). An object the trace itself created (no source: the step's own
+    tensors, a new list) is not existing state: what it becomes is the call's result."""
     try:
+        from torch._dynamo.side_effects import AttributeMutationExisting
         from torch._dynamo.symbolic_convert import InstructionTranslator
+        from torch._dynamo.variables import UserDefinedObjectVariable
 
         side_effects = InstructionTranslator.current_tx().output.side_effects
         modified = [v for v in side_effects.id_to_variable.values() if side_effects.is_modified(v)]
+        found = []
+        for var in modified:
+            source = getattr(var, "source", None)
+            if source is None:
+                continue
+            stored = side_effects.store_attr_mutations.get(var)
+            stores: dict[str, Any] | None = None
+            base_modified = getattr(var, "is_base_vt_modified", None)  # a dict or tuple subclass's own items
+            only_attributes = (isinstance(var.mutation_type, AttributeMutationExisting) and stored
+                               and not (isinstance(var, UserDefinedObjectVariable)
+                                        and (base_modified is None or base_modified(side_effects))))
+            if only_attributes and all(type(a) is str and v.is_python_constant() for a, v in stored.items()):
+                stores = {a: v.as_python_constant() for a, v in stored.items()}
+            found.append(SideEffect(source_name(source), stores))
     except Exception:  # noqa: BLE001  not inside a compile, or another torch: the guards' own check remains
         return None
-    names = []
-    for var in modified:
-        source = getattr(var, "source", None)
-        names.append(source_name(source) if source is not None else type(var).__name__)
-    return names
+    return found

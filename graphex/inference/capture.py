@@ -29,7 +29,8 @@ from ..runtime import CompiledGraph
 from . import keys, shape_guards
 from .fingerprints import global_state as read_global_state
 from .guard_records import GUARD_FORMAT, record
-from .guard_sources import NotCheckable, parse_source
+from .fingerprints import constant
+from .guard_sources import _MISSING, NotCheckable, parse_source, resolve
 from .guards import GuardSet
 from .entry import Entry
 from .flat_call import guards_scope, make_flat
@@ -51,7 +52,8 @@ class _Recording:
     guard_entries: list[Any] | None = None  # Dynamo's guards (Note [cache_compile keys on what the trace read])
     records: list[dict[str, Any]] | None = None  # those guards as records, taken before the first run
     records_error: str | None = None
-    side_effects: list[str] | None = None  # Note [A trace with side effects is not cached]
+    side_effects: list[compat.SideEffect] | None = None  # what Dynamo reported (Note [A trace with side effects ...])
+    changes_state: list[str] = dataclasses.field(default_factory=list)  # those that are not no-op stores
     flat_call: Callable[..., Any] | None = None
 
 
@@ -68,6 +70,13 @@ def _traced_code() -> list[Any]:
 # reports is not cached (logged, and the call still runs compiled through torch.compile), and the
 # guards are recorded as the state was before the first run: a mutation Dynamo did not report
 # still shows, as a guard that no longer holds right after the call.
+# Dynamo's report is read in the backend, where its translator is current (compat.dynamo_side_effects;
+# until 2026-12-07 it was read in the guard hook, where it was always empty, so an attribute set to a
+# constant that no guard read was cached and dropped on every hit: cache format 4 trusts no older entry).
+# One kind of side effect is no change: attribute stores that leave each attribute holding the
+# constant it held before the call (transformers' CompileableContextVar sets `compiling` and
+# `global_var` and resets them in every forward). Such a trace is cached with an `equals` record per
+# attribute, so a hit happens only while each still holds that constant, when the stores change nothing.
 
 def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree.TreeSpec, options: Options,
                  dynamic: bool, key_parts: dict[str, Any], *, with_guards: bool = True
@@ -98,6 +107,9 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
         ctx = TracingContext.try_get()
         rec.shape_env = getattr(getattr(ctx, "fake_mode", None), "shape_env", None)
         rec.traced_code = list(getattr(ctx, "traced_code", []) or [])
+        # Note [A trace with side effects is not cached]: asked here, while Dynamo's translator is current (the
+        # whole frame is traced by now; a guard hook runs after it is gone and would learn nothing)
+        rec.side_effects = compat.dynamo_side_effects()
         return compile_dynamo_graph(gm, example_inputs, options, on_capture=on_capture)
 
     backend._graphex_backend = True  # type: ignore[attr-defined]  (compat.in_graphex_trace)
@@ -106,13 +118,14 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
         # Recorded now, before the compiled frame first runs: a side effect of that run (a list the function
         # appends to) must not become the value the entry expects (Note [A trace with side effects is not cached]).
         rec.guard_entries = entries
-        rec.side_effects = compat.dynamo_side_effects()
         names = [compat.source_name(s) if s is not None else None for s in rec.sources]
         try:
             locals_, globals_ = guards_scope(func, flat_args, rec.flat_call)
             rec.records = record(entries, input_sources={n for n in names if n}, locals_=locals_,
                                         globals_=globals_, global_state=global_state,
                                         traced_code=rec.traced_code or _traced_code())
+            rec.changes_state, unchanged = _state_changes(rec.side_effects or [], locals_, globals_)
+            rec.records += unchanged
         except NotCheckable as e:
             rec.records_error = str(e)
 
@@ -126,6 +139,32 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
         return result, entry, None
     except NotCacheable as e:
         return result, None, str(e)
+
+
+def _state_changes(effects: list[compat.SideEffect], locals_: dict[str, Any], globals_: dict[str, Any]
+                   ) -> tuple[list[str], list[dict[str, Any]]]:
+    """Note [A trace with side effects is not cached]: (the side effects that change Python state, by source name;
+    an `equals` record for each attribute a no-op store leaves as it was). Called before the compiled frame first
+    runs, so each attribute still holds its value from before the call."""
+    changes: list[str] = []
+    unchanged: list[dict[str, Any]] = []
+    for effect in effects:
+        records = []
+        for attr, value in (effect.stores or {}).items():
+            source = f"{effect.source}.{attr}"
+            try:
+                now = resolve(parse_source(source), locals_, globals_)
+                if now is _MISSING or constant(now) != constant(value):
+                    break
+            except NotCheckable:
+                break
+            records.append({"kind": "equals", "source": source, "expect": constant(value)})
+        else:
+            if effect.stores:
+                unchanged += records
+                continue
+        changes.append(effect.source)
+    return changes, unchanged
 
 
 def _shape_guards(rec: _Recording) -> str | None:
@@ -251,8 +290,8 @@ def _dynamo_guards(rec: _Recording, func: Callable[..., Any], flat_args: list[An
     against the traced values and the bindings (with their sources: _with_sources)."""
     if rec.guard_entries is None:
         raise NotCacheable("Dynamo handed over no guards for this trace")
-    if rec.side_effects:  # Note [A trace with side effects is not cached]
-        raise NotCacheable(f"the function changes Python state when it runs ({'; '.join(rec.side_effects[:3])}), "
+    if rec.changes_state:  # Note [A trace with side effects is not cached]
+        raise NotCacheable(f"the function changes Python state when it runs ({'; '.join(rec.changes_state[:3])}), "
                            "which replaying a cached program would not do")
     if rec.records_error is not None:
         raise NotCacheable(f"a guard of the trace cannot be checked by a cache entry: {rec.records_error}")

@@ -30,8 +30,10 @@ from ..base.atomic import write_atomic
 from ..program import Binding, Leaf
 
 MAGIC = b"GXCACHE\x00"
-FORMAT_VERSION = 3  # 2: the program is the export artifact's; the header names HEADER_SCHEMA. 3: shape guards are
-# checked from the program's typed guards only (Note [One binder]), so an entry of 2 may lack the ones it needs
+FORMAT_VERSION = 4  # 2: the program is the export artifact's; the header names HEADER_SCHEMA. 3: shape guards are
+# checked from the program's typed guards only (Note [One binder]), so an entry of 2 may lack the ones it needs.
+# 4: an entry of 3 may be a trace with side effects that nothing reads (Note [A trace with side effects is not
+# cached]: Dynamo's report of them was asked for where it always came back empty), so none is trusted
 HEADER_SCHEMA = "graphex.cache_header/3"  # 2: Dynamo's guards (dynamo_guards, guard_format); 3: typed Bindings
 PROGRAM_IDENTIFIER = b"GXPG"  # csrc/schema/program.fbs: bytes 8-12 (after the size prefix and root offset)
 

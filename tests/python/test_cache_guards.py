@@ -505,3 +505,82 @@ def test_a_class_fingerprint_follows_each_change_across_checks_and_ignores_none_
         patched = type_name(Child)
     Base.f = f
     assert type_name(Child) != patched
+
+
+class _Holder:
+    pass
+
+
+_WRITTEN: dict = {}
+_GLOBAL_FLAG = False
+
+
+def _set_global_flag(x):
+    global _GLOBAL_FLAG
+    _GLOBAL_FLAG = True
+    return x + 1
+
+
+UNREAD_SIDE_EFFECTS = {  # name: (forward, reset the state, the state after a call as eager leaves it)
+    "attribute set to a constant": (lambda m, x: (setattr(m, "ran", True), x + 1)[1],
+                                    lambda m: setattr(m, "ran", False), lambda m: m.ran),
+    "new attribute": (lambda m, x: (setattr(m, "seen", 1), x + 1)[1],
+                      lambda m: m.__dict__.pop("seen", None), lambda m: getattr(m, "seen", None) == 1),
+    "attribute of a held object": (lambda m, x: (setattr(m.holder, "ran", True), x + 1)[1],
+                                   lambda m: setattr(m.holder, "ran", False), lambda m: m.holder.ran),
+    "list appended to, never read": (lambda m, x: (m.log.append(1), x + 1)[1],
+                                     lambda m: m.log.clear(), lambda m: m.log == [1]),
+    "dict item set": (lambda m, x: (_WRITTEN.__setitem__("k", 1), x + 1)[1],
+                      lambda m: _WRITTEN.clear(), lambda m: _WRITTEN == {"k": 1}),
+    "global written": (lambda m, x: _set_global_flag(x),
+                       lambda m: globals().__setitem__("_GLOBAL_FLAG", False), lambda m: _GLOBAL_FLAG),
+}
+
+
+@pytest.mark.parametrize("case", list(UNREAD_SIDE_EFFECTS))
+def test_a_side_effect_nothing_reads_is_never_dropped_by_a_cache_hit(tmp_path, case):
+    """Note [A trace with side effects is not cached]: a side effect no guard reads (an attribute set to a
+    constant) was cached before, so a hit (in this process, or a fresh one) ran the graph and dropped it."""
+    forward, reset, happened = UNREAD_SIDE_EFFECTS[case]
+    m = _Small(str(tmp_path), forward)
+    m.holder = _Holder()
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        for _ in range(3):
+            reset(m)
+            assert torch.equal(m.cached(x), x + 1)
+            assert happened(m), f"{case}: the call did not do what eager does"
+    assert m.cached.stats["writes"] == 0 and m.cached.stats["hits"] == 0, m.cached.stats
+
+
+class _Flag:  # as transformers' CompileableContextVar: set and reset around the work, in every call
+    def __init__(self):
+        self.on, self.value = False, None
+
+
+def _set_and_reset(m, x):
+    m.flag.on, m.flag.value = True, 3
+    y = x * m.flag.value
+    m.flag.on, m.flag.value = False, None
+    return y
+
+
+def test_stores_that_leave_each_attribute_as_it_was_are_cached_while_it_is(tmp_path):
+    """Note [A trace with side effects is not cached]: stores that end where they began change nothing, so the
+    trace is cached, with a check that each attribute still holds that value; set otherwise, eager leaves it reset,
+    and so does every call."""
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        for process in ("first", "second"):  # the second model loads the entry the first one wrote
+            m = _Small(str(tmp_path), _set_and_reset)
+            m.flag = _Flag()
+            for _ in range(3):
+                assert torch.equal(m.cached(x), x * 3) and (m.flag.on, m.flag.value) == (False, None)
+            want = {"hits": 0, "misses": 1, "compiles": 1, "writes": 1} if process == "first" else \
+                {"hits": 1, "misses": 0, "compiles": 0, "writes": 0}
+            assert m.cached.stats == want, (process, m.cached.stats)
+        m.flag.on = True  # eager's call leaves it False: the entry's check fails, and the trace is not cached
+        assert torch.equal(m.cached(x), x * 3) and (m.flag.on, m.flag.value) == (False, None)
+        assert m.cached.stats["compiles"] == 1 and m.cached.stats["writes"] == 0, m.cached.stats
+        for _ in range(2):
+            assert torch.equal(m.cached(x), x * 3) and (m.flag.on, m.flag.value) == (False, None)
