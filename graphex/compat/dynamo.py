@@ -114,7 +114,9 @@ def dynamo_side_effects() -> list[SideEffect] | None:
                 continue
             stored = side_effects.store_attr_mutations.get(var)
             stores: dict[str, Any] | None = None
-            base_modified = getattr(var, "is_base_vt_modified", None)  # a dict or tuple subclass's own items
+            # a dict or tuple subclass's own items (2.11: is_underlying_vt_modified; 2.12+: is_base_vt_modified)
+            base_modified = (getattr(var, "is_base_vt_modified", None)
+                             or getattr(var, "is_underlying_vt_modified", None))
             only_attributes = (isinstance(var.mutation_type, AttributeMutationExisting) and stored
                                and not (isinstance(var, UserDefinedObjectVariable)
                                         and (base_modified is None or base_modified(side_effects))))
