@@ -415,6 +415,9 @@ PYBIND11_MODULE(_C, m) {
            "Run if the inputs fit the captured signature; None (nothing run) if they do not.")
       .def("fits", [](const Executor& e, const py::list& args) { return e.fits(toIValues(args)); }, py::arg("args"),
            "Whether the inputs fit the captured signature (what __call__ raises SignatureError for).")
+      .def("mismatch", [](const Executor& e, const py::list& args) { return e.mismatch(toIValues(args)); },
+           py::arg("args"),
+           "Why the inputs do not fit the captured signature: the first input that differs, named; '' if none does.")
       .def("run_validated", &runValidatedBoxed, py::arg("args"),
            "Run once, checking custom ops' outputs against their fake/Meta promises (raises FakeMismatch).")
       .def("run_timed", &runTimedBoxed, py::arg("args"),

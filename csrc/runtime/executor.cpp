@@ -296,6 +296,18 @@ bool Executor::fits(const std::vector<c10::IValue>& inputs) const {
   return true;
 }
 
+std::string Executor::mismatch(const std::vector<c10::IValue>& inputs) const {
+  const Program& p = program_;
+  if (inputs.size() != p.inputs.size())
+    return std::to_string(inputs.size()) + " inputs, the program takes " + std::to_string(p.inputs.size());
+  if (!p.check_signature) return "";
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string why = describeMismatch(p.inputs[i], inputs[i]);
+    if (!why.empty()) return "input " + std::to_string(i) + " ('" + p.inputs[i].name + "'): " + why;
+  }
+  return "";
+}
+
 std::optional<std::vector<c10::IValue>> Executor::tryRun(std::vector<c10::IValue> inputs) const {
   if (!fits(inputs)) return std::nullopt;
   return runImpl<false, false>(std::move(inputs), nullptr);

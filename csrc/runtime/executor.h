@@ -147,6 +147,11 @@ class Executor {
   // call asks each in turn (Note [Entries are found by signature, not by exceptions]).
   [[nodiscard]] bool fits(const std::vector<c10::IValue>& inputs) const;
 
+  // Why `inputs` do not fit: the first input whose dtype, sizes, strides or device differ from the captured
+  // signature, named ("input 3 ('p_conv_weight'): expected ..., got ..."); "" when they fit, or when only a
+  // frozen input changed (which fits() also refuses). Never throws: for a cache miss's message.
+  [[nodiscard]] std::string mismatch(const std::vector<c10::IValue>& inputs) const;
+
   // run() if the inputs fit, std::nullopt (nothing run) if they do not.
   [[nodiscard]] std::optional<std::vector<c10::IValue>> tryRun(std::vector<c10::IValue> inputs) const;
 

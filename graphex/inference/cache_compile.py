@@ -296,8 +296,9 @@ class CachedFunction(_C.CachedCall):
             return result
         entry.header["compile_seconds"] = round(time.perf_counter() - start, 3)
         # One file per set of guards: entries of one key traced with other values sit side by side
-        # (Note [cache_compile keys on what the trace read]; with dynamic=True, also its shape guards).
-        path = f"{prefix}-{keys.digest([entry.header.get('guards'), entry.header['dynamo_guards']])[:12]}{SUFFIX}"
+        # (Note [cache_compile keys on what the trace read]; with dynamic=True, also its shape guards), and so do
+        # entries whose parameters or buffers have other layouts (the arguments' own are in the key).
+        path = f"{prefix}-{keys.digest([entry.header.get('guards'), entry.header['dynamo_guards'], entry.header.get('graph_inputs')])[:12]}{SUFFIX}"
         if self._write(path, entry):
             self.stats["writes"] += 1
             for old in stale:  # entries of this key built from other sources: never loadable again here

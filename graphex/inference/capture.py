@@ -259,6 +259,9 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
         "guards": shape_text,
         "dynamo_guards": dynamo_guards,
         "guard_format": GUARD_FORMAT,
+        # every graph input's dtype, sizes and strides, the parameters' and buffers' too: entries of one key whose
+        # held tensors have other layouts (a channels_last weight) sit side by side (cache_compile's file name)
+        "graph_inputs": keys.input_signature(rec.example_inputs, dynamic),
     }
     # The program carries its bindings and result leaves too: the same bytes load in C++ (graphex/exporting.py).
     info = {key: header[key] for key in ("graphex", "torch", "spec_format", "function", "signature", "created")

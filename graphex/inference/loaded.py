@@ -93,7 +93,9 @@ class Loaded:
         if inputs is None:
             return (f"{keys.describe_signature(flat)} fails the shape guards of {self.path} "
                     "(Note [A dynamic entry carries its shape guards])")
-        return f"{keys.describe_signature(flat)}, the entry was built for {self.header.get('signature')}"
+        # the arguments' signature alone may be the same: a parameter the entry binds may have another layout
+        why = self.executor.mismatch(inputs) or "a frozen input changed"
+        return f"{keys.describe_signature(flat)}: {why}"
 
     def _first_run_validated(self, flat: list[Any], held: list[Any]) -> Any:
         inputs = self.program.bind(flat, held)

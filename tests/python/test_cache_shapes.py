@@ -258,3 +258,35 @@ def test_an_entry_whose_typed_shape_guards_are_forged_is_refused_at_load(tmp_pat
         assert_same(fresh(x), branch(x))
     assert fresh.stats["hits"] == 0 and fresh.stats["compiles"] == 1, fresh.stats
     assert any("reads program input 99" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
+class _Conv(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def test_a_parameter_of_another_layout_gets_its_own_entry_and_the_miss_names_it(tmp_path, monkeypatch, capfd):
+    """The arguments' signature is in the key, the parameters' is checked by the program: a channels_last weight
+    misses the contiguous weight's entry, and the miss says which input differs (it named two equal argument
+    signatures before); the two entries sit side by side instead of replacing each other (a helper's find)."""
+    monkeypatch.setenv("GRAPHEX_LOG", "1")
+    x = torch.randn(1, 3, 8, 8)
+    stats = []
+    for i in range(4):
+        m = _Conv().eval()
+        if i % 2:
+            m.conv.weight.data = m.conv.weight.data.to(memory_format=torch.channels_last)
+        f = graphex.inference.cache_compile(m.forward, cache_dir=str(tmp_path))
+        with torch.no_grad():
+            assert_same(f(x), m(x))
+        stats.append(dict(f.stats))
+    assert [s["compiles"] for s in stats] == [1, 1, 0, 0] and [s["hits"] for s in stats] == [0, 0, 1, 1], stats
+    assert len(list(tmp_path.glob("*.gxc"))) == 2
+    err = capfd.readouterr().err
+    assert "input 0 ('func.conv.weight'): expected float32[8, 3, 3, 3] strides [27, 9, 3, 1]" in err, err
+    assert "got float32[8, 3, 3, 3] strides [27, 1, 9, 3]" in err, err
