@@ -23,6 +23,7 @@ from .. import compat
 from ..program import encode as _spec
 from ..compile import compile_dynamo_graph
 from ..lowering.streams import uses_side_streams
+from ..base.warn import warn_once
 from ..options import Options
 from ..program import Binding, Leaf
 from ..runtime import CompiledGraph
@@ -87,6 +88,12 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
     # Note [A cache entry is lowered once]: entries never hold weights (they bind the module's
     # parameters by name), so the cold call runs the very program the entry stores: lowered once,
     # without frozen_parameter (which would lower a second program with the weights as constants).
+    if options.frozen_parameter:
+        what = "a cache_compile entry" if with_guards else "an exported program"
+        warn_once(f"frozen_parameter-ignored:{with_guards}",
+                  f"graphex: frozen_parameter has no effect on {what}: it binds the model's parameters by name on "
+                  "every call (Note [A cache entry is lowered once]), so a later weight is always read, and "
+                  "nothing is folded or prepacked from the weights. Leave it out here; it applies to torch.compile.")
     options = dataclasses.replace(options, frozen_parameter=False)
 
     def on_capture(compiled: CompiledGraph) -> None:

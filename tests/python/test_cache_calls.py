@@ -121,3 +121,25 @@ def test_a_structure_pytree_must_rebuild_is_not_spelled_out():
     for arg in (Pair(torch.ones(1), torch.ones(1)), OrderedDict(a=torch.ones(1))):
         spec = pytree.tree_flatten(((arg,), {}))[1]
         assert make_flat(lambda p: p, spec).__code__.co_filename != SPELLED_OUT
+
+
+def test_frozen_parameter_says_it_has_no_effect_on_an_entry_and_a_later_weight_is_read(tmp_path):
+    """An entry binds parameters by name (Note [A cache entry is lowered once]): frozen_parameter is turned off, and
+    the user is told so once, instead of silently (a helper's find); a weight written later is read."""
+    import warnings
+
+    import graphex
+    from graphex.base import warn as warn_mod
+
+    lin = torch.nn.Linear(4, 4).eval()
+    warn_mod.reset()
+    x = torch.randn(2, 4)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        cached = graphex.inference.cache_compile(lin.forward, cache_dir=str(tmp_path),
+                                                 options={"frozen_parameter": True})
+        assert torch.equal(cached(x), lin(x))
+        lin.weight.mul_(2)
+        assert torch.equal(cached(x), lin(x))
+    said = [str(w.message) for w in caught if "frozen_parameter has no effect" in str(w.message)]
+    assert said and "cache_compile entry" in said[0], [str(w.message) for w in caught]
