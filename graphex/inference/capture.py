@@ -156,22 +156,29 @@ def _state_changes(effects: list[compat.SideEffect], locals_: dict[str, Any], gl
     changes: list[str] = []
     unchanged: list[dict[str, Any]] = []
     for effect in effects:
-        records = []
+        records, changed = [], effect.source
         for attr, value in (effect.stores or {}).items():
             source = f"{effect.source}.{attr}"
             try:
                 now = resolve(parse_source(source), locals_, globals_)
                 if now is _MISSING or constant(now) != constant(value):
+                    changed = source
                     break
             except NotCheckable:
+                changed = source
                 break
             records.append({"kind": "equals", "source": source, "expect": constant(value)})
         else:
             if effect.stores:
                 unchanged += records
                 continue
-        changes.append(effect.source)
+        changes.append(_readable(changed))
     return changes, unchanged
+
+
+def _readable(source: str) -> str:
+    """A source as the user wrote it: the bound method's object is `self` (flat_call names the function `func`)."""
+    return source.replace("L['func'].__self__", "self")
 
 
 def _shape_guards(rec: _Recording) -> str | None:
@@ -242,6 +249,10 @@ def _describe(func: Callable[..., Any], flat_args: list[Any], result: Any, rec: 
     assert lowered is not None and not lowered.frozen_inputs, "compile_cold turns frozen_parameter off"
     custom = [op for op in lowered.node_ops if op is not None and is_custom(op)]
     dynamo_guards = _dynamo_guards(rec, func, flat_args, inputs) if with_guards else []
+    if not with_guards and rec.changes_state:  # an exported program runs without Python: say what it leaves out
+        warn_once(f"export-side-effects:{keys.function_identity(func)}",
+                  f"graphex: the exported program does not do what {getattr(func, '__qualname__', func)} does to "
+                  f"Python state ({'; '.join(rec.changes_state[:3])}): it runs the graph only")
     shape_text = _shape_guards(rec) if dynamic else None
     program_guards, unexportable = None, None
     if dynamic:  # Note [An exported program checks its shape guards]
@@ -300,6 +311,9 @@ def _dynamo_guards(rec: _Recording, func: Callable[..., Any], flat_args: list[An
     against the traced values and the bindings (with their sources: _with_sources)."""
     if rec.guard_entries is None:
         raise NotCacheable("Dynamo handed over no guards for this trace")
+    if rec.side_effects is None:  # Note [A trace with side effects is not cached]: fail safe, never assume none
+        raise NotCacheable("this torch did not say what the function changes in Python state when it runs "
+                           "(graphex.compat.dynamo_side_effects), and a replay of a cached program would drop it")
     if rec.changes_state:  # Note [A trace with side effects is not cached]
         raise NotCacheable(f"the function changes Python state when it runs ({'; '.join(rec.changes_state[:3])}), "
                            "which replaying a cached program would not do")

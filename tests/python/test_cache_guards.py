@@ -584,3 +584,34 @@ def test_stores_that_leave_each_attribute_as_it_was_are_cached_while_it_is(tmp_p
         assert m.cached.stats["compiles"] == 1 and m.cached.stats["writes"] == 0, m.cached.stats
         for _ in range(2):
             assert torch.equal(m.cached(x), x * 3) and (m.flag.on, m.flag.value) == (False, None)
+
+
+def test_a_torch_that_does_not_report_side_effects_caches_nothing(tmp_path, monkeypatch):
+    """Note [A trace with side effects is not cached]: when Dynamo's report cannot be read (another torch's
+    internals), nothing is cached, rather than assuming there were none (how the check was lost before)."""
+    monkeypatch.setattr(compat, "dynamo_side_effects", lambda: None)
+    m = _Small(str(tmp_path), lambda m, x: x + 1)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(m.cached(x), x + 1)
+    assert m.cached.stats["writes"] == 0, m.cached.stats
+
+
+def test_export_says_which_side_effects_its_program_leaves_out(tmp_path):
+    class Warms(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.warmed_up = nn.Linear(3, 3), False
+
+        def forward(self, x):
+            self.warmed_up = True
+            return self.lin(x)
+
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graphex.export(Warms().eval(), (torch.randn(2, 3),), str(tmp_path / "warms"))
+    said = [str(w.message) for w in caught if "does not do what" in str(w.message)]
+    assert said and "(self.warmed_up)" in said[0], [str(w.message) for w in caught]
