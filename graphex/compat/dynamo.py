@@ -101,7 +101,7 @@ def dynamo_side_effects() -> list[SideEffect] | None:
     is traced, so a guard hook learns nothing). An object the trace itself created (no source: the step's own
     tensors, a new list) is not existing state: what it becomes is the call's result."""
     try:
-        from torch._dynamo.side_effects import AttributeMutationExisting
+        from torch._dynamo.side_effects import AttributeMutationExisting, AttributeMutationNew, ValueMutationNew
         from torch._dynamo.symbolic_convert import InstructionTranslator
         from torch._dynamo.variables import UserDefinedObjectVariable
 
@@ -110,7 +110,9 @@ def dynamo_side_effects() -> list[SideEffect] | None:
         found = []
         for var in modified:
             source = getattr(var, "source", None)
-            if source is None:
+            # an object the trace made (the step's result, a new list) is not state that existed: where it goes into
+            # existing state, that state's own change is reported (a list appended to, an attribute set)
+            if source is None or isinstance(var.mutation_type, (AttributeMutationNew, ValueMutationNew)):
                 continue
             stored = side_effects.store_attr_mutations.get(var)
             stores: dict[str, Any] | None = None

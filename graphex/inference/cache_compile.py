@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 
 from .. import _C
 from ..base import log as _log
+from .. import compat
 from ..base.warn import warn_once
 from ..distributed import describe_world, world_key, world_mismatch
 from ..fusion.manager import registered_patterns
@@ -120,6 +121,10 @@ class CachedFunction(_C.CachedCall):
         self._by_call: dict[Any, list[Loaded]] = {}
         self._plain_specs: dict[int, pytree.TreeSpec] = {}  # Note [A plain call skips pytree]
         self._uncacheable: dict[Any, Callable[..., Any]] = {}
+        # Note [A call that changes its list or dict arguments runs on them]
+        self._changes_arguments: set[Any] = set()  # call keys whose calls change a list or dict argument
+        self._on_real_arguments: Callable[..., Any] | None = None  # torch.compile of the function itself
+        self._holds_containers: dict[Any, bool] = {}  # in_spec -> a list or dict among the arguments
         self.stats = {"hits": 0, "misses": 0, "compiles": 0, "writes": 0}
         identity = keys.function_identity(func)
         self._name = identity["qualname"].replace("<", "").replace(">", "").replace("/", "_")
@@ -136,7 +141,8 @@ class CachedFunction(_C.CachedCall):
         its own on its first call.
         The C fast path is never copied: it watches this instance's module."""
         state = dict(self.__dict__)
-        state.update(_by_call={}, _plain_specs={}, _uncacheable={},
+        state.update(_by_call={}, _plain_specs={}, _uncacheable={}, _changes_arguments=set(),
+                     _on_real_arguments=None, _holds_containers={},
                      stats={"hits": 0, "misses": 0, "compiles": 0, "writes": 0})
         return state
 
@@ -157,6 +163,10 @@ class CachedFunction(_C.CachedCall):
         else:
             flat, in_spec = pytree.tree_flatten((args, kwargs))
             call_key = (in_spec, tuple(_call_value(a, any_leaf=True) for a in flat))
+        if not plain and self._holds_containers_of(in_spec):
+            # Note [A call that changes its list or dict arguments runs on them]
+            if call_key in self._changes_arguments or (torch.is_grad_enabled() and self._needs_autograd(flat)):
+                return self._run_on_real_arguments(args, kwargs)
         if torch.is_grad_enabled() and self._needs_autograd(flat):
             return self._plain_compiled(flat, in_spec)
         for loaded in self._by_call.get(call_key, ()):  # newest first
@@ -165,7 +175,31 @@ class CachedFunction(_C.CachedCall):
                 if plain:
                     self._fast = loaded.fast_call(args)
                 return result
-        return self._load_or_compile(flat, in_spec, call_key)
+        return self._load_or_compile(flat, in_spec, call_key, (args, kwargs))
+
+    # Note [A call that changes its list or dict arguments runs on them]
+    # A cache entry's program is traced from a flat call that rebuilds the call's lists and dicts
+    # (flat_call.py), so a function that appends to a list argument, or sets a key of a dict one,
+    # would change the copy, not the caller's object, on every path (the compiling call included);
+    # and a hit replays the graph alone, which holds no such change anyway. So before a call holding
+    # a list or dict is traced for an entry, Dynamo traces the function on the call's own arguments
+    # once, with a backend that only asks what the trace changes in Python state and stops before
+    # anything runs (_side_effects_on_real_arguments). If it changes anything (or cannot say), that
+    # call key is never cached: it runs through torch.compile on the real arguments, where Dynamo
+    # replays the changes on them, as do such calls that need autograd or cannot be cached. Calls of
+    # tensors, numbers and tuples hold no container a function could change and are never probed.
+    def _holds_containers_of(self, in_spec: pytree.TreeSpec) -> bool:
+        found = self._holds_containers.get(in_spec)
+        if found is None:
+            args_spec, kwargs_spec = compat.treespec_children(in_spec)
+            found = self._holds_containers[in_spec] = _has_container(args_spec) or any(
+                _has_container(c) for c in compat.treespec_children(kwargs_spec))  # **kwargs itself is a new dict
+        return found
+
+    def _run_on_real_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._on_real_arguments is None:
+            self._on_real_arguments = _remember_compiled(self._func, None, self._options, self._dynamic)
+        return self._on_real_arguments(*args, **kwargs)
 
     def _needs_autograd(self, flat: list[Any]) -> bool:
         if any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat):
@@ -211,8 +245,11 @@ class CachedFunction(_C.CachedCall):
                 "signature": keys.input_signature(flat, self._dynamic), "grad": torch.is_grad_enabled(),
                 "world": world_key()}  # Note [A program belongs to its world] (graphex/distributed.py)
 
-    def _load_or_compile(self, flat: list[Any], in_spec: pytree.TreeSpec, call_key: Any) -> Any:
+    def _load_or_compile(self, flat: list[Any], in_spec: pytree.TreeSpec, call_key: Any,
+                         real: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
         if call_key in self._uncacheable:
+            if self._holds_containers_of(in_spec):  # Note [A call that changes its list or dict arguments ...]
+                return self._run_on_real_arguments(*real)
             return self._run_uncached(call_key, flat, in_spec)
         start = time.perf_counter()
         parts = self._key_parts(flat, in_spec)
@@ -238,6 +275,15 @@ class CachedFunction(_C.CachedCall):
         if why == "no entry yet":
             why = self._other_worlds(parts) or why
         _log.info("cache miss for %s %s: %s", self._name, keys.describe_signature(flat), why)
+        if self._holds_containers_of(in_spec):  # Note [A call that changes its list or dict arguments runs on them]
+            changes, ran = _side_effects_on_real_arguments(self._func, *real)
+            if changes is None or changes:
+                self._changes_arguments.add(call_key)
+                warn_once(f"cache-changes-arguments:{self._name}",
+                          f"graphex cache: {self._name} runs compiled but cannot be cached: it changes Python state "
+                          f"when it runs ({'; '.join(changes[:3]) if changes else 'Dynamo did not say what'}), "
+                          "which a cached program would not do.")
+                return ran if ran is not _RAN else self._run_on_real_arguments(*real)
         return self._compile(flat, in_spec, call_key, parts, key, prefix, stale)
 
     def _other_worlds(self, parts: dict[str, Any]) -> str | None:
@@ -358,14 +404,58 @@ def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec, optio
     build the hook guards. (A method assigned to the class is still torch.compile's to see.)"""
     from .flat_call import make_flat
 
-    compiled = torch.compile(make_flat(func, in_spec), backend="graphex", fullgraph=True, dynamic=dynamic,
-                             options=options)
+    # in_spec None: the function itself, on the call's own arguments (Note [A call that changes its list or dict
+    # arguments runs on them])
+    compiled = torch.compile(func if in_spec is None else make_flat(func, in_spec), backend="graphex",
+                             fullgraph=True, dynamic=dynamic, options=options)
 
-    def call(*flat: Any) -> Any:
+    def call(*flat: Any, **kwargs: Any) -> Any:
         with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):  # read when a compile builds guards
-            return compiled(*flat)
+            return compiled(*flat, **kwargs)
 
     return call
+
+
+def _has_container(spec: pytree.TreeSpec) -> bool:
+    """A list or dict anywhere in `spec` (a tuple, a namedtuple or None cannot be changed in place)."""
+    if spec.is_leaf():
+        return False
+    return spec.type in (list, dict) or issubclass(spec.type, (list, dict)) or any(
+        _has_container(c) for c in compat.treespec_children(spec))
+
+
+class _Probed(Exception):
+    def __init__(self, changes: list[str] | None) -> None:
+        super().__init__("graphex: the probe stops here")
+        self.changes = changes
+
+
+_RAN = object()
+
+
+def _side_effects_on_real_arguments(func: Callable[..., Any], args: tuple[Any, ...],
+                                    kwargs: dict[str, Any]) -> tuple[list[str] | None, Any]:
+    """(What `func(*args, **kwargs)` changes in Python state, by source name, from a Dynamo trace of the call on
+    its own arguments whose backend stops it before anything runs, or None when Dynamo cannot say; _RAN or the
+    call's result). A trace with no graph to compile never reaches the backend: Dynamo then runs the call itself,
+    and its result is returned with (None, result), so that it is not run twice (Note [A call that changes its
+    list or dict arguments runs on them])."""
+    def probe(gm: torch.fx.GraphModule, example_inputs: list[Any], **_: Any) -> Any:
+        effects = compat.dynamo_side_effects()
+        raise _Probed(None if effects is None else [e.source for e in effects])
+
+    try:
+        result = torch.compile(func, backend=probe, fullgraph=True, dynamic=False)(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001  Dynamo wraps what the backend raised
+        inner: BaseException | None = e
+        for _ in range(8):
+            if isinstance(inner, _Probed):
+                return inner.changes, _RAN
+            inner = getattr(inner, "inner_exception", None) or inner.__cause__
+            if inner is None:
+                break
+        raise  # the call itself failed, as it would have compiled
+    return None, result
 
 
 __all__ = ["cache_compile", "CachedFunction", "DEFAULT_DIR"]

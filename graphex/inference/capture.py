@@ -148,6 +148,9 @@ def compile_cold(func: Callable[..., Any], flat_args: list[Any], in_spec: pytree
         return result, None, str(e)
 
 
+_NO_OP_TYPES = (type(None), bool, int, float, str)  # values a store may leave unchanged (Note [A trace with side ...])
+
+
 def _state_changes(effects: list[compat.SideEffect], locals_: dict[str, Any], globals_: dict[str, Any]
                    ) -> tuple[list[str], list[dict[str, Any]]]:
     """Note [A trace with side effects is not cached]: (the side effects that change Python state, by source name;
@@ -160,8 +163,13 @@ def _state_changes(effects: list[compat.SideEffect], locals_: dict[str, Any], gl
         for attr, value in (effect.stores or {}).items():
             source = f"{effect.source}.{attr}"
             try:
+                owner = resolve(parse_source(effect.source), locals_, globals_)
                 now = resolve(parse_source(source), locals_, globals_)
-                if now is _MISSING or constant(now) != constant(value):
+                # a no-op only where the store overwrites the very value: an immutable one (a list equal to the
+                # old is another object), held by the object itself (a store that shadows a class attribute makes
+                # an instance attribute; helper finds)
+                if (type(value) not in _NO_OP_TYPES or now is _MISSING or constant(now) != constant(value)
+                        or attr not in getattr(owner, "__dict__", {})):
                     changed = source
                     break
             except NotCheckable:

@@ -615,3 +615,93 @@ def test_export_says_which_side_effects_its_program_leaves_out(tmp_path):
         graphex.export(Warms().eval(), (torch.randn(2, 3),), str(tmp_path / "warms"))
     said = [str(w.message) for w in caught if "does not do what" in str(w.message)]
     assert said and "(self.warmed_up)" in said[0], [str(w.message) for w in caught]
+
+
+def _append_double(x, out):
+    out.append(x * 2)
+    return x + 1
+
+
+def _set_key(x, d):
+    d["k"] = 1
+    return x + 1
+
+
+def _append_in_tuple(x, pair):
+    pair[0].append(x * 2)
+    return x + 1
+
+
+def _append_constant(out):  # no tensor op: Dynamo runs it without a graph
+    out.append(1)
+    return len(out)
+
+
+@pytest.mark.parametrize("case", ["list argument", "dict argument", "list inside a tuple", "no graph"])
+def test_a_call_that_changes_its_list_or_dict_arguments_changes_the_callers(tmp_path, case):
+    """Note [A call that changes its list or dict arguments runs on them]: the flat call rebuilt them, so the
+    change was made to a copy on every call, the first included (a helper's find)."""
+    x = torch.randn(2)
+    fn, make, check = {
+        "list argument": (_append_double, lambda: ([],), lambda c: len(c[0]) == 1 and torch.equal(c[0][0], x * 2)),
+        "dict argument": (_set_key, lambda: ({},), lambda c: c[0] == {"k": 1}),
+        "list inside a tuple": (_append_in_tuple, lambda: (([], 0),),
+                                lambda c: len(c[0][0]) == 1 and torch.equal(c[0][0][0], x * 2)),
+        "no graph": (_append_constant, lambda: ([],), lambda c: c[0] == [1]),
+    }[case]
+    cached = graphex.inference.cache_compile(fn, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for _ in range(3):
+            containers = make()
+            got = cached(*containers) if case == "no graph" else cached(x, *containers)
+            want_containers = make()
+            want = fn(*want_containers) if case == "no graph" else fn(x, *want_containers)
+            assert (got == want) if case == "no graph" else torch.equal(got, want)
+            assert check(containers), (case, containers)
+    assert cached.stats["writes"] == 0, cached.stats
+
+
+def test_a_structured_call_that_changes_nothing_is_still_cached(tmp_path):
+    cached = graphex.inference.cache_compile(lambda x, pair: x * pair[0] + pair[1]["b"], cache_dir=str(tmp_path))
+    x = torch.randn(3)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(cached(x, [2.0, {"b": x}]), x * 2.0 + x)
+    assert cached.stats["writes"] == 1 and cached.stats["compiles"] == 1, cached.stats
+
+
+class _Resets(nn.Module):
+    mode = False  # a class attribute the forward shadows
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind, self.log = kind, []
+
+    def forward(self, x):
+        if self.kind == "list":
+            self.log = []  # a new list on every call: equal to the old one, not the same object
+        else:
+            self.mode = False  # makes an instance attribute, whatever the class says
+        return x + 1
+
+
+def test_stores_that_are_not_no_ops_though_they_look_it_are_not_cached(tmp_path):
+    x = torch.randn(2)
+    with torch.no_grad():
+        m = _Resets("list")
+        cached = graphex.inference.cache_compile(m.forward, cache_dir=str(tmp_path / "list"))
+        cached(x)
+        first = m.log
+        cached(x)
+        assert m.log is not first  # eager made a new list
+        m = _Resets("shadow")
+        cached = graphex.inference.cache_compile(m.forward, cache_dir=str(tmp_path / "shadow"))
+        cached(x)
+        assert "mode" in vars(m)
+        del m.mode
+        _Resets.mode = True
+        try:
+            cached(x)
+            assert vars(m).get("mode") is False and m.mode is False
+        finally:
+            _Resets.mode = False
