@@ -199,7 +199,11 @@ class CachedFunction(_C.CachedCall):
     def _run_on_real_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._on_real_arguments is None:
             self._on_real_arguments = _remember_compiled(self._func, None, self._options, self._dynamic)
-        return self._on_real_arguments(*args, **kwargs)
+        try:
+            return self._on_real_arguments(*args, **kwargs)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:  # Note [A fresh code object per cold compile]
+            self._on_real_arguments = _remember_compiled(self._func, None, self._options, self._dynamic)
+            return self._on_real_arguments(*args, **kwargs)
 
     def _needs_autograd(self, flat: list[Any]) -> bool:
         if any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat):
@@ -344,7 +348,8 @@ class CachedFunction(_C.CachedCall):
         # One file per set of guards: entries of one key traced with other values sit side by side
         # (Note [cache_compile keys on what the trace read]; with dynamic=True, also its shape guards), and so do
         # entries whose parameters or buffers have other layouts (the arguments' own are in the key).
-        path = f"{prefix}-{keys.digest([entry.header.get('guards'), entry.header['dynamo_guards'], entry.header.get('graph_inputs')])[:12]}{SUFFIX}"
+        digest = keys.digest([entry.header.get("guards"), entry.header["dynamo_guards"], entry.header.get("graph_inputs")])
+        path = f"{prefix}-{digest[:12]}{SUFFIX}"
         if self._write(path, entry):
             self.stats["writes"] += 1
             for old in stale:  # entries of this key built from other sources: never loadable again here
@@ -392,7 +397,7 @@ def _mtime(path: str) -> float:
         return 0.0
 
 
-def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec, options: Options,
+def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec | None, options: Options,
                        dynamic: bool) -> Callable[..., Any]:
     """torch.compile of the call, for the calls cache_compile cannot cache.
 
@@ -406,7 +411,7 @@ def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec, optio
 
     # in_spec None: the function itself, on the call's own arguments (Note [A call that changes its list or dict
     # arguments runs on them])
-    compiled = torch.compile(func if in_spec is None else make_flat(func, in_spec), backend="graphex",
+    compiled = torch.compile(_real_call(func) if in_spec is None else make_flat(func, in_spec), backend="graphex",
                              fullgraph=True, dynamic=dynamic, options=options)
 
     def call(*flat: Any, **kwargs: Any) -> Any:
@@ -414,6 +419,16 @@ def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec, optio
             return compiled(*flat, **kwargs)
 
     return call
+
+
+def _real_call(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`func` called on the call's own arguments, through a code object of its own (Note [A fresh code object per
+    cold compile]): Dynamo inlines `func`, so its recompile limit counts this wrapper's entries, not func's."""
+    def real_call(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    real_call.__code__ = real_call.__code__.replace()
+    return real_call
 
 
 def _has_container(spec: pytree.TreeSpec) -> bool:
@@ -445,7 +460,7 @@ def _side_effects_on_real_arguments(func: Callable[..., Any], args: tuple[Any, .
         raise _Probed(None if effects is None else [e.source for e in effects])
 
     try:
-        result = torch.compile(func, backend=probe, fullgraph=True, dynamic=False)(*args, **kwargs)
+        result = torch.compile(_real_call(func), backend=probe, fullgraph=True, dynamic=False)(*args, **kwargs)
     except Exception as e:  # noqa: BLE001  Dynamo wraps what the backend raised
         inner: BaseException | None = e
         for _ in range(8):

@@ -705,3 +705,14 @@ def test_stores_that_are_not_no_ops_though_they_look_it_are_not_cached(tmp_path)
             assert vars(m).get("mode") is False and m.mode is False
         finally:
             _Resets.mode = False
+
+
+def test_a_call_that_changes_its_list_argument_keeps_serving_new_shapes(tmp_path):
+    """Past Dynamo's recompile limit (8) the path on the real arguments starts a fresh code object, as the flat
+    path does (Note [A fresh code object per cold compile])."""
+    cached = graphex.inference.cache_compile(_append_double, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for n in range(1, 13):
+            out: list = []
+            x = torch.randn(n)
+            assert torch.equal(cached(x, out), x + 1) and len(out) == 1 and torch.equal(out[0], x * 2)
