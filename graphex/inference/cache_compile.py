@@ -165,7 +165,8 @@ class CachedFunction(_C.CachedCall):
             call_key = (in_spec, tuple(_call_value(a, any_leaf=True) for a in flat))
         if not plain and self._holds_containers_of(in_spec):
             # Note [A call that changes its list or dict arguments runs on them]
-            if call_key in self._changes_arguments or (torch.is_grad_enabled() and self._needs_autograd(flat)):
+            if (call_key in self._changes_arguments or (torch.is_grad_enabled() and self._needs_autograd(flat))
+                    or _shares_a_container((args, kwargs))):
                 return self._run_on_real_arguments(args, kwargs)
         if torch.is_grad_enabled() and self._needs_autograd(flat):
             return self._plain_compiled(flat, in_spec)
@@ -188,6 +189,8 @@ class CachedFunction(_C.CachedCall):
     # call key is never cached: it runs through torch.compile on the real arguments, where Dynamo
     # replays the changes on them, as do such calls that need autograd or cannot be cached. Calls of
     # tensors, numbers and tuples hold no container a function could change and are never probed.
+    # One list or dict passed twice (f(x, l, l)) would reach the traced function as two (`a is b` false,
+    # a helper's find), so such a call runs on the real arguments too (_shares_a_container).
     def _holds_containers_of(self, in_spec: pytree.TreeSpec) -> bool:
         found = self._holds_containers.get(in_spec)
         if found is None:
@@ -429,6 +432,23 @@ def _real_call(func: Callable[..., Any]) -> Callable[..., Any]:
 
     real_call.__code__ = real_call.__code__.replace()
     return real_call
+
+
+def _shares_a_container(tree: Any) -> bool:
+    """Whether one list or dict object appears twice among the call's arguments (the flat call would rebuild it as
+    two; Note [A call that changes its list or dict arguments runs on them])."""
+    seen: set[int] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (list, dict)):
+            if id(node) in seen:
+                return True
+            seen.add(id(node))
+            stack.extend(node.values() if isinstance(node, dict) else node)
+        elif isinstance(node, tuple):
+            stack.extend(node)
+    return False
 
 
 def _has_container(spec: pytree.TreeSpec) -> bool:

@@ -716,3 +716,19 @@ def test_a_call_that_changes_its_list_argument_keeps_serving_new_shapes(tmp_path
             out: list = []
             x = torch.randn(n)
             assert torch.equal(cached(x, out), x + 1) and len(out) == 1 and torch.equal(out[0], x * 2)
+
+
+def _same_list(x, a, b):
+    return x + 1 if a is b else x - 1
+
+
+def test_one_list_passed_twice_is_one_list_to_the_function(tmp_path):
+    """The flat call rebuilt each list, so `a is b` was false for f(x, l, l), and that program was cached and replayed
+    for every later call (a helper's find); a call sharing a container runs on the real arguments."""
+    cached = graphex.inference.cache_compile(_same_list, cache_dir=str(tmp_path))
+    x, shared = torch.zeros(2), [1]
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(cached(x, shared, shared), x + 1)
+            assert torch.equal(cached(x, [1], [1]), x - 1)
+        assert torch.equal(cached(x, shared, shared), x + 1)
