@@ -71,7 +71,7 @@ class Settings:
                 "workload (inductor and graphex in a fresh process each)")
 
 
-FULL = Settings(rounds=8, round_s=0.15)  # per thread count; ~20 min in all on 2 cores (bench/README.md)
+FULL = Settings(rounds=8, round_s=0.15)  # per thread count; ~35 min in all on 2 cores (bench/README.md)
 QUICK = Settings(rounds=3, round_s=0.05, warmup=3, binary_warmup=20)
 
 
