@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", metavar="PATH", help="the artifact directory to write")
     p.add_argument("--dynamic", action="store_true", help="dynamic shapes (as torch.compile(dynamic=True))")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="a backend option (see `graphex options`); VALUE is JSON, else a string")
+                   help="a backend option (see `graphex options`); VALUE is JSON (True, False and None also), else a string")
     p.set_defaults(run=run)
 
 
@@ -60,8 +60,8 @@ def _options(pairs: list[str]) -> dict:
             raise SystemExit(f"graphex export: --option {pair!r}: write NAME=VALUE")
         try:
             options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
+        except ValueError:  # Python's spellings of the JSON constants too (`--option pattern_fusion_pass=True`)
+            options[key] = {"True": True, "False": False, "None": None}.get(value, value)
     return options
 
 

@@ -26,3 +26,12 @@ def test_top_level_help_lists_what_each_command_is_for():
                          timeout=120).stdout
     for line in ("graphex new op NS::NAME", "graphex check SCRIPT", "graphex triage SCRIPT", "graphex cache ls|clear"):
         assert line in out, out
+
+
+def test_export_options_take_json_and_pythons_spellings_of_its_constants():
+    """`--option pattern_fusion_pass=True` failed with "must be bool, got 'True'" (a helper's find): VALUE is JSON,
+    and True, False and None are taken as Python writes them."""
+    from graphex.tools.export_cli import _options
+
+    assert _options(["pattern_fusion_pass=True", "a=false", "b=None", "c=3", "d=[1, 2]", "e=name"]) == {
+        "pattern_fusion_pass": True, "a": False, "b": None, "c": 3, "d": [1, 2], "e": "name"}
