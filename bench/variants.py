@@ -22,7 +22,6 @@ part that changes the graph most. `--spellings all` is the baseline and every sp
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import statistics
 import sys
@@ -80,13 +79,6 @@ def variant_case(spelling: Any, sizes: Any = None) -> Case:
                 build=build, inputs=inputs)
 
 
-def _fired(graphs: list[Any]) -> dict[str, int]:
-    total: collections.Counter[str] = collections.Counter()
-    for g in graphs:
-        total.update(getattr(g, "fused", {}) or {})
-    return dict(total)
-
-
 def measure_variant(spelling: Any, threads: list[int], rounds: int, round_s: float, warmup: int,
                     log: Callable[[str], None], backends: tuple[str, ...] = BACKENDS, sizes: Any = None) -> dict[str, Any]:
     """One variant: each backend prepared at the largest thread count, then timed at each; medians in us."""
@@ -110,6 +102,8 @@ def measure_variant(spelling: Any, threads: list[int], rounds: int, round_s: flo
                 row["backends"][backend] = {"unavailable": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
                 continue
             if backend == "graphex_fused":
+                from sweeps.fusion_coverage import _fired  # the coverage table's count, the same graphs' `fused`
+
                 info["fired"] = _fired([g for g in measure.graphex_graphs() if id(g) not in before])
             row["backends"][backend] = {k: v for k, v in info.items() if k in ("max_abs_diff_vs_eager", "fired", "how")}
             runners[backend] = got[backend]

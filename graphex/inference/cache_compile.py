@@ -163,12 +163,12 @@ class CachedFunction(_C.CachedCall):
         else:
             flat, in_spec = pytree.tree_flatten((args, kwargs))
             call_key = (in_spec, tuple(_call_value(a, any_leaf=True) for a in flat))
+        needs_autograd = torch.is_grad_enabled() and self._needs_autograd(flat)
         if not plain and self._holds_containers_of(in_spec):
             # Note [A call that changes its list or dict arguments runs on them]
-            if (call_key in self._changes_arguments or (torch.is_grad_enabled() and self._needs_autograd(flat))
-                    or _shares_a_container((args, kwargs))):
+            if needs_autograd or call_key in self._changes_arguments or _shares_a_container((args, kwargs)):
                 return self._run_on_real_arguments(args, kwargs)
-        if torch.is_grad_enabled() and self._needs_autograd(flat):
+        if needs_autograd:
             return self._plain_compiled(flat, in_spec)
         for loaded in self._by_call.get(call_key, ()):  # newest first
             result = loaded.try_run(flat)  # Note [Entries are found by signature, not by exceptions]
