@@ -103,15 +103,16 @@ bool matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optio
 }
 
 template <typename T>
-void axpy4(const RowKernels& K, const float* a, const T* const* w, float* y, int64_t n) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) K.axpy4_bf16(a, w, y, n);
-  else if constexpr (std::is_same_v<T, float>) K.axpy4_f32(a, w, y, n);
-  else K.axpy4_half(a, w, y, n);
+void axpy_rows(const RowKernels& K, const float* a, const T* w, int64_t stride, int64_t rows, float* y, int64_t n) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) K.axpy_rows_bf16(a, w, stride, rows, y, n);
+  else if constexpr (std::is_same_v<T, float>) K.axpy_rows_f32(a, w, stride, rows, y, n);
+  else K.axpy_rows_half(a, w, stride, rows, y, n);
 }
 
 // The weight stored the other way round: weight [N, K] is the transpose of a row-major [K, N] (GPT-2's Conv1D,
-// `x @ W` with W [K, N]). Each thread takes a slice of the N outputs and streams its slice of every weight row,
-// four rows at a time, into a float32 accumulator: y = b + sum_k x[k] * W[k, :], rounded once.
+// `x @ W` with W [K, N]). Each thread takes a slice of the N outputs and streams its slice of every weight row, sixteen
+// rows a pass (Note [A weight stored [K, N] is read sixteen rows a pass], vec_kernels.h), into a float32 accumulator:
+// y = b + sum_k x[k] * W[k, :], the products added in the order k = 0, 1, ..., rounded once.
 template <typename T>
 bool matvec_columns(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                     at::Tensor& out) {
@@ -123,7 +124,7 @@ bool matvec_columns(const at::Tensor& x, const at::Tensor& weight, const std::op
   const int64_t bs = bias.has_value() ? bias->stride(0) : 0;
   T* op = out.mutable_data_ptr<T>();
   const RowKernels& K = row_kernels();
-  std::vector<float> xf(static_cast<size_t>(Kd + 3), 0.f);
+  std::vector<float> xf(static_cast<size_t>(Kd));
   for (int64_t k = 0; k < Kd; ++k) xf[k] = static_cast<float>(xp[k]);
   std::atomic<bool> finite{true};  // Note [A product that is not finite is eager's]
   // slices of 64 outputs at least (whole vectors; a thread streams Kd short rows per slice), and at least 128K
@@ -132,19 +133,7 @@ bool matvec_columns(const at::Tensor& x, const at::Tensor& weight, const std::op
   at::parallel_for(0, (N + 63) / 64, std::max<int64_t>(1, 2048 / std::max<int64_t>(1, Kd)), [&](int64_t b0, int64_t b1) {
     const int64_t n0 = b0 * 64, n1 = std::min(N, b1 * 64), len = n1 - n0;
     std::vector<float> acc(static_cast<size_t>(len), 0.f);
-    int64_t k = 0;
-    for (; k + 4 <= Kd; k += 4) {
-      const T* rows[4] = {wp + k * N + n0, wp + (k + 1) * N + n0, wp + (k + 2) * N + n0, wp + (k + 3) * N + n0};
-      axpy4(K, xf.data() + k, rows, acc.data(), len);
-    }
-    if (k < Kd) {  // the last Kd % 4 rows, padded with rows of zeros (0 * 0: a real row's inf would give 0 * inf, NaN)
-      const std::vector<T> zeros(static_cast<size_t>(len), T(0.f));
-      for (; k < Kd; ++k) {
-        const float a[4] = {xf[k], 0.f, 0.f, 0.f};
-        const T* rows[4] = {wp + k * N + n0, zeros.data(), zeros.data(), zeros.data()};
-        axpy4(K, a, rows, acc.data(), len);
-      }
-    }
+    axpy_rows(K, xf.data(), wp + n0, N, Kd, acc.data(), len);
     bool ok = true;
     for (int64_t i = 0; i < len; ++i) {
       float v = acc[i];

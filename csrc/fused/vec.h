@@ -41,10 +41,11 @@ struct RowKernels {
   float (*dot_bf16)(const float* a, const c10::BFloat16* b, int64_t n);
   float (*dot_half)(const float* a, const c10::Half* b, int64_t n);
   void (*axpy)(float a, const float* x, float* y, int64_t n);                          // y += a * x
-  // y += a[0] * w[0] + ... + a[3] * w[3], w's rows float32, bfloat16 / float16 (matvec on a weight stored [K, N])
-  void (*axpy4_f32)(const float* a, const float* const* w, float* y, int64_t n);
-  void (*axpy4_bf16)(const float* a, const c10::BFloat16* const* w, float* y, int64_t n);
-  void (*axpy4_half)(const float* a, const c10::Half* const* w, float* y, int64_t n);
+  // y[i] += a[0] * w[i] + a[1] * w[stride + i] + ... over `rows` rows of a weight stored [K, N], float32, bfloat16 or
+  // float16, in row order (matvec: Note [A weight stored [K, N] is read sixteen rows a pass], vec_kernels.h)
+  void (*axpy_rows_f32)(const float* a, const float* w, int64_t stride, int64_t rows, float* y, int64_t n);
+  void (*axpy_rows_bf16)(const float* a, const c10::BFloat16* w, int64_t stride, int64_t rows, float* y, int64_t n);
+  void (*axpy_rows_half)(const float* a, const c10::Half* w, int64_t stride, int64_t rows, float* y, int64_t n);
   // one [H, W] plane of max_pool2d into [OH, OW] (max_pool_kernels.h)
   void (*max_pool_f32)(const float* in, float* o, const MaxPool& p, int64_t H, int64_t W, int64_t OH, int64_t OW);
   void (*max_pool_bf16)(const c10::BFloat16* in, c10::BFloat16* o, const MaxPool& p, int64_t H, int64_t W,

@@ -242,11 +242,11 @@ def test_matvec_is_eager_linear_within_the_reduced_tolerance():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("K", [5, 6, 7, 8, 66])
+@pytest.mark.parametrize("K", [5, 6, 7, 8, 17, 33, 66])
 def test_matvec_keeps_eagers_infinities_and_nans_in_every_weight_row(dtype, K):
-    """An inf, -inf or NaN weight in any row k (the 4-row body of the [K, N] layout and its K % 4 tail, found by a
-    helper: the tail padded with copies of the real row made 0 * inf = NaN where eager gives inf) and in x: the NaN
-    and inf positions and their signs are eager's."""
+    """An inf, -inf or NaN weight in any row k (the [K, N] layout's passes of 16 rows and its K % 16 tail; a helper
+    found the four-row kernel's tail, padded with copies of the real row, made 0 * inf = NaN where eager gives inf)
+    and in x: the NaN and inf positions and their signs are eager's."""
     g = torch.Generator().manual_seed(32)
     N = 80
     for k in range(K):
