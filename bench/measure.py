@@ -29,10 +29,13 @@ import torch.utils._pytree as pytree
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BACKENDS = ("eager", "torchscript", "torchscript_ofi", "onnxruntime", "inductor", "aot_eager", "graphex", "graphex_fused",
-            "graphex_cached")
+            "graphex_cached", "graphex_cached_fused")
 
 # The options of the graphex_fused row (docs/benchmarks.md, The peers).
 FUSED_OPTIONS = {"pattern_fusion_pass": True, "frozen_parameter": True}
+# The options of the graphex_cached_fused row: fused mode behind cache_compile, which binds parameters by name on every
+# call (frozen_parameter has no effect there: docs/cache-compile.md), so the same kernels without the frozen folds.
+CACHED_FUSED_OPTIONS = {"pattern_fusion_pass": True}
 
 # First call and memory in a fresh process each (first_call_isolated): the two of the first-call target. The
 # others are measured in the bench process when they are prepared (compile + first call, Dynamo reset before):
@@ -42,7 +45,8 @@ ISOLATED = ("inductor", "graphex")
 # How each backend gets its program, for models whose Python takes another path when traced
 # (Case.reference_path): eager is compared on the same path. None: eager itself.
 TRACER = {"eager": None, "torchscript": "jit", "torchscript_ofi": "jit", "onnxruntime": "export", "inductor": "dynamo",
-          "aot_eager": "dynamo", "graphex": "dynamo", "graphex_fused": "dynamo", "graphex_cached": "dynamo"}
+          "aot_eager": "dynamo", "graphex": "dynamo", "graphex_fused": "dynamo", "graphex_cached": "dynamo",
+          "graphex_cached_fused": "dynamo"}
 
 # A runner takes a time budget in seconds and returns per-call latencies in microseconds.
 Runner = Callable[[float], list[float]]
@@ -91,14 +95,17 @@ def compile_for(backend: str, fn: Callable[..., Any], args: tuple[Any, ...] | No
         return torchscript(fn, _copies(args), optimize=backend == "torchscript_ofi")
     if backend == "onnxruntime":
         return onnxruntime_step(fn, args, case)
-    if backend == "graphex_cached":
-        # graphex behind cache_compile: the same program, called without Dynamo (a fresh, empty cache).
+    if backend in ("graphex_cached", "graphex_cached_fused"):
+        # graphex behind cache_compile: the same program, called without Dynamo (a fresh, empty cache); fused mode's
+        # kernels too for graphex_cached_fused
         import tempfile
 
         import graphex
 
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
-        return graphex.inference.cache_compile(target, cache_dir=tempfile.mkdtemp(prefix="graphex-bench-cache-"))
+        options = CACHED_FUSED_OPTIONS if backend == "graphex_cached_fused" else None
+        return graphex.inference.cache_compile(target, cache_dir=tempfile.mkdtemp(prefix="graphex-bench-cache-"),
+                                               options=options)
     if backend == "graphex_fused":
         import graphex
         from graphex.options import Options

@@ -141,7 +141,7 @@ def prepare(case: Case, backend: str, warmup: int, *, in_process_first_call: boo
             else:
                 info.update(measure.step_peak_bytes(fn, args))
     runners: dict[str, measure.Runner] = {}
-    if backend == "graphex_cached":
+    if backend in ("graphex_cached", "graphex_cached_fused"):
         info["engine_ran"] = fn.stats["compiles"] == 1  # every later call replayed the program
         info["cached"] = fn.stats["writes"] >= 1
         if not info["cached"]:

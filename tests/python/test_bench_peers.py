@@ -65,7 +65,8 @@ def _fused_available() -> bool:
 
 def test_every_peer_side_by_side_per_thread_count(tmp_path):
     """One entry per thread count; each row bitwise or a max diff; graphex's cost outside its engine."""
-    backends = ["eager", "torchscript", "torchscript_ofi", "graphex", "graphex_fused", "graphex_cached"]
+    backends = ["eager", "torchscript", "torchscript_ofi", "graphex", "graphex_fused", "graphex_cached",
+                "graphex_cached_fused"]
     if HAVE_ORT:
         backends.insert(3, "onnxruntime")
     results = run.run_suite([STATEFUL], backends, SMOKE, isolate=False, bin_dir=str(tmp_path), log=lambda _m: None,
@@ -88,6 +89,9 @@ def test_every_peer_side_by_side_per_thread_count(tmp_path):
             assert "arg 2" in ort["how"]  # the cache written in place became an explicit input and output
         if _fused_available():
             assert "unavailable" not in r["graphex_fused"] and r["graphex_fused"]["max_abs_diff_vs_eager"] < 1e-4
+            fused_cached = r["graphex_cached_fused"]  # fused mode's kernels behind cache_compile: cached, replayed
+            assert fused_cached["max_abs_diff_vs_eager"] < 1e-4 and fused_cached["median_us"] > 0, fused_cached
+            assert fused_cached["cached"] is True and fused_cached["engine_ran"] is True, fused_cached
         else:
             assert r["graphex_fused"]["unavailable"].startswith("not available in this build")
     once = results["cases"][0]["results"]

@@ -85,7 +85,7 @@ def test_the_fused_and_per_call_targets_of_issues_21_and_22_on_known_numbers():
             "torchscript": {"median_us": 1000.0}, "onnxruntime": {"median_us": 1000.0},
             "inductor": {"median_us": 1000.0},
             "graphex": {"median_us": 950.0, "outside_engine_us": 300.0},
-            "graphex_fused": {"median_us": 800.0}}},
+            "graphex_fused": {"median_us": 800.0}, "graphex_cached_fused": {"median_us": 1100.0}}},
         {"name": "convnet", "ops": None, "results": {
             "eager": {"median_us": 1000.0}, "inductor": {"median_us": 1000.0},
             "graphex": {"median_us": 850.0, "outside_engine_us": 30.0}, "graphex_fused": {"median_us": 1010.0}}},
@@ -94,6 +94,7 @@ def test_the_fused_and_per_call_targets_of_issues_21_and_22_on_known_numbers():
            for t in report.derive(results)}
     assert got[("decode step, graphex fused / inductor", "gpt2_decode")] == (0.8, True)
     assert got[("decode step, graphex fused / ONNX Runtime", "gpt2_decode")] == (0.8, True)
+    assert got[("decode step, graphex fused via cache_compile / ONNX Runtime", "gpt2_decode")] == (1.1, False)
     assert got[("decode step, graphex exact / TorchScript freeze", "gpt2_decode")] == (0.95, False)
     assert got[("prefill, encoder or conv net, graphex fused / inductor", "convnet")] == (1.01, False)
     assert got[("conv net or attention block, graphex exact / eager", "convnet")] == (0.85, True)
