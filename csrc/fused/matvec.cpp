@@ -65,9 +65,17 @@ bool stored_finite(T v) {
 // of inf, -inf and NaN an output becomes depends on that order: x = [2e19, 2e19, -1e19] against the column
 // [2e19, -2e19, 1] is NaN in eager's mm (inf - inf) and inf in matvec's (found by a helper, 2026-12-06). So the
 // kernels below note whether every output they stored is finite, one compare per output, and a call with one that
-// is not runs eager's linear instead (matvec_cpu): its infinities and NaNs are eager's own. What this leaves: an
-// output the fused multiply-adds keep finite whose eager value overflows (a product within a factor of 2 of
-// float32's largest value, cancelled by the sum before it).
+// is not runs eager's linear instead (matvec_cpu): its infinities and NaNs are eager's own.
+//
+// Note [matvec rounds every product]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The kernels (dot_f32, dot_reduced, axpy_rows in vec_kernels.h) round each product before adding it, with no fused
+// multiply-add, so a product past float32's range is inf in the sum, whatever came before it, and the call runs
+// eager's linear. With fused multiply-adds, x = [1, 2] against the column [-1e38, 2e38] gave 3e38 where eager's
+// linear gives inf (the product 4e38 was never rounded: a helper's find, 2026-12-07). Rounding costs nothing
+// measurable here: the kernels wait on memory (GPT-2's [K, N] weights at 21.4-22.4 GB/s either way, one thread,
+// /tmp/s54/kb4.cpp). What this leaves: sums that overflow in eager's order and not in ours (a partial sum past
+// float32's largest value that a later product would bring back), and the other way round, which then runs eager's.
 template <typename T>
 bool matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                  at::Tensor& out) {

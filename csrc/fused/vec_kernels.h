@@ -201,27 +201,29 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// sum(a[i] * b[i]) over a float32 weight row, for matvec: four accumulators with fused multiply-adds, so the loop
-// streams the row instead of waiting on one accumulator (a reduction: its order is not eager's anyway; Note [Fused
-// kernels are close, not bitwise]). `dot` above keeps its one accumulator for the kernels that use it.
+// sum(a[i] * b[i]) over a float32 weight row, for matvec: four accumulators, so the loop streams the row instead of
+// waiting on one accumulator (a reduction: its order is not eager's anyway; Note [Fused kernels are close, not
+// bitwise]). Each product is rounded before it is added, not fused into the sum: Note [matvec rounds every product].
+// `dot` above keeps its one accumulator for the kernels that use it.
 inline float dot_f32(const float* a, const float* b, int64_t n) {
   Vec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
   int64_t i = 0;
   constexpr int64_t w = Vec::size();
   for (; i + 4 * w <= n; i += 4 * w) {
-    acc0 = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc0);
-    acc1 = at::vec::fmadd(Vec::loadu(a + i + w), Vec::loadu(b + i + w), acc1);
-    acc2 = at::vec::fmadd(Vec::loadu(a + i + 2 * w), Vec::loadu(b + i + 2 * w), acc2);
-    acc3 = at::vec::fmadd(Vec::loadu(a + i + 3 * w), Vec::loadu(b + i + 3 * w), acc3);
+    acc0 = acc0 + Vec::loadu(a + i) * Vec::loadu(b + i);
+    acc1 = acc1 + Vec::loadu(a + i + w) * Vec::loadu(b + i + w);
+    acc2 = acc2 + Vec::loadu(a + i + 2 * w) * Vec::loadu(b + i + 2 * w);
+    acc3 = acc3 + Vec::loadu(a + i + 3 * w) * Vec::loadu(b + i + 3 * w);
   }
-  for (; i + w <= n; i += w) acc0 = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc0);
+  for (; i + w <= n; i += w) acc0 = acc0 + Vec::loadu(a + i) * Vec::loadu(b + i);
   float sum = sum_lanes((acc0 + acc1) + (acc2 + acc3));
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
 
-// sum(a[i] * float(b[i])) for a reduced-precision b: b converted in registers, four float accumulators with
-// fused multiply-adds (a reduction: its order is not eager's anyway; Note [Fused kernels are close, not bitwise]).
+// sum(a[i] * float(b[i])) for a reduced-precision b: b converted in registers, four float accumulators (a reduction:
+// its order is not eager's anyway; Note [Fused kernels are close, not bitwise]), each product rounded before it is
+// added (Note [matvec rounds every product]).
 template <typename R>
 inline float dot_reduced(const float* a, const R* b, int64_t n) {
   using VecR = at::vec::Vectorized<R>;
@@ -231,15 +233,15 @@ inline float dot_reduced(const float* a, const R* b, int64_t n) {
     for (; i + 2 * VecR::size() <= n; i += 2 * VecR::size()) {
       auto [b0, b1] = at::vec::convert_to_float<R>(VecR::loadu(b + i));
       auto [b2, b3] = at::vec::convert_to_float<R>(VecR::loadu(b + i + VecR::size()));
-      acc0 = at::vec::fmadd(Vec::loadu(a + i), b0, acc0);
-      acc1 = at::vec::fmadd(Vec::loadu(a + i + Vec::size()), b1, acc1);
-      acc2 = at::vec::fmadd(Vec::loadu(a + i + 2 * Vec::size()), b2, acc2);
-      acc3 = at::vec::fmadd(Vec::loadu(a + i + 3 * Vec::size()), b3, acc3);
+      acc0 = acc0 + Vec::loadu(a + i) * b0;
+      acc1 = acc1 + Vec::loadu(a + i + Vec::size()) * b1;
+      acc2 = acc2 + Vec::loadu(a + i + 2 * Vec::size()) * b2;
+      acc3 = acc3 + Vec::loadu(a + i + 3 * Vec::size()) * b3;
     }
     for (; i + VecR::size() <= n; i += VecR::size()) {
       auto [b0, b1] = at::vec::convert_to_float<R>(VecR::loadu(b + i));
-      acc0 = at::vec::fmadd(Vec::loadu(a + i), b0, acc0);
-      acc1 = at::vec::fmadd(Vec::loadu(a + i + Vec::size()), b1, acc1);
+      acc0 = acc0 + Vec::loadu(a + i) * b0;
+      acc1 = acc1 + Vec::loadu(a + i + Vec::size()) * b1;
     }
   }
   float sum = sum_lanes((acc0 + acc1) + (acc2 + acc3));
@@ -254,7 +256,7 @@ inline float dot_half(const float* a, const c10::Half* b, int64_t n) { return do
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // matvec on a weight stored [K, N] (GPT-2's Conv1D) adds rows of the weight into a float32 accumulator row y:
 // y[i] += a[0] * float(w[0][i]) + a[1] * float(w[1][i]) + ... over `rows` weight rows `stride` elements apart, one
-// fused multiply-add per row in row order, so every output sums its products in the order k = 0, 1, ... however the
+// product and one add per row in row order (Note [matvec rounds every product]), so every output sums its products in the order k = 0, 1, ... however the
 // rows are grouped (the grouping is a matter of speed only). Each pass holds a block of y in registers over up to
 // kAxpyRows rows: y is read and written once per sixteen weight rows instead of once per row or per four.
 // Measured (2026-12-07, /tmp/s54/kb.cpp: GPT-2's 4 layers of [K, N] weights at hidden 512, 50 MB, one thread, AMD
@@ -275,8 +277,8 @@ inline void axpy_rows(const float* a, const T* w, int64_t stride, int64_t rows, 
         for (int64_t r = r0; r < r1; ++r) {
           const Vec ar(a[r]);
           const float* wr = w + r * stride + i;
-          y0 = at::vec::fmadd(ar, Vec::loadu(wr), y0);
-          y1 = at::vec::fmadd(ar, Vec::loadu(wr + v), y1);
+          y0 = y0 + ar * Vec::loadu(wr);
+          y1 = y1 + ar * Vec::loadu(wr + v);
         }
         y0.store(y + i);
         y1.store(y + i + v);
@@ -289,8 +291,8 @@ inline void axpy_rows(const float* a, const T* w, int64_t stride, int64_t rows, 
           for (int64_t r = r0; r < r1; ++r) {
             const Vec ar(a[r]);
             auto [p, q] = at::vec::convert_to_float<T>(VecR::loadu(w + r * stride + i));
-            y0 = at::vec::fmadd(ar, p, y0);
-            y1 = at::vec::fmadd(ar, q, y1);
+            y0 = y0 + ar * p;
+            y1 = y1 + ar * q;
           }
           y0.store(y + i);
           y1.store(y + i + v);
@@ -299,7 +301,7 @@ inline void axpy_rows(const float* a, const T* w, int64_t stride, int64_t rows, 
     }
     for (; i < n; ++i) {
       float acc = y[i];
-      for (int64_t r = r0; r < r1; ++r) acc = std::fma(a[r], static_cast<float>(w[r * stride + i]), acc);
+      for (int64_t r = r0; r < r1; ++r) acc = acc + a[r] * static_cast<float>(w[r * stride + i]);
       y[i] = acc;
     }
   }

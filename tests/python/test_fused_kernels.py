@@ -711,3 +711,22 @@ def test_baseline_row_kernels(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("k", [0, 1, 15, 16, 17, 31])
+def test_matvec_where_one_product_overflows_is_eagers_linear(dtype, k):
+    """Note [matvec rounds every product] (csrc/fused/matvec.cpp): a product past float32's range that the sum before it
+    would cancel, x = [.., 1, 2, ..] against [.., -1e38, 2e38, ..] in row k + 1 of either layout and in the [K, N]
+    layout's passes of 16 rows and their tail: eager's linear is inf there, and so is matvec (it was 3e38 with fused
+    multiply-adds: a helper's find, 2026-12-07)."""
+    K, N = 33, 70
+    g = torch.Generator().manual_seed(43)
+    x = (torch.randn(1, K, generator=g) / 8).to(dtype)
+    w_kn = (torch.randn(K, N, generator=g) / 8).to(dtype)
+    x[0, k], x[0, k + 1] = 1.0, 2.0
+    w_kn[k, 5], w_kn[k + 1, 5] = -1e38, 2e38
+    for weight in (w_kn.t(), w_kn.t().contiguous()):  # stored [K, N] (GPT-2's Conv1D), and row-major [N, K]
+        want = F.linear(x, weight)
+        assert want[0, 5].isinf(), want[0, 5]  # the case is one where eager's product overflows
+        assert _same_with_nans(fused.matvec(x, weight), want), (dtype, k, weight.stride())
