@@ -73,9 +73,10 @@ bool stored_finite(T v) {
 // multiply-add, so a product past float32's range is inf in the sum, whatever came before it, and the call runs
 // eager's linear. With fused multiply-adds, x = [1, 2] against the column [-1e38, 2e38] gave 3e38 where eager's
 // linear gives inf (the product 4e38 was never rounded: a helper's find, 2026-12-07). Rounding costs nothing
-// measurable here: the kernels wait on memory (GPT-2's [K, N] weights at 21.4-22.4 GB/s either way, one thread,
-// /tmp/s54/kb4.cpp). What this leaves: sums that overflow in eager's order and not in ours (a partial sum past
-// float32's largest value that a later product would bring back), and the other way round, which then runs eager's.
+// measurable here: the kernels wait on memory (GPT-2's [K, N] weights at 21.4-22.4 GB/s either way, one thread, a
+// standalone probe of the loops, 2026-12-07). What this leaves: sums that overflow in eager's order and not in ours
+// (a partial sum past float32's largest value that a later product would bring back), and the other way round,
+// which then runs eager's.
 template <typename T>
 bool matvec_rows(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                  at::Tensor& out) {

@@ -256,13 +256,15 @@ inline float dot_half(const float* a, const c10::Half* b, int64_t n) { return do
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // matvec on a weight stored [K, N] (GPT-2's Conv1D) adds rows of the weight into a float32 accumulator row y:
 // y[i] += a[0] * float(w[0][i]) + a[1] * float(w[1][i]) + ... over `rows` weight rows `stride` elements apart, one
-// product and one add per row in row order (Note [matvec rounds every product]), so every output sums its products in the order k = 0, 1, ... however the
-// rows are grouped (the grouping is a matter of speed only). Each pass holds a block of y in registers over up to
-// kAxpyRows rows: y is read and written once per sixteen weight rows instead of once per row or per four.
-// Measured (2026-12-07, /tmp/s54/kb.cpp: GPT-2's 4 layers of [K, N] weights at hidden 512, 50 MB, one thread, AMD
-// EPYC): four rows a pass read 16.6-18.5 GB/s (with or without software prefetches), eight 21.2, sixteen 22.8-23.4,
-// against 21.4 for the [N, K] kernel's dot products; at AVX2's width 17.4, 21.0 and 24.9 against 26.9. Software
-// prefetches (the four-row kernel's before) cost a little at eight rows and more (20.4 against 21.2), so there are none.
+// product and one add per row in row order (Note [matvec rounds every product], matvec.cpp), so every output sums
+// its products in the order k = 0, 1, ... however the rows are grouped (the grouping is a matter of speed only).
+// Each pass holds a block of y in registers over up to kAxpyRows rows: y is read and written once per sixteen weight
+// rows instead of once per row or per four. Measured 2026-12-07 with a standalone probe of the loops (GPT-2's 4
+// layers of [K, N] weights at hidden 512, 50 MB, streamed from memory, one thread, AMD EPYC; with fused
+// multiply-adds, which do not change these rates): four rows a pass read 16.6-18.5 GB/s (with or without software
+// prefetches), eight 21.2, sixteen 22.8-23.4, against 21.4 for the [N, K] kernel's dot products; at AVX2's width
+// 17.4, 21.0 and 24.9 against 26.9. Software prefetches (the four-row kernel's before) cost a little at eight rows
+// (20.4 against 21.2), so there are none.
 constexpr int64_t kAxpyRows = 16;
 
 template <typename T>
@@ -328,9 +330,10 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 #define GRAPHEX_STR(x) GRAPHEX_STR2(x)
 
 inline RowKernels table() {
-  return RowKernels{&rms_norm_row, &add_row,  &layer_norm_row, &silu_mul_row, &rotary_row, &rotary_pairs_row, &max_abs, &dot,
-                    &dot_f32,      &dot_bf16,     &dot_half, &axpy,         &axpy_rows_f32, &axpy_rows_bf16, &axpy_rows_half, &max_pool_f32, &max_pool_bf16, &max_pool_half,
-                    &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
+  return RowKernels{&rms_norm_row,   &add_row,        &layer_norm_row, &silu_mul_row,  &rotary_row,
+                    &rotary_pairs_row, &max_abs,      &dot,            &dot_f32,       &dot_bf16,
+                    &dot_half,       &axpy,           &axpy_rows_f32,  &axpy_rows_bf16, &axpy_rows_half,
+                    &max_pool_f32,   &max_pool_bf16,  &max_pool_half,  &pointwise_tile, GRAPHEX_STR(CPU_CAPABILITY)};
 }
 
 }  // namespace CPU_CAPABILITY
