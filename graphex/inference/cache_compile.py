@@ -287,9 +287,10 @@ class CachedFunction(_C.CachedCall):
             if changes is None or changes:
                 self._changes_arguments.add(call_key)
                 warn_once(f"cache-changes-arguments:{self._name}",
-                          f"graphex cache: {self._name} runs compiled but cannot be cached: it changes Python state "
-                          f"when it runs ({'; '.join(changes[:3]) if changes else 'Dynamo did not say what'}), "
-                          "which a cached program would not do.")
+                          f"graphex cache: {self._name} runs compiled but cannot be cached: "
+                          + (f"it changes Python state when it runs ({'; '.join(changes[:3])}), " if changes else
+                             "it may change Python state when it runs and Dynamo could not say what, ")
+                          + "which a cached program would not do.")
                 return ran if ran is not _RAN else self._run_on_real_arguments(*real)
         return self._compile(flat, in_spec, call_key, parts, key, prefix, stale)
 
