@@ -11,9 +11,20 @@
 // it had then, every watched object the type and every watched function the code it had then.
 // `unchanged()` compares those: a few nanoseconds per dict, no Python call. When it answers
 // false, the caller runs the full generated check again and, if it passes, `snapshot()`s.
-// Guards that read through anything else (a list, a closure cell, a function's defaults, a
-// tensor's metadata, the global torch state) are checked on every call by Python
-// (guards.py, GuardSet: the "always" records).
+// Guards that read through anything else (a tensor's metadata, the global torch state, a property) are
+// checked on every call by Python (guards.py, GuardSet: the "always" records).
+//
+// Note [A slot or a list is watched by what it points to]
+// Some state a guard reads through has no version tag but is one pointer the object holds: a
+// closure cell's contents, a function's `__defaults__` / `__kwdefaults__` / `__name__` /
+// `__qualname__`, a class's `__mro__` (a new tuple when `__bases__` is assigned) and a heap class's
+// `__name__` / `__qualname__`; and a list is its size and its item pointers. Each is read straight
+// from the object (no Python call) and compared by address with what it held at the snapshot; the
+// snapshot holds a reference to every such value, so no other object can be allocated at that
+// address while it is remembered (an address compared after its object was freed could match a new
+// object). The value itself is then the very object the full check read: a guard on it (its type,
+// an immutable constant's value, a tuple's length) holds while the pointer does. A mutable value (a
+// kwdefaults dict, a list's item) is watched on its own (pins.py).
 //
 // Note [A watched dict must stay its object's dict]
 // A dict's version says nothing about whether its object still uses it: `cfg.__dict__ = state` (the usual
@@ -33,6 +44,8 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <vector>
 
 namespace py = pybind11;
@@ -53,11 +66,57 @@ uint64_t dictVersion(PyObject* d) {
 #endif
 }
 
+// What `object` holds for one slot kind (borrowed, may be null: a function with no defaults), read as the attribute's
+// getter reads it (the getter returns this very object, or None for null).
+PyObject* slotValue(PyObject* object, StateWatch::SlotKind kind) {
+  switch (kind) {
+    case StateWatch::kCellContents: return PyCell_GET(object);
+    case StateWatch::kFuncDefaults: return PyFunction_GET_DEFAULTS(object);
+    case StateWatch::kFuncKwDefaults: return PyFunction_GET_KW_DEFAULTS(object);
+    case StateWatch::kFuncName: return reinterpret_cast<PyFunctionObject*>(object)->func_name;
+    case StateWatch::kFuncQualname: return reinterpret_cast<PyFunctionObject*>(object)->func_qualname;
+    case StateWatch::kTypeMro: return reinterpret_cast<PyTypeObject*>(object)->tp_mro;
+    case StateWatch::kTypeName: return reinterpret_cast<PyHeapTypeObject*>(object)->ht_name;
+    case StateWatch::kTypeQualname: return reinterpret_cast<PyHeapTypeObject*>(object)->ht_qualname;
+    case StateWatch::kNumSlotKinds: break;
+  }
+  return nullptr;
+}
+
+// Whether `object` is of the kind a slot kind reads (checked once, at construction: slotValue casts).
+bool slotFits(PyObject* object, int kind) {
+  switch (kind) {
+    case StateWatch::kCellContents: return PyCell_Check(object);
+    case StateWatch::kFuncDefaults:
+    case StateWatch::kFuncKwDefaults:
+    case StateWatch::kFuncName:
+    case StateWatch::kFuncQualname: return PyFunction_Check(object);
+    case StateWatch::kTypeMro: return PyType_Check(object);
+    case StateWatch::kTypeName:
+    case StateWatch::kTypeQualname:
+      return PyType_Check(object) && PyType_HasFeature(reinterpret_cast<PyTypeObject*>(object), Py_TPFLAGS_HEAPTYPE);
+    default: return false;
+  }
+}
+
 }  // namespace
 
 StateWatch::StateWatch(const std::vector<py::object>& dicts, const std::vector<py::object>& objects,
                        const std::vector<py::object>& functions,
-                       const std::vector<std::pair<py::object, py::object>>& owners) {
+                       const std::vector<std::pair<py::object, py::object>>& owners,
+                       const std::vector<std::pair<py::object, int>>& slots, const std::vector<py::object>& lists) {
+  for (const auto& [object, kind] : slots) {
+    if (!slotFits(object.ptr(), kind))
+      throw py::type_error("graphex: StateWatch: slot kind " + std::to_string(kind) + " does not read a " +
+                           std::string(Py_TYPE(object.ptr())->tp_name));
+    held_.push_back(object);
+    slots_.push_back({object.ptr(), static_cast<SlotKind>(kind), nullptr});
+  }
+  for (const py::object& l : lists) {
+    if (!PyList_CheckExact(l.ptr())) throw py::type_error("graphex: StateWatch watches lists of exactly type list");
+    held_.push_back(l);
+    lists_.push_back({l.ptr(), 0, -1});
+  }
   for (const auto& [owner, dict] : owners) {
     if (!PyDict_Check(dict.ptr())) throw py::type_error("graphex: StateWatch: an owner's __dict__ must be a dict");
     held_.push_back(owner);
@@ -90,6 +149,8 @@ bool StateWatch::unchanged() const {
   for (const Dict& d : dicts_) __builtin_prefetch(d.dict);
   for (const Object& o : objects_) __builtin_prefetch(o.object);
   for (const Owner& o : owners_) __builtin_prefetch(o.owner);
+  for (const Slot& s : slots_) __builtin_prefetch(s.object);
+  for (const List& l : lists_) __builtin_prefetch(l.list);
   for (const Dict& d : dicts_)
     if (dictVersion(d.dict) != d.version) return false;
   for (const Object& o : objects_)
@@ -107,6 +168,14 @@ bool StateWatch::unchanged() const {
     }
     if (*slot != o.dict) return false;
   }
+  // Note [A slot or a list is watched by what it points to]
+  for (const Slot& s : slots_)
+    if (slotValue(s.object, s.kind) != s.value) return false;
+  for (const List& l : lists_) {
+    if (PyList_GET_SIZE(l.list) != l.size) return false;
+    PyObject** items = reinterpret_cast<PyListObject*>(l.list)->ob_item;
+    if (l.size > 0 && std::memcmp(items, items_.data() + l.first, sizeof(PyObject*) * l.size) != 0) return false;
+  }
   return true;
 }
 
@@ -114,11 +183,29 @@ void StateWatch::snapshot() {
   for (Dict& d : dicts_) d.version = dictVersion(d.dict);
   for (Object& o : objects_) o.type = Py_TYPE(o.object);
   for (Function& f : functions_) f.code = PyFunction_GET_CODE(f.function);
+  // Note [A slot or a list is watched by what it points to]: each value held until the next snapshot.
+  std::vector<py::object> held;
+  for (Slot& s : slots_) {
+    s.value = slotValue(s.object, s.kind);
+    if (s.value != nullptr) held.push_back(py::reinterpret_borrow<py::object>(s.value));
+  }
+  items_.clear();
+  for (List& l : lists_) {
+    l.first = items_.size();
+    l.size = PyList_GET_SIZE(l.list);
+    for (Py_ssize_t i = 0; i < l.size; ++i) {
+      PyObject* item = PyList_GET_ITEM(l.list, i);
+      items_.push_back(item);
+      held.push_back(py::reinterpret_borrow<py::object>(item));
+    }
+  }
+  snapshot_held_.swap(held);  // the old values are released last, after nothing points to them
   valid_ = kHasDictVersion;
 }
 
 int StateWatch::traverse(visitproc visit, void* arg) const {
   for (const py::object& o : held_) Py_VISIT(o.ptr());
+  for (const py::object& o : snapshot_held_) Py_VISIT(o.ptr());
   return 0;
 }
 
@@ -128,6 +215,10 @@ void StateWatch::clear() {
   objects_.clear();
   functions_.clear();
   owners_.clear();
+  slots_.clear();
+  lists_.clear();
+  items_.clear();
+  snapshot_held_.clear();
   held_.clear();  // last: the raw pointers above are borrowed from these
 }
 
@@ -142,14 +233,19 @@ void registerStateWatch(py::module_& m) {
                          "Note [A watched dict proves its guards still hold] (csrc/python/state_watch.cpp)",
                          py::custom_type_setup(takesPartInGc<StateWatch>))
       .def(py::init<const std::vector<py::object>&, const std::vector<py::object>&, const std::vector<py::object>&,
-                    const std::vector<std::pair<py::object, py::object>>&>(),
+                    const std::vector<std::pair<py::object, py::object>>&,
+                    const std::vector<std::pair<py::object, int>>&, const std::vector<py::object>&>(),
            py::arg("dicts"), py::arg("objects"), py::arg("functions") = std::vector<py::object>{},
-           py::arg("owners") = std::vector<std::pair<py::object, py::object>>{})
+           py::arg("owners") = std::vector<std::pair<py::object, py::object>>{},
+           py::arg("slots") = std::vector<std::pair<py::object, int>>{},
+           py::arg("lists") = std::vector<py::object>{})
       .def("unchanged", &StateWatch::unchanged)
       .def("snapshot", &StateWatch::snapshot)
       .def("invalidate", &StateWatch::invalidate)
       .def_property_readonly("num_dicts", [](const StateWatch& w) { return w.numDicts(); })
       .def_property_readonly("num_objects", [](const StateWatch& w) { return w.numObjects(); })
+      .def_property_readonly("num_slots", [](const StateWatch& w) { return w.numSlots(); })
+      .def_property_readonly("num_lists", [](const StateWatch& w) { return w.numLists(); })
       .def_static("supported", [] { return kHasDictVersion; });
 }
 

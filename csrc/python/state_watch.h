@@ -15,10 +15,27 @@ class StateWatch {
   // dicts: the dicts the watched guards read through; objects: the objects whose types they check;
   // functions: the Python functions whose code objects they check (`f.__code__ is C`); owners: (object, dict) pairs,
   // each object's own __dict__ a watched dict that must stay its __dict__ (Note [A watched dict must stay its
-  // object's dict]).
+  // object's dict]); slots: (object, SlotKind) pairs, a pointer each object holds that must stay the object it was
+  // (Note [A slot or a list is watched by what it points to]); lists: lists whose items must stay the same objects.
   StateWatch(const std::vector<pybind11::object>& dicts, const std::vector<pybind11::object>& objects,
              const std::vector<pybind11::object>& functions,
-             const std::vector<std::pair<pybind11::object, pybind11::object>>& owners);
+             const std::vector<std::pair<pybind11::object, pybind11::object>>& owners,
+             const std::vector<std::pair<pybind11::object, int>>& slots = {},
+             const std::vector<pybind11::object>& lists = {});
+
+  // The pointers an object holds that a slot watch compares (Note [A slot or a list is watched by what it points
+  // to]); the numbers are graphex/inference/pins.py's SLOT_KINDS.
+  enum SlotKind : int {
+    kCellContents = 0,   // a cell's contents (`cell.cell_contents`)
+    kFuncDefaults = 1,   // a function's `__defaults__` tuple
+    kFuncKwDefaults = 2, // a function's `__kwdefaults__` dict
+    kFuncName = 3,       // a function's `__name__`
+    kFuncQualname = 4,   // a function's `__qualname__`
+    kTypeMro = 5,        // a class's `__mro__` tuple
+    kTypeName = 6,       // a heap class's `__name__`
+    kTypeQualname = 7,   // a heap class's `__qualname__`
+    kNumSlotKinds = 8,
+  };
 
   // Whether everything watched is as it was at the last snapshot(); false before the first and after invalidate().
   bool unchanged() const;
@@ -31,6 +48,8 @@ class StateWatch {
   void clear();
   size_t numDicts() const { return dicts_.size(); }
   size_t numObjects() const { return objects_.size(); }
+  size_t numSlots() const { return slots_.size(); }
+  size_t numLists() const { return lists_.size(); }
 
  private:
   // Each watched thing beside the value it had: one sequential array per kind, read once per call. The pointers are
@@ -54,8 +73,22 @@ class StateWatch {
   std::vector<Dict> dicts_;
   std::vector<Object> objects_;
   std::vector<Function> functions_;
+  struct Slot {
+    PyObject* object;
+    SlotKind kind;
+    PyObject* value;  // compared by address; held in snapshot_held_, so that no other object takes its address
+  };
+  struct List {
+    PyObject* list;
+    size_t first;  // its items at the snapshot: items_[first, first + size)
+    Py_ssize_t size;
+  };
   std::vector<Owner> owners_;
+  std::vector<Slot> slots_;
+  std::vector<List> lists_;
+  std::vector<PyObject*> items_;
   std::vector<pybind11::object> held_;
+  std::vector<pybind11::object> snapshot_held_;  // the slots' values and the lists' items of the last snapshot
   bool valid_ = false;
 };
 

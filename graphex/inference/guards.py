@@ -164,7 +164,7 @@ class GuardSet:
         from .. import _C
 
         watched = (list(pins.dicts.values()), list(pins.objects.values()), list(pins.functions.values()),
-                   list(pins.owners.values()))
+                   list(pins.owners.values()), list(pins.slots.values()), list(pins.lists.values()))
         watch = _C.StateWatch(*watched)  # never snapshotted: the first call takes the full path
         # Note [One function checks the guards and binds the inputs]: P[0] is (watch, parameters) published as
         # one tuple after a full check that ran after the watch's snapshot, so a call on another thread sees

@@ -14,6 +14,16 @@ from .guard_sources import Path, parse_source, resolve
 from .fingerprints import _IMMUTABLE_TYPE, _class_digest, _is_mutable_class
 
 
+# Note [A slot or a list is watched by what it points to] (csrc/python/state_watch.cpp): the attributes StateWatch reads as
+# one pointer the object holds, by the kind of object, with StateWatch::SlotKind's numbers.
+SLOT_KINDS: dict[type, dict[str, int]] = {
+    types.CellType: {"cell_contents": 0},
+    types.FunctionType: {"__defaults__": 1, "__kwdefaults__": 2, "__name__": 3, "__qualname__": 4},
+    type: {"__mro__": 5, "__name__": 6, "__qualname__": 7},  # a class's; the names of a heap class only
+}
+_READ_ONLY_FUNCTION_ATTRS = ("__closure__", "__globals__", "__builtins__")  # a function keeps these for its life
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created by a class statement (or type()), whose names can change
+
 _WATCHED_VALUES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, enum.Enum, types.CodeType,
                    types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
 
@@ -28,6 +38,8 @@ class _Pins:
         self.objects: dict[int, Any] = {}
         self.functions: dict[int, Any] = {}
         self.owners: dict[int, tuple[Any, dict[Any, Any]]] = {}  # Note [A watched dict must stay its object's dict]
+        self.slots: dict[tuple[int, int], tuple[Any, int]] = {}  # Note [A slot or a list is watched by what it ...]
+        self.lists: dict[int, list[Any]] = {}
         self._pinned: dict[Path, bool] = {}
 
     def _watch(self, d: Any) -> bool:
@@ -44,6 +56,46 @@ class _Pins:
             return False
         self.owners[id(owner)] = (owner, own)
         return True
+
+    def _watch_slot(self, owner: Any, kind: int) -> bool:
+        """A pointer `owner` holds, compared by StateWatch (Note [A slot or a list is watched by what it points to])."""
+        self.slots[(id(owner), kind)] = (owner, kind)
+        return True
+
+    def _watch_list(self, value: Any) -> bool:
+        if type(value) is not list:
+            return False
+        self.lists[id(value)] = value
+        return True
+
+    def _class_attr(self, base: type, name: str) -> bool:
+        """`base.name` on a class is fixed while the watched class dicts (the class's MRO and its metaclass's) and
+        pointers are: the metaclass looks attributes up as `type` does and defines no `name` of its own, and the
+        name is a class slot StateWatch reads, or found in a class dict of the MRO as a plain value or a descriptor
+        of a builtin type (a function, classmethod, staticmethod, property: what `__get__(None, base)` gives
+        follows from the class). A descriptor of a user's type could compute anything on each read."""
+        meta = type(base)
+        if meta is not type:
+            if meta.__getattribute__ is not type.__getattribute__ or \
+                    any(name in vars(m) for m in meta.__mro__ if m is not type and m is not object):
+                return False
+            self._watch_class(meta)
+        if name == "__dict__":  # the mappingproxy of the class's own dict
+            real = _type_dict(base)
+            if real is None:
+                return False
+            self.dicts[id(real)] = real
+            return True
+        if name in SLOT_KINDS[type]:
+            if name != "__mro__" and not base.__flags__ & _HEAPTYPE:
+                return True  # a builtin class's names never change
+            return self._watch_slot(base, SLOT_KINDS[type][name])
+        self._watch_class(base)
+        for c in base.__mro__:
+            if name in vars(c):
+                attr = vars(c)[name]
+                return not hasattr(type(attr), "__get__") or not type(attr).__flags__ & _HEAPTYPE
+        return False
 
     def _watch_class(self, cls: type) -> None:
         for c in cls.__mro__:
@@ -72,20 +124,22 @@ class _Pins:
                 return True
             if isinstance(base, property) and name in ("fget", "fset", "fdel"):
                 return True  # a property object's functions are read-only
+            if type(base) is types.FunctionType and name in _READ_ONLY_FUNCTION_ATTRS:
+                return True
+            if type(base) is types.FunctionType and name == "__code__":
+                self.functions[id(base)] = base  # StateWatch compares each watched function's code pointer
+                return True
+            if type(base) in (types.FunctionType, types.CellType) and name in SLOT_KINDS[type(base)]:
+                return self._watch_slot(base, SLOT_KINDS[type(base)][name])
             if isinstance(base, types.ModuleType):
                 return name in vars(base) and self._watch(vars(base))
             if isinstance(base, type):
-                if name == "__dict__":
-                    real = _type_dict(base)
-                    if real is None:
-                        return False
-                    self.dicts[id(real)] = real
-                    return True
-                if type(base) is not type:  # a metaclass may compute attributes
-                    return False
-                self._watch_class(base)
-                return any(name in vars(c) for c in base.__mro__)
+                return self._class_attr(base, name)
             cls = type(base)
+            if name == "__class__" and cls.__getattribute__ is object.__getattribute__ and \
+                    not any("__class__" in vars(c) for c in cls.__mro__ if c is not object):
+                self.objects[id(base)] = base  # object's own `__class__`: the type, watched as a `type` step is
+                return True
             own = getattr(base, "__dict__", None)
             if not isinstance(own, dict) or name not in own or cls.__getattribute__ is not object.__getattribute__:
                 return False
@@ -99,6 +153,8 @@ class _Pins:
         if step[0] in ("item", "dict_item", "key"):
             if isinstance(base, tuple) or path[-2] == ("dict",):
                 return True  # a tuple cannot change; `dict(cls.__dict__)`'s class dict is watched already
+            if step[0] == "item" and type(base) is list:
+                return self._watch_list(base)
             return self._watch(base)
         if step[0] in ("item_at", "dict_item_at"):
             return self.pinned(step[1], locals_, globals_) and self._watch(base)
@@ -125,12 +181,14 @@ class _Pins:
         if kind == "equals":
             return isinstance(value, _WATCHED_VALUES) or (type(value) is tuple and all(
                 isinstance(v, _WATCHED_VALUES) for v in value))
+        if kind == "len" and type(value) is list:
+            return self._watch_list(value)
         if kind in ("len", "contains"):
             return isinstance(value, tuple) or self._watch(value)
         if kind == "environ":  # os.environ's own dict: putenv through os.environ writes it
             return self._watch(value)
-        if kind == "keys":  # order matters: an OrderedDict reorders without a new dict version
-            return not isinstance(value, collections.OrderedDict) and self._watch(value)
+        if kind == "keys":  # order matters: an OrderedDict reorders without a new dict version, unless it has one key
+            return (not isinstance(value, collections.OrderedDict) or len(value) <= 1) and self._watch(value)
         if kind == "not_in_dict":
             own = getattr(value, "__dict__", None)
             return isinstance(own, dict) and self._watch_own(value, own)
@@ -138,14 +196,54 @@ class _Pins:
             self.functions[id(value)] = value
             return True
         if kind == "hasattr" and rec.get("expect") is True:  # torch 2.11: hasattr(layers, "__iter__") on a ModuleList
-            return self._found_in_class(value, rec["arg"])
+            return self._found_in_class(value, rec["arg"]) or self._found_in_own_dict(value, rec["arg"])
+        if kind == "hasattr" and rec.get("expect") is False:
+            return self._found_nowhere(value, rec["arg"])
         return False
+
+    def _found_nowhere(self, value: Any, name: str) -> bool:
+        """`hasattr(value, name)` is False while value's type stays, neither its own __dict__ nor a class dict of its
+        MRO has the name (all watched), and its class has no `__getattr__`, or nn.Module's, which looks in the
+        module's `_parameters`, `_buffers` and `_modules` dicts only (watched too)."""
+        cls = type(value)
+        if cls.__getattribute__ is not object.__getattribute__ or any(name in vars(c) for c in cls.__mro__):
+            return False
+        getattr_ = getattr(cls, "__getattr__", None)
+        looked_in: list[Any] = []
+        if getattr_ is not None:
+            if getattr_ is not torch.nn.Module.__getattr__:
+                return False
+            looked_in = [vars(value).get(d) for d in ("_parameters", "_buffers", "_modules")]
+            if any(type(d) is not dict or name in d for d in looked_in):
+                return False
+        own = getattr(value, "__dict__", None)
+        if own is not None and (type(own) is not dict or name in own or not self._watch_own(value, own)):
+            return False
+        for d in looked_in:
+            self._watch(d)
+        self.objects[id(value)] = value
+        self._watch_class(cls)
+        return True
+
+    def _found_in_own_dict(self, value: Any, name: str) -> bool:
+        """`hasattr(value, name)` holds while value's own __dict__ has the name, its type stays and no class of its MRO
+        gets a data descriptor of that name (the class dicts are watched): attribute lookup is object's own, which
+        finds an instance dict's value without calling anything."""
+        cls = type(value)
+        own = getattr(value, "__dict__", None)
+        if type(own) is not dict or name not in own or cls.__getattribute__ is not object.__getattribute__:
+            return False
+        if any(name in vars(c) and hasattr(vars(c)[name], "__set__") for c in cls.__mro__):
+            return False
+        self.objects[id(value)] = value
+        self._watch_class(cls)
+        return self._watch_own(value, own)
 
     def _found_in_class(self, value: Any, name: str) -> bool:
         """`hasattr(value, name)` holds while value's type and its classes' dicts do: the name is a plain function or
         value (no descriptor that could raise) in a class dict of the MRO, and attribute lookup is object's own."""
-        cls = type(value)
-        if type(cls) is not type or cls.__getattribute__ is not object.__getattribute__:
+        cls = type(value)  # its metaclass plays no part: an instance's lookup is the class's __getattribute__
+        if cls.__getattribute__ is not object.__getattribute__:
             return False
         for c in cls.__mro__:
             if name in vars(c):

@@ -4,6 +4,9 @@ After a plain call (positional tensors and numbers) hits an entry, the next call
 one C++ call. It must never be wider than the Python path it skips: each change below is made after the fast path
 is installed, and the next calls must equal eager's, every one of them, the Python path deciding."""
 
+import abc
+import collections
+import enum
 import math
 import sys
 
@@ -41,7 +44,7 @@ class Model(nn.Module):
     def helper(self, y):
         return bump(y) + 1
 
-    def _forward(self, x, *numbers):  # no defaults: a function's __defaults__ are checked by Python on every call
+    def _forward(self, x, *numbers):
         alpha, n = (numbers + (1.0, 1)[len(numbers):]) if len(numbers) < 2 else numbers
         y = self.proj(x) * self.scale * self.cfg.mult * SCALE * alpha * n * math.copysign(1.0, alpha) + self.table["shift"]
         y = y * (3.0 if "extra" in self.flags else 1.0)
@@ -213,23 +216,35 @@ def test_other_tensors_are_not_taken_for_the_key(tmp_path):
         assert torch.equal(m.cached(x), m._forward(x))
 
 
+class _Computed:
+    """An attribute computed on every read: no watch proves what `hasattr` on a property gives (its getter may raise
+    AttributeError), so that guard is checked by Python on every call."""
+
+    def __init__(self):
+        self.raw = 1.5
+
+    @property
+    def factor(self):
+        return self.raw
+
+
 def test_a_model_with_a_guard_only_python_checks_gets_no_fast_path(tmp_path):
-    class ReadsAList(nn.Module):
+    class ReadsComputed(nn.Module):
         def __init__(self):
             super().__init__()
-            self.factors = [1.5]
+            self.cfg = _Computed()
             self.cached = graphex.inference.cache_compile(self._forward, cache_dir=str(tmp_path))
 
         def _forward(self, x):
-            return F.relu(x) * self.factors[0]
+            return F.relu(x) * (self.cfg.raw if hasattr(self.cfg, "factor") else 1.0)
 
-    m = ReadsAList()
+    m = ReadsComputed()
     x = torch.randn(3)
     with torch.no_grad():
         for _ in range(2):
             m.cached(x)
-        assert m.cached._fast is None  # a list item is checked on every call by Python (the "always" records)
-        m.factors[0] = -2.0
+        assert m.cached._fast is None  # checked on every call by Python (the "always" records)
+        m.cfg.raw = -2.0
         assert torch.equal(m.cached(x), m._forward(x))
 
 
@@ -344,3 +359,144 @@ def test_copies_pickles_and_signature_work_as_they_did_before_the_c_base(tmp_pat
             for _ in range(2):
                 assert torch.equal(other.cached(x), m._forward(x))
         assert sum(other.cached.stats.values()) >= 1 and other.cached._fast is not None
+
+
+# -- Note [A slot or a list is watched by what it points to] (csrc/python/state_watch.cpp) --------------------------
+class _Kind(enum.Enum):
+    HALF = 0.5
+    TWICE = 2.0
+
+
+class _Base(abc.ABC):  # a metaclass (ABCMeta): class attributes looked up as `type` looks them up
+    factor = 2.0
+
+
+class _Impl(_Base):
+    pass
+
+
+class _OtherBase(abc.ABC):
+    factor = -3.0
+
+
+class _Layer:
+    def __init__(self, w):
+        self.w = w
+
+
+def _closing_over(k):
+    def scaled(y):
+        return y * k
+
+    return scaled
+
+
+_SCALED = _closing_over(3.0)
+
+
+def _with_default(y, k=4.0):
+    return y + k
+
+
+class Reads(nn.Module):
+    """Reads state through a closure cell, a function's defaults, a class's name and MRO under a metaclass, an enum
+    member, lists and their items, an OrderedDict of one key, an object's own attribute by hasattr."""
+
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+        self.impl = _Impl()
+        self.factors = [0.5, 0.25]
+        self.layers_ = [_Layer(1.5), _Layer(-1.0)]
+        self.one = collections.OrderedDict(one=1.0)
+        self.cached = graphex.inference.cache_compile(self._forward, cache_dir=cache_dir)
+
+    def _forward(self, x):
+        y = _with_default(_SCALED(self.proj(x))) * _Kind.TWICE.value * self.impl.factor * self.factors[1]
+        for layer in self.layers_:
+            y = y * layer.w
+        if type(self.impl).__name__ == "_Impl":
+            y = y + 1
+        if hasattr(self.impl, "bias"):
+            y = y + self.impl.bias
+        for k in self.one:
+            y = y - self.one[k]
+        return y
+
+
+def _set_cell(f, value):
+    f.__closure__[0].cell_contents = value
+
+
+def _rename(cls, name):
+    saved = cls.__name__
+    cls.__name__ = name
+    return lambda: setattr(cls, "__name__", saved)
+
+
+def _rebase(cls, bases):
+    saved = cls.__bases__
+    cls.__bases__ = bases
+    return lambda: setattr(cls, "__bases__", saved)
+
+
+POINTER_CHANGES = {  # each returns how to undo a change to module state (or None)
+    "closure cell": lambda m: (_set_cell(_SCALED, 5.0), lambda: _set_cell(_SCALED, 3.0))[1],
+    "function's defaults": lambda m: (setattr(_with_default, "__defaults__", (9.0,)),
+                                      lambda: setattr(_with_default, "__defaults__", (4.0,)))[1],
+    "class attribute under a metaclass": lambda m: (setattr(_Impl, "factor", 7.0), lambda: delattr(_Impl, "factor"))[1],
+    "base class's attribute": lambda m: (setattr(_Base, "factor", -1.0), lambda: setattr(_Base, "factor", 2.0))[1],
+    "class renamed": lambda m: _rename(_Impl, "Renamed"),
+    "bases replaced (the MRO)": lambda m: _rebase(_Impl, (_OtherBase,)),
+    "list item replaced": lambda m: m.factors.__setitem__(1, 3.0),
+    "list item's attribute": lambda m: setattr(m.layers_[0], "w", 9.0),
+    "list grown": lambda m: m.layers_.append(_Layer(4.0)),
+    "list item swapped for another object": lambda m: m.layers_.__setitem__(1, _Layer(0.125)),
+    "list emptied and refilled with equal values": lambda m: m.factors.__setitem__(slice(None), [0.5, 0.25 + 0.5]),
+    "OrderedDict of one key grown": lambda m: m.one.__setitem__("two", 2.0),
+    "OrderedDict value": lambda m: m.one.__setitem__("one", -6.0),
+    "instance attribute hasattr now finds": lambda m: setattr(m.impl, "bias", 100.0),
+    "object's class changed": lambda m: setattr(m.impl, "__class__", type("_Impl", (_OtherBase,), {})),
+}
+
+
+def _reads_installed(tmp_path):
+    torch.manual_seed(0)
+    m = Reads(str(tmp_path))
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(m.cached(x), m._forward(x))
+    assert m.cached._fast is not None, "a model whose every guard a watch proves got no fast path"
+    return m, x
+
+
+def test_state_read_through_cells_defaults_classes_and_lists_keeps_the_fast_path(tmp_path):
+    m, x = _reads_installed(tmp_path)
+    (loaded,) = [e for entries in m.cached._by_call.values() for e in entries]
+    assert loaded.guard_set.watch.num_slots >= 3 and loaded.guard_set.watch.num_lists >= 2
+    m.one.move_to_end("one")  # one key: no order to change
+    calls = _python_guard_calls(m)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(m.cached(x), m._forward(x))
+    assert calls[0] == 0, "the Python guard function ran: the fast path was not taken"
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("change", list(POINTER_CHANGES))
+def test_a_change_through_a_watched_pointer_is_seen(tmp_path, change, fast):
+    m, x = _reads_installed(tmp_path)
+    undo = POINTER_CHANGES[change](m)
+    try:
+        calls = _python_guard_calls(m)
+        with torch.no_grad():
+            for _ in range(3):
+                if not fast:  # the generated Python fast form alone, as a call with keywords takes it
+                    m.cached._fast = None
+                out, ref = m.cached(x), m._forward(x)
+                assert torch.equal(out, ref), f"{change}: stale result after the change"
+        assert calls[0] >= 1, f"{change}: the fast path answered a call after the change without the Python path"
+    finally:
+        if undo is not None:
+            undo()
