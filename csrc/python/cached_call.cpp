@@ -39,12 +39,15 @@ namespace {
 //     the published StateWatch unchanged, each argument's class unchanged (its StateWatch), and
 //     the global torch state (torch's GlobalStateGuard, the saved-tensors hooks, the torch
 //     function stack, the default device), called as the generated code calls them;
+//   * the fast path's other checks, those C++ does not make (`hasattr` on a property, an attribute
+//     of an object with its own `__getattribute__`, as transformers' configs have): one call of the
+//     generated residual function `rest(args, func)`, only when the entry has such guards;
 //   * the held inputs the last full check published, then bind, shape guards, signature, run
 //     and result leaves, as BoundProgram::try_run.
 // Any "no" returns `miss` with nothing run, and the Python path (which proves the same things,
 // and more) answers the call; so the fast path can only be narrower than that path, never wider.
-// An entry whose fast path would need other checks (a guard read through a list, a closure, a
-// tensor an argument holds) gets no FastCall (guards.py, GuardSet.native).
+// An entry whose fast path binds what C++ cannot (a tensor an argument holds) gets no FastCall
+// (guards.py, GuardSet.native).
 struct FastCall {
   struct Arg {
     PyTypeObject* type;
@@ -61,6 +64,8 @@ struct FastCall {
   bool check_saved_hooks = false, check_torch_function = false;
   py::object device_dict;  // torch.utils._device's globals (its CURRENT_DEVICE must be None), or None
   py::object unflatten;  // None: the result is its one leaf
+  py::object residual;  // the generated `rest(args, func)`, True when its checks hold; None when there are none
+  py::object func;      // the function the entry was traced from, the residual's `func`
   py::object miss;
   // The published watch last seen and its C++ object (held, so that its address is not reused while remembered):
   // resolving it is a pybind11 type lookup, and it changes only when a full check publishes a new pair.
@@ -122,6 +127,8 @@ struct FastCall {
     Py_VISIT(global_state_check.ptr());
     Py_VISIT(device_dict.ptr());
     Py_VISIT(unflatten.ptr());
+    Py_VISIT(residual.ptr());
+    Py_VISIT(func.ptr());
     Py_VISIT(seen_watch.ptr());
     return 0;
   }
@@ -134,6 +141,8 @@ struct FastCall {
     global_state_check = py::none();
     device_dict = py::none();
     unflatten = py::none();
+    residual = py::none();
+    func = py::none();
     seen_watch_ptr = nullptr;
     seen_watch = py::object();
   }
@@ -153,6 +162,13 @@ struct FastCall {
     if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 2 || !PyList_Check(PyTuple_GET_ITEM(p, 1))) return miss;
     const StateWatch* watch = publishedWatch(PyTuple_GET_ITEM(p, 0));
     if (watch == nullptr || !watch->unchanged() || !stateHolds()) return miss;
+    if (!residual.is_none()) {  // after the watch, as the generated fast form checks them
+      PyObject* r = PyObject_CallFunctionObjArgs(residual.ptr(), call_args.ptr(), func.ptr(), nullptr);
+      if (r == nullptr) throw py::error_already_set();
+      bool holds = r == Py_True;
+      Py_DECREF(r);
+      if (!holds) return miss;
+    }
     py::list held = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(p, 1));
     py::object leaves = tryRunBound(*program, call_args, held);
     if (leaves.is_none()) return miss;
@@ -258,7 +274,7 @@ void registerCachedCall(py::module_& m) {
       .def(py::init([](std::shared_ptr<BoundProgram> program, py::list published,
                        const std::vector<std::tuple<py::object, py::object, py::object>>& args,
                        py::object global_state_check, bool saved_hooks, bool torch_function, py::object device_module,
-                       py::object unflatten, py::object miss) {
+                       py::object unflatten, py::object residual, py::object func, py::object miss) {
              FastCall f;
              f.program = std::move(program);
              f.published = std::move(published);
@@ -267,6 +283,8 @@ void registerCachedCall(py::module_& m) {
              f.check_torch_function = torch_function;
              f.device_dict = device_module.is_none() ? py::none() : py::object(device_module.attr("__dict__"));
              f.unflatten = std::move(unflatten);
+             f.residual = std::move(residual);
+             f.func = std::move(func);
              f.miss = std::move(miss);
              for (const auto& [type, value, class_watch] : args) {
                if (!PyType_Check(type.ptr())) throw py::type_error("graphex: FastCall: an argument's type is not a type");
@@ -284,11 +302,12 @@ void registerCachedCall(py::module_& m) {
            }),
            py::arg("program"), py::arg("published"), py::arg("args"), py::arg("global_state_check"),
            py::arg("saved_hooks"), py::arg("torch_function"), py::arg("device_module"), py::arg("unflatten"),
-           py::arg("miss"),
+           py::arg("residual"), py::arg("func"), py::arg("miss"),
            "args: (type, value or None for a tensor, class StateWatch or None) per positional argument; "
            "global_state_check: a GlobalStateGuard's bound check, or None; saved_hooks / torch_function: whether no "
            "saved-tensors hooks / no torch function mode must be active; device_module: torch.utils._device when no "
-           "default device must be set, or None.")
+           "default device must be set, or None; residual: the generated `rest(args, func)` of the checks C++ does not make, "
+           "or None.")
       .def("__call__", &FastCall::call, py::arg("args"),
            "The call's result, or `miss` (nothing run) when anything differs from what the entry was proved for.");
 

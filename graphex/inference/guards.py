@@ -89,8 +89,10 @@ class GuardSet:
         self.always = 0  # records checked on every call (the rest: while the watch holds, by the watch)
         self._published: list[Any] = [(None, [])]
         # Note [A plain call's fast path is one C++ call] (csrc/python/cached_call.cpp): what the fast path proves besides
-        # the watch, as C++ can check it, or None when it proves something C++ does not (a guard through a list, a
-        # closure, a tensor an argument holds): {"args": {i: the class StateWatch or None}, "state": {kind: object}}.
+        # the watch, as C++ checks it, or None when C++ lacks what the fast path binds (a tensor an argument holds):
+        # {"args": {i: the class StateWatch or None}, "state": {kind: object}, "residual": the generated function of
+        # the fast path's other checks, `rest(flat_args, func)` (a property's hasattr, a config's computed attribute),
+        # or None}.
         self.native: dict[str, Any] | None = None
 
     @property
@@ -110,8 +112,10 @@ class GuardSet:
         full = _Emitter(held, pins, globals_)
         fast = _Emitter(held, pins, globals_)
         fast.on_fail = "return slow(flat_args, func)"  # the fast path proves; it never refuses
+        rest = _Emitter(held, pins, globals_)  # the fast path's checks C++ does not make (GuardSet.native's residual)
+        rest.on_fail = "return False"
         always = 0
-        native: dict[str, Any] | None = {"args": {}, "state": {}}
+        native: dict[str, Any] = {"args": {}, "state": {}}
         try:
             for rec in self.records:
                 kind = rec["kind"]
@@ -128,11 +132,11 @@ class GuardSet:
                     full.check(_state_check(kind, rec.get("expect"), held, checker=checker))
                     fast.check(_state_check(kind, rec.get("expect"), held, fast=True, checker=checker))
                     always += 1
-                    if native is not None:  # C++ calls what the fast form calls (held[-1]); another device: Python's
-                        native = None if kind in native["state"] or (kind == "default_device" and rec.get("expect")
-                                                                      is not None) else native
-                        if native is not None:
-                            native["state"][kind] = held[-1]
+                    # C++ calls what the fast form calls (held[-1]); another default device: the residual's check
+                    if kind in native["state"] or (kind == "default_device" and rec.get("expect") is not None):
+                        rest.check(_state_check(kind, rec.get("expect"), held, fast=True, checker=checker))
+                    else:
+                        native["state"][kind] = held[-1]
                     continue
                 path = parse_source(rec["source"])
                 value = resolve(path, locals_, globals_)
@@ -145,7 +149,8 @@ class GuardSet:
                 if not pins.covers(rec, path, value, locals_, globals_):
                     fast.check(_condition(rec, value, fast.var(path), held, locals_, globals_, fast.var)[0])
                     always += 1
-                    native = _native_arg_check(native, rec, path, held)
+                    if not _native_arg_check(native, rec, path, held):
+                        rest.check(_condition(rec, value, rest.var(path), held, locals_, globals_, rest.var)[0])
             reads_full, reads_fast, static = [], [], []
             for b in inputs or []:
                 if b.kind not in HELD_KINDS:
@@ -184,6 +189,9 @@ class GuardSet:
             "  if r is None:\n    return None\n"
             f"  P[0] = (w, [r[i] for i in {tuple(static)!r}])\n"
             "  return r\n")
+        if rest.lines:
+            source += ("\ndef rest(flat_args, func):\n  try:\n" + rest.body() +
+                       "\n  except Exception:\n    return False\n  return True\n")
         namespace: dict[str, Any] = {"H": tuple(held), "P": [(watch, [])], "new_watch": _C.StateWatch,
                                      "watched": watched,
                                      "__builtins__": {"type": type, "len": len, "list": list, "dict": dict, "object": object,
@@ -192,6 +200,7 @@ class GuardSet:
         exec(compile(source, "<graphex guards>", "exec"), namespace)  # generated from typed records only
         self._published = namespace["P"]
         self.run, self.source, self.always = namespace["run"], source, always
+        native["residual"] = namespace.get("rest")
         self.native = native if len(static) == len(reads_full) else None  # C++ has only the published held inputs
         return None
 
@@ -215,22 +224,20 @@ class GuardSet:
         raise NotCheckable(f"an input binding of kind {kind!r}")
 
 
-def _native_arg_check(native: dict[str, Any] | None, rec: dict[str, Any], path: Path,
-                      held: list[Any]) -> dict[str, Any] | None:
-    """`native` with one more record the fast path checks on every call, if C++ checks it alike, else None (no
-    FastCall). C++ checks a positional argument's exact type and, for a number or str, its value as the call key
+def _native_arg_check(native: dict[str, Any], rec: dict[str, Any], path: Path, held: list[Any]) -> bool:
+    """Whether C++ checks one more record the fast path checks on every call (then `native` has it); if not, the
+    FastCall's residual function checks it. C++ checks a positional argument's exact type and, for a number or str, its value as the call key
     has it (a float by its bits), so: the type of a positional argument (`type(flat_args[i]) is T`, and its class
     unchanged: the _ClassUnchanged just held), and a positional argument equal to a constant (which the value
     the FastCall records at a hit equals)."""
-    if native is None or len(path) != 2 or path[0] != ("L", "flat_args") or path[1][0] != "item" \
-            or type(path[1][1]) is not int:
-        return None
+    if len(path) != 2 or path[0] != ("L", "flat_args") or path[1][0] != "item" or type(path[1][1]) is not int:
+        return False
     if rec["kind"] == "equals":
-        return native
+        return True
     if rec["kind"] != "type" or path[1][1] in native["args"]:
-        return None
+        return False
     native["args"][path[1][1]] = held[-1].watch if isinstance(held[-1], _ClassUnchanged) else None
-    return native
+    return True
 
 
 class _Emitter:

@@ -85,7 +85,7 @@ class Loaded:
                  for i, a in enumerate(args)],
                 state["global_state"].check if "global_state" in state else None, "saved_tensors_hooks" in state,
                 "torch_function" in state, state.get("default_device"),
-                None if self.single_leaf else self.unflatten, MISS)
+                None if self.single_leaf else self.unflatten, native["residual"], self.func, MISS)
         return self._fast_call
 
     def _why_not(self, flat: list[Any], held: list[Any]) -> str:

@@ -218,7 +218,7 @@ def test_other_tensors_are_not_taken_for_the_key(tmp_path):
 
 class _Computed:
     """An attribute computed on every read: no watch proves what `hasattr` on a property gives (its getter may raise
-    AttributeError), so that guard is checked by Python on every call."""
+    AttributeError), so the fast path checks that guard by calling the generated residual function."""
 
     def __init__(self):
         self.raw = 1.5
@@ -228,7 +228,8 @@ class _Computed:
         return self.raw
 
 
-def test_a_model_with_a_guard_only_python_checks_gets_no_fast_path(tmp_path):
+@pytest.mark.parametrize("answer", ["False", "an exception", "a truthy non-bool"])
+def test_a_guard_only_python_checks_is_checked_by_the_residual_on_every_fast_call(tmp_path, answer):
     class ReadsComputed(nn.Module):
         def __init__(self):
             super().__init__()
@@ -236,16 +237,31 @@ def test_a_model_with_a_guard_only_python_checks_gets_no_fast_path(tmp_path):
             self.cached = graphex.inference.cache_compile(self._forward, cache_dir=str(tmp_path))
 
         def _forward(self, x):
-            return F.relu(x) * (self.cfg.raw if hasattr(self.cfg, "factor") else 1.0)
+            return F.relu(x) * (self.cfg.raw if hasattr(self.cfg, "factor") else -1.0)
 
     m = ReadsComputed()
     x = torch.randn(3)
     with torch.no_grad():
         for _ in range(2):
             m.cached(x)
-        assert m.cached._fast is None  # checked on every call by Python (the "always" records)
-        m.cfg.raw = -2.0
-        assert torch.equal(m.cached(x), m._forward(x))
+        (loaded,) = [e for entries in m.cached._by_call.values() for e in entries]
+        residual = loaded.guard_set.native["residual"]
+        assert m.cached._fast is not None and residual is not None
+        assert "hasattr(" in loaded.guard_set.source[loaded.guard_set.source.index("def rest("):]
+        assert m.cached._fast((x,)) is not MISS
+        saved = residual.__code__
+        # Dynamo guards whatever the getter reads, so no real change reaches the residual alone: its answer is forced
+        residual.__code__ = {"False": lambda flat_args, func: False, "an exception": lambda flat_args, func: 1 / 0,
+                             "a truthy non-bool": lambda flat_args, func: 1}[answer].__code__
+        try:
+            if answer == "an exception":
+                with pytest.raises(ZeroDivisionError):
+                    m.cached._fast((x,))
+            else:
+                assert m.cached._fast((x,)) is MISS, "the fast path answered without its residual's check holding"
+        finally:
+            residual.__code__ = saved
+        assert m.cached._fast((x,)) is not MISS and torch.equal(m.cached(x), m._forward(x))
 
 
 @pytest.mark.parametrize("calls", [1, 3])
