@@ -1,6 +1,7 @@
-"""Per-call cost of cache_compile over the bare engine, on the shipped decoder (issue 18: target <= 10 us).
+"""Per-call cost of cache_compile over the bare engine, on the shipped decoder or a decode step of bench/cases.py
+(issue 18 and 22: target <= 10 us).
 
-    python -m bench.cache_call_cost [--rounds N]
+    python -m bench.cache_call_cost [--rounds N] [--case decoder|llama_decode|gpt2_decode]
 
 Prints medians over N rounds of 2000 calls each: the engine's executor called on a prepared input list, the
 generated guard + binding function alone (Note [One function checks the guards and binds the inputs]), the
@@ -37,30 +38,44 @@ def main(argv=None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=2000, help="calls per round and row (pairs: a quarter of it)")
+    p.add_argument("--case", default="decoder", help="decoder (the shipped one), or a case of bench/cases.py called "
+                   "positionally, e.g. llama_decode, gpt2_decode (transformers, a StaticCache held by the module)")
     args = p.parse_args(argv)
-    medians, guard_count, inputs = measure(args.rounds, args.calls)
-    print(f"shipped decoder, {guard_count} guard records, {inputs} inputs, 1 thread, "
-          f"median of {args.rounds} rounds x {args.calls} calls")
+    medians, guard_count, inputs = measure(args.rounds, args.calls, args.case)
+    print(f"{'shipped decoder' if args.case == 'decoder' else args.case}, {guard_count} guard records, {inputs} inputs, "
+          f"1 thread, median of {args.rounds} rounds x {args.calls} calls")
     for name, us in medians.items():
         print(f"  {name:52s} {us:8.1f} us")
 
 
-def measure(rounds: int, calls: int) -> tuple[dict[str, float], int, int]:
+def measure(rounds: int, calls: int, case: str = "decoder") -> tuple[dict[str, float], int, int]:
     """The rows' medians in us, the entry's guard record count and its program's input count (one thread)."""
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _measure(rounds, calls)
+        return _measure(rounds, calls, case)
     finally:
         torch.set_num_threads(saved)
 
 
-def _measure(rounds: int, calls: int) -> tuple[dict[str, float], int, int]:
-    model = build_decoder()
+def _workload(case: str) -> tuple[object, list[object]]:
+    """The forward cache_compile wraps and its positional arguments."""
+    if case == "decoder":
+        model = build_decoder()
+        k, v = model.new_cache()
+        return model, [torch.ones(1, 1, dtype=torch.long), torch.tensor([3]), k, v]
+    from . import cases
+
+    found = [c for c in cases.USER_CASES if c.name == case]
+    if not found:
+        raise SystemExit(f"bench.cache_call_cost: no case {case!r}; try decoder, llama_decode or gpt2_decode")
+    built = found[0].build()
+    return built, list(found[0].inputs(built))
+
+
+def _measure(rounds: int, calls: int, case: str) -> tuple[dict[str, float], int, int]:
+    model, flat = _workload(case)
     cached = graphex.inference.cache_compile(model.forward, cache_dir=tempfile.mkdtemp(prefix="graphex-cost-"))
-    k, v = model.new_cache()
-    tokens, pos = torch.ones(1, 1, dtype=torch.long), torch.tensor([3])
-    flat = [tokens, pos, k, v]
     with torch.inference_mode():
         cached(*flat)
         cached(*flat)

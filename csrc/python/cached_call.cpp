@@ -40,14 +40,17 @@ namespace {
 //     the global torch state (torch's GlobalStateGuard, the saved-tensors hooks, the torch
 //     function stack, the default device), called as the generated code calls them;
 //   * the fast path's other checks, those C++ does not make (`hasattr` on a property, an attribute
-//     of an object with its own `__getattribute__`, as transformers' configs have): one call of the
-//     generated residual function `rest(args, func)`, only when the entry has such guards;
-//   * the held inputs the last full check published, then bind, shape guards, signature, run
-//     and result leaves, as BoundProgram::try_run.
+//     of an object with its own `__getattribute__`, as transformers' configs have, what an argument
+//     holds): one call of the generated residual function `rest(args, func, S)`, which also returns
+//     the held inputs (S, the ones the last full check published, and the tensors an argument holds,
+//     read through their paths); only when the entry has such guards or inputs;
+//   * the held inputs (the residual's, or else the ones the last full check published), then bind,
+//     shape guards, signature, run and result leaves, as BoundProgram::try_run.
+// A call with keywords takes it when the FastCall was made from one with the same names in the same
+// order, each argument a pytree leaf (the call flattens to its arguments, positional then keyword).
 // Any "no" returns `miss` with nothing run, and the Python path (which proves the same things,
 // and more) answers the call; so the fast path can only be narrower than that path, never wider.
-// An entry whose fast path binds what C++ cannot (a tensor an argument holds) gets no FastCall
-// (guards.py, GuardSet.native).
+
 struct FastCall {
   struct Arg {
     PyTypeObject* type;
@@ -64,7 +67,8 @@ struct FastCall {
   bool check_saved_hooks = false, check_torch_function = false;
   py::object device_dict;  // torch.utils._device's globals (its CURRENT_DEVICE must be None), or None
   py::object unflatten;  // None: the result is its one leaf
-  py::object residual;  // the generated `rest(args, func)`, True when its checks hold; None when there are none
+  py::object residual;  // the generated `rest(args, func, S)`: the held inputs when its checks hold, else None
+  std::vector<py::object> kwnames;  // the keywords' names, in the call's order (interned str)
   py::object func;      // the function the entry was traced from, the residual's `func`
   py::object miss;
   // The published watch last seen and its C++ object (held, so that its address is not reused while remembered):
@@ -128,6 +132,7 @@ struct FastCall {
     Py_VISIT(device_dict.ptr());
     Py_VISIT(unflatten.ptr());
     Py_VISIT(residual.ptr());
+    for (const py::object& k : kwnames) Py_VISIT(k.ptr());
     Py_VISIT(func.ptr());
     Py_VISIT(seen_watch.ptr());
     return 0;
@@ -142,13 +147,43 @@ struct FastCall {
     device_dict = py::none();
     unflatten = py::none();
     residual = py::none();
+    kwnames.clear();
     func = py::none();
     seen_watch_ptr = nullptr;
     seen_watch = py::object();
   }
 
-  py::object call(const py::tuple& call_args) const {
-    if (!program || call_args.size() != args.size() || c10::GradMode::is_enabled()) return miss;
+  // The call's arguments flattened as the call key flattens them (positional, then keyword values in the call's
+  // order), or an empty object when the keywords differ from this FastCall's (names, order, count).
+  py::object flatten(const py::tuple& call_args, PyObject* kwargs) const {
+    Py_ssize_t nkw = kwargs == nullptr ? 0 : PyDict_GET_SIZE(kwargs);
+    if (nkw != static_cast<Py_ssize_t>(kwnames.size())) return py::object();
+    if (nkw == 0) return call_args;
+    size_t npos = call_args.size();
+    py::tuple flat(npos + nkw);
+    for (size_t i = 0; i < npos; ++i) flat[i] = call_args[i];
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(kwargs, &pos, &key, &value)) {
+      PyObject* want = kwnames[i].ptr();
+      if (key != want) {  // interned names are one object; otherwise compare as str
+        int eq = PyUnicode_Check(key) ? PyObject_RichCompareBool(key, want, Py_EQ) : 0;
+        if (eq != 1) {
+          if (eq < 0) PyErr_Clear();
+          return py::object();
+        }
+      }
+      flat[npos + i++] = py::reinterpret_borrow<py::object>(value);
+    }
+    return flat;
+  }
+
+  py::object call(const py::tuple& given_args, PyObject* kwargs = nullptr) const {
+    if (!program || c10::GradMode::is_enabled()) return miss;
+    py::object flat = flatten(given_args, kwargs);
+    if (!flat) return miss;
+    py::tuple call_args = py::reinterpret_borrow<py::tuple>(flat);
+    if (call_args.size() != args.size()) return miss;
     for (size_t i = 0; i < args.size(); ++i) {
       PyObject* a = PyTuple_GET_ITEM(call_args.ptr(), i);
       const Arg& want = args[i];
@@ -162,14 +197,14 @@ struct FastCall {
     if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 2 || !PyList_Check(PyTuple_GET_ITEM(p, 1))) return miss;
     const StateWatch* watch = publishedWatch(PyTuple_GET_ITEM(p, 0));
     if (watch == nullptr || !watch->unchanged() || !stateHolds()) return miss;
-    if (!residual.is_none()) {  // after the watch, as the generated fast form checks them
-      PyObject* r = PyObject_CallFunctionObjArgs(residual.ptr(), call_args.ptr(), func.ptr(), nullptr);
-      if (r == nullptr) throw py::error_already_set();
-      bool holds = r == Py_True;
-      Py_DECREF(r);
-      if (!holds) return miss;
-    }
     py::list held = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(p, 1));
+    if (!residual.is_none()) {  // after the watch, as the generated fast form checks them
+      PyObject* r = PyObject_CallFunctionObjArgs(residual.ptr(), call_args.ptr(), func.ptr(), held.ptr(), nullptr);
+      if (r == nullptr) throw py::error_already_set();
+      py::object got = py::reinterpret_steal<py::object>(r);
+      if (!PyList_CheckExact(r)) return miss;  // None: a check failed
+      held = py::reinterpret_borrow<py::list>(got);
+    }
     py::object leaves = tryRunBound(*program, call_args, held);
     if (leaves.is_none()) return miss;
     if (unflatten.is_none()) return py::reinterpret_borrow<py::list>(leaves)[0];
@@ -182,9 +217,9 @@ struct FastCall {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Even one Python frame between the caller and the FastCall costs ~18 us after a real step (the interpreter's own
 // code and the frame's objects are evicted by the step's weights; bench/cache_call_cost.py). So CachedFunction
-// (graphex/inference/cache_compile.py) derives from CachedCall, a type whose call slot is C++: a call without
-// keywords tries the FastCall set on it (`_fast`), and anything else (no FastCall yet, a miss, keywords) calls the
-// instance's Python `_call(*args, **kwargs)`, the path that decides everything and installs the next FastCall.
+// (graphex/inference/cache_compile.py) derives from CachedCall, a type whose call slot is C++: a call tries the
+// FastCall set on it (`_fast`), and anything else (no FastCall yet, a miss) calls the instance's Python
+// `_call(*args, **kwargs)`, the path that decides everything and installs the next FastCall.
 struct CachedCallObject {
   PyObject_HEAD
   PyObject* fast;           // the FastCall (a pybind11 instance), or nullptr
@@ -193,12 +228,12 @@ struct CachedCallObject {
 
 PyObject* cachedCallInvoke(PyObject* self, PyObject* args, PyObject* kwargs) {
   auto* c = reinterpret_cast<CachedCallObject*>(self);
-  if (c->fast_ptr != nullptr && (kwargs == nullptr || PyDict_GET_SIZE(kwargs) == 0)) {
+  if (c->fast_ptr != nullptr) {
     PyObject* fast = c->fast;
     const FastCall* f = c->fast_ptr;
     Py_INCREF(fast);  // kept alive through the call, even if another thread replaces it while the engine runs
     try {
-      py::object result = f->call(py::reinterpret_borrow<py::tuple>(args));
+      py::object result = f->call(py::reinterpret_borrow<py::tuple>(args), kwargs);
       bool missed = result.ptr() == f->miss.ptr();
       Py_DECREF(fast);
       if (!missed) return result.release().ptr();
@@ -274,7 +309,8 @@ void registerCachedCall(py::module_& m) {
       .def(py::init([](std::shared_ptr<BoundProgram> program, py::list published,
                        const std::vector<std::tuple<py::object, py::object, py::object>>& args,
                        py::object global_state_check, bool saved_hooks, bool torch_function, py::object device_module,
-                       py::object unflatten, py::object residual, py::object func, py::object miss) {
+                       py::object unflatten, py::object residual, py::object func,
+                       const std::vector<py::object>& kwnames, py::object miss) {
              FastCall f;
              f.program = std::move(program);
              f.published = std::move(published);
@@ -285,6 +321,12 @@ void registerCachedCall(py::module_& m) {
              f.unflatten = std::move(unflatten);
              f.residual = std::move(residual);
              f.func = std::move(func);
+             for (const py::object& k : kwnames) {
+               if (!PyUnicode_Check(k.ptr())) throw py::type_error("graphex: FastCall: a keyword's name is not a str");
+               PyObject* name = Py_NewRef(k.ptr());
+               PyUnicode_InternInPlace(&name);
+               f.kwnames.push_back(py::reinterpret_steal<py::object>(name));
+             }
              f.miss = std::move(miss);
              for (const auto& [type, value, class_watch] : args) {
                if (!PyType_Check(type.ptr())) throw py::type_error("graphex: FastCall: an argument's type is not a type");
@@ -302,13 +344,14 @@ void registerCachedCall(py::module_& m) {
            }),
            py::arg("program"), py::arg("published"), py::arg("args"), py::arg("global_state_check"),
            py::arg("saved_hooks"), py::arg("torch_function"), py::arg("device_module"), py::arg("unflatten"),
-           py::arg("residual"), py::arg("func"), py::arg("miss"),
+           py::arg("residual"), py::arg("func"), py::arg("kwnames"), py::arg("miss"),
            "args: (type, value or None for a tensor, class StateWatch or None) per positional argument; "
            "global_state_check: a GlobalStateGuard's bound check, or None; saved_hooks / torch_function: whether no "
            "saved-tensors hooks / no torch function mode must be active; device_module: torch.utils._device when no "
            "default device must be set, or None; residual: the generated `rest(args, func)` of the checks C++ does not make, "
-           "or None.")
-      .def("__call__", &FastCall::call, py::arg("args"),
+           "or None; kwnames: the keywords' names in the call's order (their values are the last args).")
+      .def("__call__", [](const FastCall& f, const py::tuple& args, const py::dict& kwargs) { return f.call(args, kwargs.ptr()); },
+           py::arg("args"), py::arg("kwargs") = py::dict(),
            "The call's result, or `miss` (nothing run) when anything differs from what the entry was proved for.");
 
   addCallSlotType(m, "CachedCall", cachedCallType);

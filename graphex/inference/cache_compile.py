@@ -106,11 +106,19 @@ _LEAF_TYPES = (torch.Tensor, int, float, bool)  # pytree leaves (Note [A plain c
 
 
 
+def _each_argument_a_leaf(flat: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the call flattened to its arguments themselves, positional then keyword values in the call's order (no
+    container among them): what a FastCall made with keyword names rebuilds from a call (Note [A plain call's fast
+    path is one C++ call])."""
+    given = (*args, *kwargs.values())
+    return len(flat) == len(given) and all(f is a for f, a in zip(flat, given))
+
+
 class CachedFunction(_C.CachedCall):
     """The callable cache_compile returns. `stats` counts hits, misses, compiles and writes.
 
     Calling it enters C++ at once (Note [cache_compile's call enters C++ at once], csrc/python/cached_call.cpp): a call
-    without keywords tries the FastCall of the last plain hit (`_fast`); anything else comes to `_call`."""
+    tries the FastCall of the last hit whose arguments were all leaves (`_fast`); anything else comes to `_call`."""
 
     def __init__(self, func: Callable[..., Any], *, dynamic: bool, cache_dir: Any, options: Any) -> None:
         self._func = func
@@ -175,6 +183,8 @@ class CachedFunction(_C.CachedCall):
             if result is not MISS:
                 if plain:
                     self._fast = loaded.fast_call(args)
+                elif _each_argument_a_leaf(flat, args, kwargs):  # the FastCall flattens such a call itself
+                    self._fast = loaded.fast_call(tuple(flat), tuple(kwargs))
                 return result
         return self._load_or_compile(flat, in_spec, call_key, (args, kwargs))
 

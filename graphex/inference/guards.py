@@ -89,10 +89,10 @@ class GuardSet:
         self.always = 0  # records checked on every call (the rest: while the watch holds, by the watch)
         self._published: list[Any] = [(None, [])]
         # Note [A plain call's fast path is one C++ call] (csrc/python/cached_call.cpp): what the fast path proves besides
-        # the watch, as C++ checks it, or None when C++ lacks what the fast path binds (a tensor an argument holds):
-        # {"args": {i: the class StateWatch or None}, "state": {kind: object}, "residual": the generated function of
-        # the fast path's other checks, `rest(flat_args, func)` (a property's hasattr, a config's computed attribute),
-        # or None}.
+        # the watch, as C++ checks it: {"args": {i: the class StateWatch or None}, "state": {kind: object},
+        # "residual": the generated `rest(flat_args, func, S)`, the fast path's other checks (a property's hasattr, a
+        # config's computed attribute, what an argument holds) and its held inputs (S: the published ones, and the
+        # tensors an argument holds), or None when there are no such checks and S is every held input}.
         self.native: dict[str, Any] | None = None
 
     @property
@@ -113,7 +113,7 @@ class GuardSet:
         fast = _Emitter(held, pins, globals_)
         fast.on_fail = "return slow(flat_args, func)"  # the fast path proves; it never refuses
         rest = _Emitter(held, pins, globals_)  # the fast path's checks C++ does not make (GuardSet.native's residual)
-        rest.on_fail = "return False"
+        rest.on_fail = "return None"
         always = 0
         native: dict[str, Any] = {"args": {}, "state": {}}
         try:
@@ -151,7 +151,7 @@ class GuardSet:
                     always += 1
                     if not _native_arg_check(native, rec, path, held):
                         rest.check(_condition(rec, value, rest.var(path), held, locals_, globals_, rest.var)[0])
-            reads_full, reads_fast, static = [], [], []
+            reads_full, reads_fast, reads_rest, static = [], [], [], []
             for b in inputs or []:
                 if b.kind not in HELD_KINDS:
                     self._check_binding(b)
@@ -159,9 +159,11 @@ class GuardSet:
                 reads_full.append(self._input(b, locals_, globals_, full.var))
                 if b.kind in ("param", "buffer") and pins.pinned(parse_source(b.source), locals_, globals_):
                     reads_fast.append(f"S[{len(static)}]")
+                    reads_rest.append(f"S[{len(static)}]")
                     static.append(len(reads_full) - 1)
                 else:
                     reads_fast.append(self._input(b, locals_, globals_, fast.var))
+                    reads_rest.append(self._input(b, locals_, globals_, rest.var))
         except _Fails as e:
             return str(e)
         except Exception as e:  # noqa: BLE001  a record graphex did not write (a forged or damaged entry)
@@ -189,9 +191,9 @@ class GuardSet:
             "  if r is None:\n    return None\n"
             f"  P[0] = (w, [r[i] for i in {tuple(static)!r}])\n"
             "  return r\n")
-        if rest.lines:
-            source += ("\ndef rest(flat_args, func):\n  try:\n" + rest.body() +
-                       "\n  except Exception:\n    return False\n  return True\n")
+        if rest.lines or len(static) != len(reads_full):
+            source += ("\ndef rest(flat_args, func, S):\n  try:\n" + rest.body() +
+                       f"\n    return [{', '.join(reads_rest)}]\n  except Exception:\n    return None\n")
         namespace: dict[str, Any] = {"H": tuple(held), "P": [(watch, [])], "new_watch": _C.StateWatch,
                                      "watched": watched,
                                      "__builtins__": {"type": type, "len": len, "list": list, "dict": dict, "object": object,
@@ -201,7 +203,7 @@ class GuardSet:
         self._published = namespace["P"]
         self.run, self.source, self.always = namespace["run"], source, always
         native["residual"] = namespace.get("rest")
-        self.native = native if len(static) == len(reads_full) else None  # C++ has only the published held inputs
+        self.native = native
         return None
 
     @staticmethod

@@ -37,6 +37,7 @@ class Loaded:
         self.bind: Callable[[list[Any], Any], list[Any] | None] | None = None
         self.why = ""  # the guard that failed, for the cache-miss message
         self._fast_call: Any = None  # built at the first plain hit (Note [A plain call's fast path is one C++ call])
+        self._fast_for: tuple[tuple[str, ...], list[Any]] = ((), [])  # the keywords and non-tensor values it was made for
 
     def try_run(self, flat: list[Any]) -> Any:
         """The call's result, or MISS (nothing run) if this entry does not fit the call.
@@ -71,10 +72,12 @@ class Loaded:
             return leaves[0]
         return self.unflatten(leaves)
 
-    def fast_call(self, args: tuple[Any, ...]) -> Any:
-        """A _C.FastCall for calls like `args` (positional, a hit just now), or None when this entry's fast path
-        proves something only Python checks (Note [A plain call's fast path is one C++ call])."""
-        if self._fast_call is None:
+    def fast_call(self, args: tuple[Any, ...], kwnames: tuple[str, ...] = ()) -> Any:
+        """A _C.FastCall for calls like `args` (a hit just now, flattened: the last len(kwnames) passed by those
+        names), or None (Note [A plain call's fast path is one C++ call])."""
+        values = [a for a in args if not isinstance(a, torch.Tensor)]  # compared by value: one FastCall per set
+        if self._fast_call is None or self._fast_for[0] != kwnames or len(values) != len(self._fast_for[1]) or \
+                any(a is not b for a, b in zip(values, self._fast_for[1])):
             native = self.guard_set.native
             if self.validate_next or self.bind is None or native is None:
                 return None
@@ -85,7 +88,8 @@ class Loaded:
                  for i, a in enumerate(args)],
                 state["global_state"].check if "global_state" in state else None, "saved_tensors_hooks" in state,
                 "torch_function" in state, state.get("default_device"),
-                None if self.single_leaf else self.unflatten, native["residual"], self.func, MISS)
+                None if self.single_leaf else self.unflatten, native["residual"], self.func, list(kwnames), MISS)
+            self._fast_for = (kwnames, values)
         return self._fast_call
 
     def _why_not(self, flat: list[Any], held: list[Any]) -> str:

@@ -228,7 +228,7 @@ class _Computed:
         return self.raw
 
 
-@pytest.mark.parametrize("answer", ["False", "an exception", "a truthy non-bool"])
+@pytest.mark.parametrize("answer", ["None", "an exception", "a tuple"])
 def test_a_guard_only_python_checks_is_checked_by_the_residual_on_every_fast_call(tmp_path, answer):
     class ReadsComputed(nn.Module):
         def __init__(self):
@@ -251,8 +251,8 @@ def test_a_guard_only_python_checks_is_checked_by_the_residual_on_every_fast_cal
         assert m.cached._fast((x,)) is not MISS
         saved = residual.__code__
         # Dynamo guards whatever the getter reads, so no real change reaches the residual alone: its answer is forced
-        residual.__code__ = {"False": lambda flat_args, func: False, "an exception": lambda flat_args, func: 1 / 0,
-                             "a truthy non-bool": lambda flat_args, func: 1}[answer].__code__
+        residual.__code__ = {"None": lambda flat_args, func, S: None, "an exception": lambda flat_args, func, S: 1 / 0,
+                             "a tuple": lambda flat_args, func, S: (*S,)}[answer].__code__
         try:
             if answer == "an exception":
                 with pytest.raises(ZeroDivisionError):
@@ -516,3 +516,70 @@ def test_a_change_through_a_watched_pointer_is_seen(tmp_path, change, fast):
     finally:
         if undo is not None:
             undo()
+
+
+# -- keywords and objects passed in (issue 22: the call transformers makes) ----------------------------------------
+class _Holder:  # an object passed in whose tensor the trace reads (as a StaticCache holds its layers' tensors)
+    def __init__(self, t, k=2.0):
+        self.t = t
+        self.k = k
+
+
+class Keywords(nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+        self.cached = graphex.inference.cache_compile(self._forward, cache_dir=cache_dir)
+
+    def _forward(self, x, holder=None, scale=1.0):
+        y = self.proj(x) * scale
+        if holder is not None:
+            y = y * holder.k + holder.t
+        return y
+
+
+KEYWORD_CALLS = {  # (what changes, the next call's arguments) after a FastCall made from `x=x, holder=h`
+    "the same call": lambda m, x, h: ((), {"x": x, "holder": h}),
+    "keywords in another order": lambda m, x, h: ((), {"holder": h, "x": x}),
+    "one more keyword": lambda m, x, h: ((), {"x": x, "holder": h, "scale": 3.0}),
+    "one keyword fewer": lambda m, x, h: ((), {"x": x}),
+    "positional instead": lambda m, x, h: ((x, h), {}),
+    "the held tensor replaced": lambda m, x, h: (setattr(h, "t", torch.randn(4, 6)), ((), {"x": x, "holder": h}))[1],
+    "the held tensor of another shape": lambda m, x, h: (setattr(h, "t", torch.randn(1, 6)), ((), {"x": x, "holder": h}))[1],
+    "the held tensor changed in place": lambda m, x, h: (h.t.mul_(-2), ((), {"x": x, "holder": h}))[1],
+    "an attribute the trace read": lambda m, x, h: (setattr(h, "k", -5.0), ((), {"x": x, "holder": h}))[1],
+    "another holder": lambda m, x, h: ((), {"x": x, "holder": _Holder(torch.randn(4, 6), 0.5)}),
+    "a holder of another class": lambda m, x, h: ((), {"x": x, "holder": type("H2", (_Holder,), {})(torch.randn(4, 6))}),
+    "the held tensor gone": lambda m, x, h: (delattr(h, "t"), setattr(h, "t", None), ((), {"x": x}))[2],
+}
+
+
+@pytest.mark.parametrize("call", list(KEYWORD_CALLS))
+def test_a_keyword_call_with_an_object_takes_the_fast_path_and_sees_each_change(tmp_path, call):
+    torch.manual_seed(0)
+    m = Keywords(str(tmp_path))
+    x, h = torch.randn(4, 6), _Holder(torch.randn(4, 6))
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(m.cached(x=x, holder=h), m._forward(x=x, holder=h))
+        assert m.cached._fast is not None, "a keyword call whose arguments are leaves got no FastCall"
+        calls = _python_guard_calls(m)
+        assert torch.equal(m.cached(x=x, holder=h), m._forward(x=x, holder=h)) and calls[0] == 0
+        for _ in range(3):
+            args, kwargs = KEYWORD_CALLS[call](m, x, h)
+            out, ref = m.cached(*args, **kwargs), m._forward(*args, **kwargs)
+            assert torch.equal(out, ref), f"{call}: not eager's result"
+
+
+def test_a_keyword_fast_call_compares_names_and_order(tmp_path):
+    torch.manual_seed(0)
+    m = Keywords(str(tmp_path))
+    x, h = torch.randn(4, 6), _Holder(torch.randn(4, 6))
+    with torch.no_grad():
+        for _ in range(2):
+            m.cached(x=x, holder=h)
+        fast = m.cached._fast
+        assert fast((), {"x": x, "holder": h}) is not MISS
+        for kwargs in ({"holder": h, "x": x}, {"x": x}, {"x": x, "holder": h, "scale": 1.0}, {"x": x, "other": h}):
+            assert fast((), kwargs) is MISS, kwargs
+        assert fast((x,), {"holder": h}) is MISS and fast((x, h), {}) is MISS
