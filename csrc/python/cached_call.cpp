@@ -54,7 +54,7 @@ namespace {
 struct FastCall {
   struct Arg {
     PyTypeObject* type;
-    py::object value;  // a number or str: the value of the call key; unset for a tensor or None
+    py::object value;  // a number or str: the value of the call key; unset for a tensor, None or an object passed in
   };
   std::shared_ptr<BoundProgram> program;
   py::list published;  // the guard function's P: P[0] is (StateWatch, [held inputs]), replaced as one object
@@ -345,7 +345,7 @@ void registerCachedCall(py::module_& m) {
            py::arg("program"), py::arg("published"), py::arg("args"), py::arg("global_state_check"),
            py::arg("saved_hooks"), py::arg("torch_function"), py::arg("device_module"), py::arg("unflatten"),
            py::arg("residual"), py::arg("func"), py::arg("kwnames"), py::arg("miss"),
-           "args: (type, value or None for a tensor, class StateWatch or None) per positional argument; "
+           "args: (type, value of a number or str or else None, class StateWatch or None) per flattened argument; "
            "global_state_check: a GlobalStateGuard's bound check, or None; saved_hooks / torch_function: whether no "
            "saved-tensors hooks / no torch function mode must be active; device_module: torch.utils._device when no "
            "default device must be set, or None; residual: the generated `rest(args, func)` of the checks C++ does not make, "

@@ -18,6 +18,13 @@ from .entry import Entry
 from .flat_call import guards_scope
 from .guards import GuardSet
 
+# What the call key holds by value (cache_compile._call_value), so the FastCall compares: numbers (a float by its bits),
+# strings. Any other argument, a tensor or an object passed in (a StaticCache), by its exact type only, as the key
+# has it; its guards (the residual, Note [A plain call's fast path is one C++ call]) check what the trace read of it.
+# Comparing an object with == would call its __eq__, which may lie or run anything.
+_KEYED_BY_VALUE = (int, float, bool, str)
+
+
 class Loaded:
     """A cache entry bound to this process: an executor plus how to feed it and read it."""
 
@@ -37,7 +44,7 @@ class Loaded:
         self.bind: Callable[[list[Any], Any], list[Any] | None] | None = None
         self.why = ""  # the guard that failed, for the cache-miss message
         self._fast_call: Any = None  # built at the first plain hit (Note [A plain call's fast path is one C++ call])
-        self._fast_for: tuple[tuple[str, ...], list[Any]] = ((), [])  # the keywords and non-tensor values it was made for
+        self._fast_for: tuple[str, ...] = ()  # the keywords _fast_call was made for
 
     def try_run(self, flat: list[Any]) -> Any:
         """The call's result, or MISS (nothing run) if this entry does not fit the call.
@@ -75,21 +82,18 @@ class Loaded:
     def fast_call(self, args: tuple[Any, ...], kwnames: tuple[str, ...] = ()) -> Any:
         """A _C.FastCall for calls like `args` (a hit just now, flattened: the last len(kwnames) passed by those
         names), or None (Note [A plain call's fast path is one C++ call])."""
-        values = [a for a in args if not isinstance(a, torch.Tensor)]  # compared by value: one FastCall per set
-        if self._fast_call is None or self._fast_for[0] != kwnames or len(values) != len(self._fast_for[1]) or \
-                any(a is not b for a, b in zip(values, self._fast_for[1])):
+        if self._fast_call is None or self._fast_for != kwnames:
             native = self.guard_set.native
             if self.validate_next or self.bind is None or native is None:
                 return None
             state = native["state"]
             self._fast_call = _C.FastCall(
                 self.program, self.guard_set._published,
-                [(type(a), None if isinstance(a, torch.Tensor) else a, native["args"].get(i))
-                 for i, a in enumerate(args)],
+                [(type(a), a if type(a) in _KEYED_BY_VALUE else None, native["args"].get(i)) for i, a in enumerate(args)],
                 state["global_state"].check if "global_state" in state else None, "saved_tensors_hooks" in state,
                 "torch_function" in state, state.get("default_device"),
                 None if self.single_leaf else self.unflatten, native["residual"], self.func, list(kwnames), MISS)
-            self._fast_for = (kwnames, values)
+            self._fast_for = kwnames
         return self._fast_call
 
     def _why_not(self, flat: list[Any], held: list[Any]) -> str:

@@ -22,6 +22,8 @@ SLOT_KINDS: dict[type, dict[str, int]] = {
     type: {"__mro__": 5, "__name__": 6, "__qualname__": 7},  # a class's; the names of a heap class only
 }
 _READ_ONLY_FUNCTION_ATTRS = ("__closure__", "__globals__", "__builtins__")  # a function keeps these for its life
+# type's data descriptors this file reads as a class's own dict: `__module__` is that dict's value for a heap class
+_TYPE_SLOTS_READ_AS_DICT = ("__module__",)
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created by a class statement (or type()), whose names can change
 
 _WATCHED_VALUES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, enum.Enum, types.CodeType,
@@ -80,6 +82,12 @@ class _Pins:
                     any(name in vars(m) for m in meta.__mro__ if m is not type and m is not object):
                 return False
             self._watch_class(meta)
+        self.objects[id(base)] = base  # its metaclass stays (`cls.__class__ = Meta2` is allowed between heap types)
+        if name in vars(type) and hasattr(vars(type)[name], "__set__") and name not in _TYPE_SLOTS_READ_AS_DICT:
+            if name != "__dict__" and name not in SLOT_KINDS[type]:
+                return False  # type's own data descriptor (`__bases__`, `__doc__` ...) wins over any class dict
+        if name in _TYPE_SLOTS_READ_AS_DICT and name not in vars(base):
+            return False  # read from the class's own dict only, never a base's
         if name == "__dict__":  # the mappingproxy of the class's own dict
             real = _type_dict(base)
             if real is None:
@@ -98,6 +106,10 @@ class _Pins:
         return False
 
     def _watch_class(self, cls: type) -> None:
+        """The dicts of cls's MRO, and which MRO it has: `__bases__` assigned anywhere above gives cls a new MRO tuple
+        and leaves every dict as it was (found by a helper: a class attribute read through a rebased class)."""
+        if not cls.__flags__ & _IMMUTABLE_TYPE:
+            self._watch_slot(cls, SLOT_KINDS[type]["__mro__"])
         for c in cls.__mro__:
             if not c.__flags__ & _IMMUTABLE_TYPE:
                 real = _type_dict(c)
@@ -266,7 +278,8 @@ class _ClassUnchanged:
 
         self.cls, self.digest = cls, digest
         dicts = [d for c in cls.__mro__ if not c.__flags__ & _IMMUTABLE_TYPE if (d := _type_dict(c)) is not None]
-        self.watch = _C.StateWatch(dicts, [])
+        mro = [] if cls.__flags__ & _IMMUTABLE_TYPE else [(cls, SLOT_KINDS[type]["__mro__"])]  # `__bases__` assigned
+        self.watch = _C.StateWatch(dicts, [], slots=mro)
         self.watch.snapshot()
 
     def __call__(self) -> bool:

@@ -551,7 +551,23 @@ KEYWORD_CALLS = {  # (what changes, the next call's arguments) after a FastCall 
     "another holder": lambda m, x, h: ((), {"x": x, "holder": _Holder(torch.randn(4, 6), 0.5)}),
     "a holder of another class": lambda m, x, h: ((), {"x": x, "holder": type("H2", (_Holder,), {})(torch.randn(4, 6))}),
     "the held tensor gone": lambda m, x, h: (delattr(h, "t"), setattr(h, "t", None), ((), {"x": x}))[2],
+    "a holder equal to every object": lambda m, x, h: ((), {"x": x, "holder": _EqualToAll(torch.randn(4, 6), -1.0)}),
+    "a holder whose == raises": lambda m, x, h: ((), {"x": x, "holder": _EqualRaises(torch.randn(4, 6), 3.0)}),
 }
+
+
+class _EqualToAll(_Holder):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+class _EqualRaises(_Holder):
+    def __eq__(self, other):
+        raise RuntimeError("compared")
+
+    __hash__ = object.__hash__
 
 
 @pytest.mark.parametrize("call", list(KEYWORD_CALLS))
@@ -583,3 +599,110 @@ def test_a_keyword_fast_call_compares_names_and_order(tmp_path):
         for kwargs in ({"holder": h, "x": x}, {"x": x}, {"x": x, "holder": h, "scale": 1.0}, {"x": x, "other": h}):
             assert fast((), kwargs) is MISS, kwargs
         assert fast((x,), {"holder": h}) is MISS and fast((x, h), {}) is MISS
+
+
+# -- found by a helper trying to break it (2026-12-07): what a class's bases and metaclass are --------------------
+def _class_changes():
+    """Fresh classes per case (each case changes them), a function reading them, and the change: each returns
+    (function, change)."""
+    class B1:
+        k = 2.0
+
+    class B2:
+        k = 3.0
+
+    def rebased_attribute():
+        class Child(B1):
+            pass
+        return (lambda x: x * Child.k), lambda: setattr(Child, "__bases__", (B2,))
+
+    def hasattr_after_rebase():
+        class NoFlag:
+            pass
+
+        class HasFlag:
+            flag = True
+
+        class C2(NoFlag):
+            pass
+        o = C2()
+        return (lambda x: x * (2.0 if hasattr(o, "flag") else 1.0)), lambda: setattr(C2, "__bases__", (HasFlag,))
+
+    def module_hasattr_after_mixin():
+        class Mod(nn.Module):
+            def forward(self, x):
+                return self.sub(x) if hasattr(self, "sub") else x
+
+        class Mixin(nn.Module):
+            def sub(self, x):
+                return x * 10
+        m = Mod()
+        return m.forward, lambda: setattr(Mod, "__bases__", (Mixin,))
+
+    def own_attribute_then_base_property():
+        class Plain:
+            pass
+
+        class WithProp:
+            @property
+            def a(self):
+                return 10.0
+
+        class C4(Plain):
+            pass
+        o = C4()
+        o.a = 2.0
+        return (lambda x: x * o.a), lambda: setattr(C4, "__bases__", (WithProp,))
+
+    def metaclass_swapped():
+        class Meta1(type):
+            pass
+
+        class Meta2(type):
+            @property
+            def factor(cls):
+                return 9.0
+
+        class K5(metaclass=Meta1):
+            factor = 2.0
+        return (lambda x: x * K5.factor), lambda: setattr(K5, "__class__", Meta2)
+
+    def bases_shadowed_in_the_class_dict():
+        class Ch6(B1):
+            __bases__ = "shadowed"
+        return (lambda x: x * Ch6.__bases__[0].k), lambda: setattr(Ch6, "__bases__", (B2,))
+
+    def method_through_a_rebased_base():
+        class Greeter:
+            def scale(self):
+                return 2.0
+
+        class Other:
+            def scale(self):
+                return 5.0
+
+        class G(Greeter):
+            pass
+        g = G()
+        return (lambda x: x * g.scale()), lambda: setattr(G, "__bases__", (Other,))
+
+    return {f.__name__: f for f in (rebased_attribute, hasattr_after_rebase, module_hasattr_after_mixin,
+                                     own_attribute_then_base_property, metaclass_swapped,
+                                     bases_shadowed_in_the_class_dict, method_through_a_rebased_base)}
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("case", list(_class_changes()))
+def test_a_class_rebased_or_given_another_metaclass_is_seen(tmp_path, case, fast):
+    f, change = _class_changes()[case]()
+    x = torch.arange(1.0, 4.0)
+    cached = graphex.inference.cache_compile(f, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(cached(x), f(x))
+        assert cached._fast is not None
+        change()
+        for _ in range(3):
+            if not fast:
+                cached._fast = None
+            assert torch.equal(cached(x), f(x)), f"{case}: stale result"
