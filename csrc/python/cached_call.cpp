@@ -166,12 +166,11 @@ struct FastCall {
     PyObject *key, *value;
     while (PyDict_Next(kwargs, &pos, &key, &value)) {
       PyObject* want = kwnames[i].ptr();
-      if (key != want) {  // interned names are one object; otherwise compare as str
-        int eq = PyUnicode_Check(key) ? PyObject_RichCompareBool(key, want, Py_EQ) : 0;
-        if (eq != 1) {
-          if (eq < 0) PyErr_Clear();
-          return py::object();
-        }
+      // Interned names are one object; otherwise an exact str of the same characters (a str subclass's __eq__ may lie:
+      // found by a helper, it matched any name)
+      if (key != want && (!PyUnicode_CheckExact(key) || PyUnicode_Compare(key, want) != 0)) {
+        if (PyErr_Occurred()) PyErr_Clear();
+        return py::object();
       }
       flat[npos + i++] = py::reinterpret_borrow<py::object>(value);
     }

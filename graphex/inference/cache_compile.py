@@ -46,6 +46,7 @@ from ..distributed import describe_world, world_key, world_mismatch
 from ..fusion.manager import registered_patterns
 from ..options import Options
 from . import keys
+from .fingerprints import float_key
 from .loaded import MISS, Loaded, collector_paused
 from .entry import SUFFIX, Entry, EntryError, read_entry, write_entry
 
@@ -96,7 +97,7 @@ def _call_value(a: Any, any_leaf: bool = False) -> Any:
     if t is torch.Tensor:
         return None
     if t is float:
-        return (float, a.hex())
+        return (float, float_key(a))
     if t in (int, bool, type(None), str):
         return (t, a)
     if isinstance(a, torch.Tensor):

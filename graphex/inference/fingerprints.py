@@ -11,6 +11,7 @@ import os
 import hashlib
 import sys
 import threading
+import struct
 import types
 import weakref
 from typing import Any, Iterator
@@ -20,13 +21,27 @@ import torch
 from .guard_sources import NotCheckable, _CONSTANT_TYPES
 
 
+def float_key(x: float) -> str:
+    """A float as a string that compares exactly: its hex (-0.0 is not 0.0), and for a NaN its bits, which float.hex()
+    drops ('nan' for every NaN, whatever its sign: `copysign(1.0, s)` tells them apart; found by a helper)."""
+    if x != x:
+        return "nan:" + struct.pack(">d", x).hex()
+    return x.hex()
+
+
+def float_from_key(key: str) -> float:
+    if key.startswith("nan:"):
+        return struct.unpack(">d", bytes.fromhex(key[4:]))[0]
+    return float.fromhex(key)
+
+
 def constant(value: Any) -> Any:
-    """A JSON rendering of a constant that compares exactly (floats by hex), or NotCheckable."""
+    """A JSON rendering of a constant that compares exactly (floats by float_key), or NotCheckable."""
     t = type(value)
     if t in (int, bool, str, type(None)):
         return [t.__name__, value]
     if t is float:
-        return ["float", value.hex()]
+        return ["float", float_key(value)]
     if t is bytes:
         return ["bytes", value.hex()]
     if t in (tuple, list, frozenset) and len(value) <= 64:
@@ -46,7 +61,7 @@ def from_constant(rendered: Any) -> Any:
     if kind in ("int", "bool", "str", "NoneType"):
         return v
     if kind == "float":
-        return float.fromhex(v)
+        return float_from_key(v)
     if kind == "bytes":
         return bytes.fromhex(v)
     if kind in ("tuple", "list", "frozenset"):

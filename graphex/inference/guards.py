@@ -54,9 +54,15 @@ import torch.utils._device  # read by the default-device guard; imported by Dyna
 
 from ..program import HELD_KINDS, Binding
 from .guard_sources import NotCheckable, Path, _KEYED_BY_PATH, _MISSING, _STEPS, contextvar_get, parse_source, resolve, resolve_global
-from .fingerprints import _global_state, _saved_tensors_hooks, from_constant, identity, one_check, type_name
+from .fingerprints import _global_state, _saved_tensors_hooks, float_key, from_constant, identity, one_check, type_name
 from .guard_records import _attr_name, _find_by_identity, _tensor_meta
 from .pins import _ClassUnchanged, _Pins
+
+
+# What a FastCall compares a flattened argument by, besides its exact type: the value, as the call key has it (a float by
+# its bits). A dtype, a device, bytes are compared by the residual's guards (found by a helper: compared by type alone,
+# a new dtype replayed the old one's entry). One definition: loaded.py builds the FastCall from it.
+FAST_CALL_VALUE_TYPES = (int, float, bool, str, type(None))
 
 
 class GuardSet:
@@ -234,8 +240,8 @@ def _native_arg_check(native: dict[str, Any], rec: dict[str, Any], path: Path, h
     the FastCall records at a hit equals)."""
     if len(path) != 2 or path[0] != ("L", "flat_args") or path[1][0] != "item" or type(path[1][1]) is not int:
         return False
-    if rec["kind"] == "equals":
-        return True
+    if rec["kind"] == "equals":  # C++ compares these by value; any other constant (a dtype, a device): the residual's
+        return type(from_constant(rec["expect"])) in FAST_CALL_VALUE_TYPES
     if rec["kind"] != "type" or path[1][1] in native["args"]:
         return False
     native["args"][path[1][1]] = held[-1].watch if isinstance(held[-1], _ClassUnchanged) else None
@@ -327,6 +333,8 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
         if type(value) is not type(c) or not _equal(value, c):
             return "", f"built with {c!r}, now {value!r}"
         if type(c) is float:  # by bits: -0.0 != 0.0 and NaN == NaN here, as the trace's constant would differ
+            if c != c:  # a NaN: by its bits (float.hex() is 'nan' for every NaN)
+                return f"type({v}) is float and {_hold(held, float_key)}({v}) == {float_key(c)!r}", None
             return f"type({v}) is float and {v}.hex() == {c.hex()!r}", None
         return f"type({v}) is {_hold(held, type(c))} and {v} == {_hold(held, c)}", None
     if kind == "len":
@@ -399,7 +407,7 @@ def _tensor_is(expect: list[Any]) -> Callable[[Any], bool]:
 
 def _equal(a: Any, b: Any) -> bool:
     if type(a) is float:
-        return a.hex() == b.hex() if type(b) is float else False  # -0.0 is not 0.0, NaN is NaN
+        return float_key(a) == float_key(b) if type(b) is float else False  # -0.0 is not 0.0, a NaN is its bits
     try:
         return bool(a == b)
     except Exception:  # noqa: BLE001

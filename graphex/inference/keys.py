@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from .fingerprints import float_key
 from .flat_call import SPELLED_OUT
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -140,10 +141,15 @@ def describe_value(v: Any) -> Any:
     return ["object", f"{type(v).__module__}.{type(v).__qualname__}"]
 
 
+def _float_text(x: float) -> str:
+    """repr, which tells -0.0 from 0.0, and a NaN's bits, which repr drops (fingerprints.float_key)."""
+    return repr(x) if x == x else float_key(x)
+
+
 def _plain(v: Any) -> Any:
     """A JSON-able rendering of configuration-like values, or None for anything else."""
     if isinstance(v, _PRIMITIVES):
-        return [type(v).__name__, v if not isinstance(v, float) else repr(v)]
+        return [type(v).__name__, v if not isinstance(v, float) else _float_text(v)]
     if isinstance(v, (tuple, list)) and all(isinstance(x, _PRIMITIVES) for x in v):
         return [type(v).__name__, [repr(x) for x in v]]
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
@@ -164,7 +170,7 @@ def input_signature(flat_args: list[Any], dynamic: bool) -> list[Any]:
                 shape, strides = list(a.shape), list(a.stride())
             sig.append(["tensor", str(a.dtype), str(a.device), shape, strides, a.requires_grad])
         elif isinstance(a, _PRIMITIVES):
-            sig.append([type(a).__name__, a if not isinstance(a, float) else repr(a)])
+            sig.append([type(a).__name__, a if not isinstance(a, float) else _float_text(a)])
         else:
             sig.append(["other", type(a).__qualname__])
     return sig

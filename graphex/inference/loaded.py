@@ -16,14 +16,7 @@ from .. import _C, compat
 from . import keys
 from .entry import Entry
 from .flat_call import guards_scope
-from .guards import GuardSet
-
-# What the call key holds by value (cache_compile._call_value), so the FastCall compares: numbers (a float by its bits),
-# strings. Any other argument, a tensor or an object passed in (a StaticCache), by its exact type only, as the key
-# has it; its guards (the residual, Note [A plain call's fast path is one C++ call]) check what the trace read of it.
-# Comparing an object with == would call its __eq__, which may lie or run anything.
-_KEYED_BY_VALUE = (int, float, bool, str)
-
+from .guards import FAST_CALL_VALUE_TYPES, GuardSet
 
 class Loaded:
     """A cache entry bound to this process: an executor plus how to feed it and read it."""
@@ -89,7 +82,11 @@ class Loaded:
             state = native["state"]
             self._fast_call = _C.FastCall(
                 self.program, self.guard_set._published,
-                [(type(a), a if type(a) in _KEYED_BY_VALUE else None, native["args"].get(i)) for i, a in enumerate(args)],
+                # a number or str by value (guards.FAST_CALL_VALUE_TYPES); anything else (a tensor, an object passed in: a
+                # StaticCache) by its exact type, its guards (the residual) checking what the trace read of it; never by
+                # its __eq__, which may lie or run anything
+                [(type(a), a if type(a) in FAST_CALL_VALUE_TYPES and a is not None else None, native["args"].get(i))
+                 for i, a in enumerate(args)],
                 state["global_state"].check if "global_state" in state else None, "saved_tensors_hooks" in state,
                 "torch_function" in state, state.get("default_device"),
                 None if self.single_leaf else self.unflatten, native["residual"], self.func, list(kwnames), MISS)

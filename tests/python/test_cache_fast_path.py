@@ -7,6 +7,7 @@ is installed, and the next calls must equal eager's, every one of them, the Pyth
 import abc
 import collections
 import enum
+import inspect
 import math
 import sys
 
@@ -706,3 +707,82 @@ def test_a_class_rebased_or_given_another_metaclass_is_seen(tmp_path, case, fast
             if not fast:
                 cached._fast = None
             assert torch.equal(cached(x), f(x)), f"{case}: stale result"
+
+
+# -- found by a helper trying to break it (2026-12-07): arguments compared by value --------------------------------
+def _to(x, dtype=None):
+    return x.to(dtype) * 2
+
+
+def _on(x, device=None):
+    return x.to(device) * 2
+
+
+def _if_bytes(x, b=None):
+    return x * 2 if b == b"ab" else x
+
+
+def _signed(x, s=1.0):
+    return x * math.copysign(1.0, s)
+
+
+NAN = float("nan")
+VALUE_CHANGES = {  # function, (first value, then value), how the value is passed
+    "dtype by keyword": (_to, (torch.float64, torch.float16), "keyword"),
+    "dtype positional": (_to, (torch.float64, torch.int32), "positional"),
+    "device by keyword": (_on, (torch.device("cpu"), torch.device("meta")), "keyword"),
+    "bytes by keyword": (_if_bytes, (b"ab", b"cd"), "keyword"),
+    "NaN's sign by keyword": (_signed, (NAN, -NAN), "keyword"),
+    "NaN's sign positional": (_signed, (NAN, -NAN), "positional"),
+    "negative NaN, then NaN": (_signed, (-NAN, NAN), "positional"),
+}
+
+
+def _same_result(a, b):
+    return a.dtype == b.dtype and a.device == b.device and (a.device.type == "meta" or torch.equal(a, b))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("case", list(VALUE_CHANGES))
+def test_an_argument_of_another_value_is_not_taken_for_the_first(tmp_path, case, fast):
+    f, (first, then), how = VALUE_CHANGES[case]
+    x = torch.randn(3)
+
+    def call(fn, v):
+        return fn(x, v) if how == "positional" else fn(x=x, **{list(inspect.signature(f).parameters)[1]: v})
+
+    cached = graphex.inference.cache_compile(f, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for _ in range(2):
+            assert _same_result(call(cached, first), call(f, first))
+        assert cached._fast is not None
+        for _ in range(3):
+            if not fast:
+                cached._fast = None
+            assert _same_result(call(cached, then), call(f, then)), f"{case}: the first value's result"
+    # and a fresh process (the same directory, a new CachedFunction) finds the right entry for each value
+    again = graphex.inference.cache_compile(f, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for v in (then, first, then):
+            assert _same_result(call(again, v), call(f, v)), f"{case}: loaded the other value's entry"
+
+
+def test_a_keyword_named_by_a_str_subclass_is_not_taken_for_the_name(tmp_path):
+    class Liar(str):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = str.__hash__
+
+    def f(x, s=1.0):
+        return x * s
+
+    cached = graphex.inference.cache_compile(f, cache_dir=str(tmp_path))
+    x = torch.ones(2)
+    with torch.no_grad():
+        for _ in range(2):
+            cached(x=x, s=2.0)
+        assert cached._fast((), {"x": x, "s": 2.0}) is not MISS
+        assert cached._fast((), {"x": x, Liar("zz"): 2.0}) is MISS
+        with pytest.raises(TypeError):
+            f(**{"x": x, Liar("zz"): 2.0})
