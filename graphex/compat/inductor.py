@@ -220,10 +220,13 @@ def _traces(fn: Any, search_fn: Callable[..., Any]) -> bool:
 def register_replacement(search_fn: Callable[..., Any], replace_fn: Callable[..., Any], example_inputs: list[Any],
                          trace_fn: Callable[..., Any], pass_dict: Any, extra_check: Callable[[Any], bool], *,
                          get_decomp_fn: Callable[[], dict[Any, Any]], scalar_workaround: dict[str, Any] | None,
-                         search_fn_pattern: Any, skip_duplicates: bool, pattern_name: str) -> bool:
+                         search_fn_pattern: Any, skip_duplicates: bool, pattern_name: str,
+                         first_trace: Callable[[Callable[[], Any]], Any] | None = None) -> bool:
     """torch's register_replacement with the same meaning on every supported torch: patterns traced with
     `get_decomp_fn`'s table, and `extra_check` given every argument (Note [A pattern's check sees every
-    argument])."""
+    argument]). `first_trace(trace)`, where given, makes the search function's first trace (the one the pattern is
+    made from) in place of `trace()`: a shipped graph (Note [Built-in patterns ship as traced graphs]); torch's
+    re-traces of each match are made as always."""
     import inspect
 
     from torch._inductor import pattern_matcher
@@ -234,6 +237,11 @@ def register_replacement(search_fn: Callable[..., Any], replace_fn: Callable[...
     registered = False
 
     def trace(fn: Callable[..., Any], args: Any, **_ignored: Any) -> Any:
+        if not registered and first_trace is not None and fn is search_fn:
+            return first_trace(lambda: traced(fn, args))
+        return traced(fn, args)
+
+    def traced(fn: Callable[..., Any], args: Any) -> Any:
         _trace_inputs.last = (fn, list(args))
         try:
             return trace_fn(fn, args, get_decomp_fn=get_decomp_fn) if trace_takes_decomp else trace_fn(fn, args)

@@ -30,6 +30,8 @@ from .spellings import merge_repeated_views, normalize_arguments
 if TYPE_CHECKING:
     from torch._inductor.pattern_matcher import Match, PatternMatcherPass
 
+    from .serialized import BuiltinGraphs
+
 
 # Note [Fusion's state: one registry, counts per run]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -42,11 +44,13 @@ if TYPE_CHECKING:
 class PatternRegistry:
     """Every fusion pattern of this process (built-ins and users'), in one PatternMatcherPass."""
 
-    def __init__(self) -> None:
+    def __init__(self, graphs: BuiltinGraphs | None = None) -> None:
         self._matcher: PatternMatcherPass | None = None
         self.lock = threading.RLock()
-        self.builtin_groups: set[Any] = set()  # the keys of patterns.BUILTIN_GROUPS traced so far
+        self.builtin_groups: set[Any] = set()  # the keys of patterns.BUILTIN_GROUPS registered so far
         self.lines: list[str] = []  # one per user's pattern, for compile-cache keys
+        # the built-ins' first traces: the shipped ones (serialized.shipped(), read at the first group) unless given
+        self.graphs = graphs
 
     @property
     def matcher(self) -> PatternMatcherPass:
@@ -60,8 +64,9 @@ class PatternRegistry:
             return self._matcher
 
     def ensure_builtins(self, dtypes: Any = None) -> None:
-        """Trace the built-in patterns, once per group (Note [Built-in patterns are traced per dtype, when
-        needed]): the float32 group and the groups of `dtypes` (every group when None)."""
+        """Register the built-in patterns, once per group (Note [Built-in patterns are traced per dtype, when
+        needed]): the float32 group and the groups of `dtypes` (every group when None). Their search graphs are the
+        shipped ones where this torch has them (Note [Built-in patterns ship as traced graphs], serialized/)."""
         from .patterns import BUILTIN_GROUPS
 
         with self.lock:
@@ -69,7 +74,12 @@ class PatternRegistry:
                 wanted = dtypes is None or key is None or key in dtypes
                 if key in self.builtin_groups or not wanted:
                     continue
+                if self.graphs is None:
+                    from . import serialized
+
+                    self.graphs = serialized.shipped()
                 self.builtin_groups.add(key)
+                self.graphs.begin_group(key)
                 register()
 
 
@@ -260,8 +270,9 @@ def registered_patterns() -> list[str]:
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Most built-in patterns match every fused dtype (a pattern's ops do not name a dtype); the
 # float32-upcast forms of bfloat16 and float16 models (Llama's norm, a float32 softmax) cast back to
-# the model's dtype and are traced once per dtype. Tracing all of them costs about a second, so
-# run_fusion traces the float32 group at the first fused compile and a reduced dtype's group at the
+# the model's dtype and are traced once per dtype. Tracing all of them costs about four seconds (where
+# this torch has shipped graphs, 0.3 s: Note [Built-in patterns ship as traced graphs], serialized/), so
+# run_fusion registers the float32 group at the first fused compile and a reduced dtype's group at the
 # first graph holding a tensor of that dtype. A user's register_replacement traces every group first,
 # so that at a shared anchor the built-ins are always tried before users' patterns. The compile-cache
 # key names the built-ins by their source (registered_patterns), so it needs no tracing and does not

@@ -22,6 +22,7 @@ silu, _softmax, rsqrt, ...), not inductor's.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterable
 
 from torch._inductor.pattern_matcher import Match, PatternExpr, fwd_only
@@ -58,14 +59,18 @@ def register_named(name: str, search_fn: Callable[..., Any], replace_fn: Callabl
                    builtin: bool = False, count_as: Callable[[Match], str] | None = None) -> bool:
     """register_replacement with the name GRAPHEX_LOG reports when the pattern fires (`count_as(match)`, where given:
     the kernel one match runs, for a pattern whose replacement picks its kernel by the match's shapes)."""
+    example_inputs = list(example_inputs)
     with manager.REGISTRY.lock:
         if not builtin:
             manager.REGISTRY.ensure_builtins()  # built-ins first: at a shared anchor they are tried first
+        graphs = manager.REGISTRY.graphs if builtin else None
+        first_trace = None if graphs is None else functools.partial(  # Note [Built-in patterns ship as traced graphs]
+            graphs.first_trace, search_fn, example_inputs, scalar_workaround)
         registered = compat.register_replacement(
-            search_fn, replace_fn, list(example_inputs), trace_fn, manager.pattern_pass(),
+            search_fn, replace_fn, example_inputs, trace_fn, manager.pattern_pass(),
             manager.checked(name, search_fn, replace_fn, extra_check, count_as), get_decomp_fn=no_decompositions,
             scalar_workaround=scalar_workaround, search_fn_pattern=search_fn_pattern,
-            skip_duplicates=skip_duplicates, pattern_name=name)
+            skip_duplicates=skip_duplicates, pattern_name=name, first_trace=first_trace)
         if registered and not builtin:  # the built-ins are keyed by their source (manager.registered_patterns)
             from ..options import _callable_identity
 

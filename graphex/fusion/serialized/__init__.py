@@ -1,0 +1,150 @@
+"""The built-in patterns' search graphs, traced once per torch minor version and shipped as Python source.
+
+    __init__.py   BuiltinGraphs: a built-in's first trace, the shipped graph of the running torch where there is one
+    writer.py     traces every built-in group and writes the graphs as source (the generator, and its test)
+    __main__.py   python -m graphex.fusion.serialized --write | --check   (make fusion-patterns)
+    torch_X_Y.py  generated, one per torch minor version: a function per built-in registration that rebuilds its graph
+
+Note [Built-in patterns ship as traced graphs]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Registering a built-in pattern traces its search function (make_fx over real example tensors, in torch's
+register_replacement): 2.6 s for the float32 group and 0.6 s for each reduced dtype's, most of a fused model's first
+compile in a fresh process. What that first trace gives, the search graph, depends on the search function, its example
+inputs and torch alone. So `python -m graphex.fusion.serialized --write` traces every group once and writes each graph
+as the torch.fx calls that rebuild it, node for node (names, targets, arguments): torch_2_13.py, a module imported
+like any other (no pickle, nothing else read from disk). At registration the rebuilt graph is what torch's
+register_replacement gets back from its first call of the trace function (compat.register_replacement's
+`first_trace`); torch makes the pattern from it as from its own trace (fx_to_pattern, the duplicate check on the
+graph's text), so the pattern registered is the traced one, at the same place in the registration order.
+
+Not torch's `search_fn_pattern` (what inductor's serialized_patterns use): given one, torch also stops re-tracing the
+search function on each match's own shapes, and that re-trace is what compares the sizes, dims and view shapes the
+general pattern ignores (a softmax over another dim, rotary_complex's `-1`: Note in rotary_patterns.py). Here every
+match is still re-traced from the search function itself and compared before it is replaced, as before.
+
+The shipped graphs are used when the module of the running torch's minor version exists, has this FORMAT and was
+generated from the sources the built-ins have now (manager._builtins_identity). Otherwise (another torch, or a
+checkout whose patterns changed since) each search function is traced, exactly as without this module, only slower;
+GRAPHEX_LOG=1 says which and why. tests/python/test_fusion_serialized.py traces every group again and fails on any
+difference, naming the pattern and the command that regenerates the file.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import inspect
+from typing import Any, Callable
+
+import torch
+
+from ...base import log as _log
+
+FORMAT = 1  # of the generated modules: what GRAPHS maps to (a function rebuilding one graph into a torch.fx.Graph)
+REGENERATE = "python -m graphex.fusion.serialized --write (make fusion-patterns)"
+
+
+def module_name(version: str | None = None) -> str:
+    """The generated module for a torch version ('2.13.0+cpu' -> 'torch_2_13'): one per minor version."""
+    major, minor = (version or torch.__version__).split("+")[0].split(".")[:2]
+    return f"torch_{major}_{minor}"
+
+
+def group_label(group: Any) -> str:
+    """A BUILTIN_GROUPS key as keys name it: 'common' (None) or the dtype ('bfloat16')."""
+    return "common" if group is None else str(group).removeprefix("torch.")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        strides = "" if value.is_contiguous() else f" strides {list(value.stride())}"
+        return f"{dtype}{list(value.shape)}{strides}"
+    return repr(value)
+
+
+def registration_key(group: Any, search_fn: Callable[..., Any], example_inputs: list[Any],
+                     scalar_workaround: dict[str, Any] | None) -> str:
+    """What one built-in registration traces, as text: its group, search function and example inputs (shape, dtype,
+    strides where not contiguous) and scalar_workaround, e.g. `common: rms_norm(x=float32[2, 3, 16],
+    weight=float32[16], eps=1e-06)`."""
+    names = list(inspect.signature(search_fn).parameters)
+    args = [f"{n}={_describe(v)}" for n, v in zip(names, example_inputs)]
+    args += [f"{n}={v!r}" for n, v in (scalar_workaround or {}).items()]
+    return f"{group_label(group)}: {getattr(search_fn, '__qualname__', repr(search_fn))}({', '.join(args)})"
+
+
+class BuiltinGraphs:
+    """The first trace of each built-in search function in one registry: the shipped graph where `builders` has one
+    (Note [Built-in patterns ship as traced graphs]), else the trace itself; `recorded` keeps every one given
+    out, by key (the writer reads it)."""
+
+    def __init__(self, builders: dict[str, Callable[[torch.fx.Graph], None]] | None = None,
+                 why_traced: str = "") -> None:
+        self.builders = builders
+        self.why_traced = why_traced  # why there are no builders (GRAPHEX_LOG=1)
+        self.recorded: dict[str, torch.fx.GraphModule] = {}
+        self.traced: list[str] = []  # keys traced although builders were given (a registration the module lacks)
+        self._group: Any = None
+        self._seen: collections.Counter[str] = collections.Counter()
+
+    def begin_group(self, group: Any) -> None:
+        """The registrations that follow are `group`'s (keys count repeats within one group, in its order)."""
+        self._group, self._seen = group, collections.Counter()
+
+    def first_trace(self, search_fn: Callable[..., Any], example_inputs: list[Any],
+                    scalar_workaround: dict[str, Any] | None,
+                    trace: Callable[[], torch.fx.GraphModule]) -> torch.fx.GraphModule:
+        key = registration_key(self._group, search_fn, example_inputs, scalar_workaround)
+        self._seen[key] += 1
+        if self._seen[key] > 1:  # the same search function and inputs registered again in this group (none today)
+            key = f"{key} #{self._seen[key]}"
+        build = self.builders.get(key) if self.builders is not None else None
+        if build is None:
+            if self.builders is not None:
+                self.traced.append(key)
+                _log.info("fused mode: traced %s: the shipped patterns (%s) lack it; %s", key, module_name(),
+                          REGENERATE)
+            gm = trace()
+        else:
+            gm = rebuild(build)
+        self.recorded[key] = gm
+        return gm
+
+
+def rebuild(build: Callable[[torch.fx.Graph], None]) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    build(graph)
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def tracing(why: str) -> BuiltinGraphs:
+    """Graphs traced one by one, as without shipped ones (the writer's, and a torch with no module)."""
+    return BuiltinGraphs(None, why)
+
+
+def shipped() -> BuiltinGraphs:
+    """The graphs shipped for the running torch, or tracing where none apply (Note [Built-in patterns ship as traced
+    graphs]); GRAPHEX_LOG=1 says which."""
+    from ..manager import _builtins_identity
+
+    name = module_name()
+    try:
+        module = importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise
+        return _traced_because(f"no shipped patterns for torch {torch.__version__} (graphex/fusion/serialized/"
+                               f"{name}.py); {REGENERATE} writes them")
+    if getattr(module, "FORMAT", None) != FORMAT:
+        return _traced_because(f"{name}.py has format {getattr(module, 'FORMAT', None)}, this graphex reads {FORMAT}; "
+                               f"{REGENERATE}")
+    if module.SOURCES != _builtins_identity():
+        return _traced_because(f"{name}.py was generated from other sources of the built-in patterns than these; "
+                               f"{REGENERATE}")
+    return BuiltinGraphs(module.GRAPHS)
+
+
+def _traced_because(why: str) -> BuiltinGraphs:
+    _log.info("fused mode: the built-in patterns are traced: %s", why)
+    return tracing(why)
