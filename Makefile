@@ -10,6 +10,8 @@
 #   make opinfo  build, then every OpInfo through graphex vs eager, classified (sweeps/results/opinfo.md)
 #   make fuzz    build, then 10,000 random programs through graphex vs eager, failures shrunk to reproducers
 #   make fusion-coverage  build, then fused mode on 40 decoder spellings and 9 transformers decoders: what fired, tokens
+#   make fusion-patterns  build, then trace fused mode's built-in patterns and write this torch's shipped graphs
+#                         (graphex/fusion/serialized/torch_X_Y.py; run it after changing a pattern, and commit the file)
 #   make soak    build, then 100,000 replays with memory flat and 4 threads on one model
 #   make fuzz-loader  build, then libFuzzer on the artifact loader (FUZZ_LOADER_S seconds), corpus merged
 #   make deploy-demo  build, export the shipped decoder, build examples/deploy (C++) against the
@@ -165,7 +167,14 @@ fusion-coverage: build $(STAMP_BENCH)
 	@mkdir -p sweeps/results
 	$(PY) -m sweeps.fusion_coverage --markdown sweeps/results/fusion_coverage.md --json sweeps/results/fusion_coverage.json $(COVERAGE_ARGS)
 
-.PHONY: opinfo fuzz fusion-coverage
+# The built-in patterns' search graphs, traced once and shipped as Python source (Note [Built-in patterns ship as
+# traced graphs], graphex/fusion/serialized/__init__.py): fused mode's first compile reads them instead of tracing
+# ~3 s of search functions. For another torch, after make test-torch TORCH=2.14.1: .venv-torch2.14.1/bin/python -m
+# graphex.fusion.serialized --write. tests/python/test_fusion_serialized.py fails while the file is stale. About 15 s.
+fusion-patterns: build
+	$(PY) -m graphex.fusion.serialized --write
+
+.PHONY: opinfo fuzz fusion-coverage fusion-patterns
 
 demo: build
 	$(PY) examples/demo.py

@@ -10,6 +10,8 @@
     attention_patterns.py  the attention forms, one query token and many (Note [Attention forms are generated from
                       one table], Note [Which attention forms a prefill fuses])
     registration.py   graphex.register_replacement, npugraph_ex's API for users' patterns
+    serialized/       the built-ins' search graphs traced once per torch minor version and shipped as Python source,
+                      so a process registers them without tracing (Note [Built-in patterns ship as traced graphs])
     chains.py         chains of element-wise ops, found by rule and run as one graphex_fused::pointwise (after
                       the patterns, CSE; option pointwise_fusion)
     pooling.py        max pooling whose indices nothing reads, as graphex_fused::max_pool2d (bit for bit)
