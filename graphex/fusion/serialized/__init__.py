@@ -139,7 +139,12 @@ def shipped() -> BuiltinGraphs:
     if getattr(module, "FORMAT", None) != FORMAT:
         return _traced_because(f"{name}.py has format {getattr(module, 'FORMAT', None)}, this graphex reads {FORMAT}; "
                                f"{REGENERATE}")
-    if module.SOURCES != _builtins_identity():
+    try:
+        sources = _builtins_identity()
+    except (OSError, TypeError) as e:  # an installation without the .py sources: nothing to compare SOURCES with
+        return _traced_because(f"the built-in patterns' sources cannot be read ({type(e).__name__}: {e}), so "
+                               f"{name}.py cannot be shown to match them")
+    if module.SOURCES != sources:
         return _traced_because(f"{name}.py was generated from other sources of the built-in patterns than these; "
                                f"{REGENERATE}")
     return BuiltinGraphs(module.GRAPHS)
