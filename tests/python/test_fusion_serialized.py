@@ -24,7 +24,7 @@ FIX = f"the shipped patterns are stale: run {serialized.REGENERATE} and commit t
 @pytest.fixture(scope="module")
 def traced() -> manager.PatternRegistry:
     """Every built-in group registered with each search function traced (what a torch with no shipped module does)."""
-    return writer.register_builtins(serialized.tracing("the test's reference"))
+    return writer.register_builtins(serialized.tracing("the test's reference", record=True))
 
 
 @pytest.fixture(scope="module")

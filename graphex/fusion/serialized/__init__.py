@@ -76,13 +76,14 @@ def registration_key(group: Any, search_fn: Callable[..., Any], example_inputs: 
 
 class BuiltinGraphs:
     """The first trace of each built-in search function in one registry: the shipped graph where `builders` has one
-    (Note [Built-in patterns ship as traced graphs]), else the trace itself; `recorded` keeps every one given
-    out, by key (the writer reads it)."""
+    (Note [Built-in patterns ship as traced graphs]), else the trace itself. With `record`, `recorded` keeps every
+    one given out, by key, in registration order (what the writer writes); a process's registry keeps none."""
 
     def __init__(self, builders: dict[str, Callable[[torch.fx.Graph], None]] | None = None,
-                 why_traced: str = "") -> None:
+                 why_traced: str = "", record: bool = False) -> None:
         self.builders = builders
         self.why_traced = why_traced  # why there are no builders (GRAPHEX_LOG=1)
+        self.record = record
         self.recorded: dict[str, torch.fx.GraphModule] = {}
         self.traced: list[str] = []  # keys traced although builders were given (a registration the module lacks)
         self._group: Any = None
@@ -108,7 +109,8 @@ class BuiltinGraphs:
             gm = trace()
         else:
             gm = rebuild(build)
-        self.recorded[key] = gm
+        if self.record:
+            self.recorded[key] = gm
         return gm
 
 
@@ -124,9 +126,9 @@ def rebuild(build: Callable[[torch.fx.Graph], None]) -> torch.fx.GraphModule:
     return _LazyGraphModule(torch.nn.Module(), graph)
 
 
-def tracing(why: str) -> BuiltinGraphs:
+def tracing(why: str, record: bool = False) -> BuiltinGraphs:
     """Graphs traced one by one, as without shipped ones (the writer's, and a torch with no module)."""
-    return BuiltinGraphs(None, why)
+    return BuiltinGraphs(None, why, record)
 
 
 def shipped() -> BuiltinGraphs:

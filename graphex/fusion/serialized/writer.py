@@ -33,7 +33,7 @@ def register_builtins(graphs: BuiltinGraphs | None) -> PatternRegistry:
 
 def trace_builtins() -> dict[str, torch.fx.GraphModule]:
     """Every built-in registration's first trace, by key, in registration order, each search function traced."""
-    graphs = register_builtins(tracing("writing the shipped patterns")).graphs
+    graphs = register_builtins(tracing("writing the shipped patterns", record=True)).graphs
     assert graphs is not None
     return graphs.recorded
 
