@@ -8,25 +8,31 @@
 Note [Built-in patterns ship as traced graphs]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Registering a built-in pattern traces its search function (make_fx over real example tensors, in torch's
-register_replacement): 2.6 s for the float32 group and 0.6 s for each reduced dtype's, most of a fused model's first
-compile in a fresh process. What that first trace gives, the search graph, depends on the search function, its example
-inputs and torch alone. So `python -m graphex.fusion.serialized --write` traces every group once and writes each graph
-as the torch.fx calls that rebuild it, node for node (names, targets, arguments): torch_2_13.py, a module imported
-like any other (no pickle, nothing else read from disk). At registration the rebuilt graph is what torch's
-register_replacement gets back from its first call of the trace function (compat.register_replacement's
-`first_trace`); torch makes the pattern from it as from its own trace (fx_to_pattern, the duplicate check on the
-graph's text), so the pattern registered is the traced one, at the same place in the registration order.
+register_replacement): the common group took 2.4-3.8 s in a process that had traced nothing yet, and 1.7-1.9 s of
+the shipped decoder's 3.6-3.7 s first fused call; each reduced dtype's group 0.7-0.8 s more (2026-12-07, a loaded
+2-core machine: docs/fused-mode.md, "Capture cost"). What that first trace gives, the search graph, depends on the
+search function, its example inputs and torch alone. So `python -m graphex.fusion.serialized --write` traces every
+group once and writes each graph as the torch.fx calls that rebuild it, node for node (names, targets, arguments):
+torch_2_13.py, a module imported like any other (no pickle, nothing else read from disk). At registration the
+rebuilt graph is what torch's register_replacement gets back from its first call of the trace function
+(compat.register_replacement's `first_trace`); torch makes the pattern from it as from its own trace
+(fx_to_pattern, the duplicate check on the graph's text), so the pattern registered is the traced one, at the same
+place in the registration order. Registering the common group then takes 0.25 s, and 0.5-0.8 s of that first call
+(both first-call figures with importing the pattern modules).
 
 Not torch's `search_fn_pattern` (what inductor's serialized_patterns use): given one, torch also stops re-tracing the
 search function on each match's own shapes, and that re-trace is what compares the sizes, dims and view shapes the
 general pattern ignores (a softmax over another dim, rotary_complex's `-1`: Note in rotary_patterns.py). Here every
-match is still re-traced from the search function itself and compared before it is replaced, as before.
+match is still re-traced from the search function itself and compared before it is replaced, as before: that
+per-match cost stays (most of what remains of a first fused call).
 
 The shipped graphs are used when the module of the running torch's minor version exists, has this FORMAT and was
 generated from the sources the built-ins have now (manager._builtins_identity). Otherwise (another torch, or a
 checkout whose patterns changed since) each search function is traced, exactly as without this module, only slower;
 GRAPHEX_LOG=1 says which and why. tests/python/test_fusion_serialized.py traces every group again and fails on any
-difference, naming the pattern and the command that regenerates the file.
+difference, naming the pattern and the command that regenerates the file. SOURCES names the pattern modules only: a
+change to how they are traced (registration.py's decompositions, compat.register_replacement) is caught by that
+test, not at run time.
 """
 
 from __future__ import annotations
