@@ -1,7 +1,10 @@
 """Per-call cost of cache_compile over the bare engine, on the shipped decoder or a decode step of bench/cases.py
 (issue 18 and 22: target <= 10 us).
 
-    python -m bench.cache_call_cost [--rounds N] [--case decoder|llama_decode|gpt2_decode]
+    python -m bench.cache_call_cost [--rounds N] [--case decoder|llama_decode|gpt2_decode|llama_keywords|gpt2_keywords]
+
+The *_keywords cases make transformers' own call, `model.forward(input_ids=..., past_key_values=StaticCache(...),
+cache_position=..., use_cache=True)` (bench-size models, the cache's positions reset before each call on both sides).
 
 Prints medians over N rounds of 2000 calls each: the engine's executor called on a prepared input list, the
 generated guard + binding function alone (Note [One function checks the guards and binds the inputs]), the
@@ -58,42 +61,62 @@ def measure(rounds: int, calls: int, case: str = "decoder") -> tuple[dict[str, f
         torch.set_num_threads(saved)
 
 
-def _workload(case: str) -> tuple[object, list[object]]:
-    """The forward cache_compile wraps and its positional arguments."""
+def _workload(case: str) -> tuple[object, list[object], dict[str, object], object]:
+    """The function cache_compile wraps, its positional and keyword arguments, and what runs before each call."""
     if case == "decoder":
         model = build_decoder()
         k, v = model.new_cache()
-        return model, [torch.ones(1, 1, dtype=torch.long), torch.tensor([3]), k, v]
+        return model.forward, [torch.ones(1, 1, dtype=torch.long), torch.tensor([3]), k, v], {}, lambda: None
     from . import cases
 
+    if case.endswith("_keywords"):
+        import transformers
+
+        from . import models
+
+        model = models.build_hf_decoder(case.removesuffix("_keywords")).model
+        cache = transformers.StaticCache(config=model.config, max_cache_len=models.CACHE_LEN["bench"])
+        with torch.no_grad():  # the first step initializes the cache's layers, a side effect: eager
+            model(input_ids=torch.tensor([[3]]), past_key_values=cache, cache_position=torch.tensor([0]), use_cache=True)
+        lengths = [t for layer in cache.layers if isinstance(t := getattr(layer, "cumulative_length", None), torch.Tensor)]
+        kwargs = {"input_ids": torch.tensor([[5]]), "past_key_values": cache, "cache_position": torch.tensor([1]),
+                  "use_cache": True}
+        return model.forward, [], kwargs, lambda: [t.fill_(1) for t in lengths]  # each step writes one position
     found = [c for c in cases.USER_CASES if c.name == case]
     if not found:
-        raise SystemExit(f"bench.cache_call_cost: no case {case!r}; try decoder, llama_decode or gpt2_decode")
+        raise SystemExit(f"bench.cache_call_cost: no case {case!r}; try decoder, llama_decode, gpt2_decode, "
+                         "llama_keywords or gpt2_keywords")
     built = found[0].build()
-    return built, list(found[0].inputs(built))
+    return built.forward, list(found[0].inputs(built)), {}, lambda: None
 
 
 def _measure(rounds: int, calls: int, case: str) -> tuple[dict[str, float], int, int]:
-    model, flat = _workload(case)
-    cached = graphex.inference.cache_compile(model.forward, cache_dir=tempfile.mkdtemp(prefix="graphex-cost-"))
+    forward, args, kwargs, before = _workload(case)
+    flat = [*args, *kwargs.values()]  # every argument a leaf: the call flattens to them
+    cached = graphex.inference.cache_compile(forward, cache_dir=tempfile.mkdtemp(prefix="graphex-cost-"))
+
+    def call():
+        before()
+        return cached(*args, **kwargs)
+
     with torch.inference_mode():
-        cached(*flat)
-        cached(*flat)
+        call()
+        call()
         (loaded,) = [e for entries in cached._by_call.values() for e in entries]
         held = loaded.bind(flat, cached._func)  # the tensors the guards' function reads (parameters, buffers)
         inputs = loaded.program.bind(flat, held)  # the program's inputs, as cache_compile hands them to the engine
         if held is None or inputs is None or loaded.executor.try_run(inputs) is None:
             raise RuntimeError("the cache entry does not fit its own call: the rows below would time a refusal")
-        rows = {"engine (executor.try_run)": lambda: loaded.executor.try_run(inputs),
+        rows = {"engine (executor.try_run)": lambda: (before(), loaded.executor.try_run(inputs)),
                 "guards + bindings": lambda: loaded.program.bind(flat, loaded.bind(flat, cached._func)),
-                "cache_compile call": lambda: cached(*flat)}
+                "cache_compile call": call}
         if cached._fast is None:
             raise RuntimeError("the second plain call left no fast path (Note [A plain call's fast path is one C++ "
                                "call]): the rows below would time the Python path twice")
         leaves = loaded.program.try_run(flat, held)
         results = {name: [] for name in rows}
         results["cache_compile, Python path, engine stubbed"] = []
-        engine = lambda: loaded.executor.try_run(inputs)  # noqa: E731
+        engine = lambda: (before(), loaded.executor.try_run(inputs))  # noqa: E731
         after = "cache_compile over the engine, after an engine run"
         python_after = "cache_compile's Python path over the engine, after an engine run"
         floor = "engine over the engine (the pairing's own floor)"
@@ -101,14 +124,14 @@ def _measure(rounds: int, calls: int, case: str) -> tuple[dict[str, float], int,
         for _ in range(rounds):
             for name, fn in rows.items():
                 results[name].append(per_call_us(fn, calls))
-            results[after].append(_paired_after_engine(lambda: cached(*flat), engine, max(calls // 4, 5)))
+            results[after].append(_paired_after_engine(call, engine, max(calls // 4, 5)))
             results[floor].append(_paired_after_engine(engine, engine, max(calls // 4, 5)))
             with _python_path(cached, loaded):
-                results[python_after].append(_paired_after_engine(lambda: cached(*flat), engine, max(calls // 4, 5)))
+                results[python_after].append(_paired_after_engine(call, engine, max(calls // 4, 5)))
                 real, loaded.program = loaded.program, _StubProgram(leaves)  # what the Python path adds, no engine
                 try:
                     results["cache_compile, Python path, engine stubbed"].append(
-                        per_call_us(lambda: cached(*flat), calls))
+                        per_call_us(call, calls))
                 finally:
                     loaded.program = real
     medians = {name: statistics.median(r) for name, r in results.items()}
@@ -148,7 +171,7 @@ def _python_path(cached, loaded):
     """cache_compile with its C++ fast path off (the path every call took before it): the generated guard function,
     then BoundProgram.try_run."""
     cached._fast = None
-    loaded.fast_call = lambda args: None
+    loaded.fast_call = lambda *args: None
     try:
         yield
     finally:

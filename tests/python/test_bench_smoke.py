@@ -223,6 +223,16 @@ def test_cache_call_cost_times_the_engine_and_a_stubbed_call():
         assert row in medians, medians
 
 
+def test_cache_call_cost_times_transformers_own_keyword_call():
+    """--case gpt2_keywords: `model.forward(input_ids=..., past_key_values=StaticCache, ...)`, the call transformers
+    makes, through the FastCall (measure refuses to run without one) and the real engine."""
+    from bench import cache_call_cost
+
+    medians, guards, inputs = cache_call_cost.measure(rounds=1, calls=8, case="gpt2_keywords")
+    assert guards > 0 and inputs > 50
+    assert medians["cache_compile call"] > 5 * medians["cache_compile, Python path, engine stubbed"], medians
+
+
 def test_device_graph_cost_section_splits_the_runner_around_a_replay(tmp_path):
     """make bench's device-graph section (bench/device_graph_cost.py) on gxsim: every row timed, the runner's parts
     (lock, signature, address checks, input copies, outputs copied out) each measured, the device step bitwise equal
