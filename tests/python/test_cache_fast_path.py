@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import graphex
+from graphex import compat
 from graphex.inference.cache_compile import MISS
 
 SCALE = 2.0
@@ -500,8 +501,17 @@ def test_state_read_through_cells_defaults_classes_and_lists_keeps_the_fast_path
     assert calls[0] == 0, "the Python guard function ran: the fast path was not taken"
 
 
+def _unless_dynamo_guards(cases, names):
+    """Dynamo 2.11 emits no guard for some reads (a function's defaults, `type(x).__name__`, a class attribute read
+    through a closure), so torch.compile itself replays the old value there, and cache_compile, keyed on Dynamo's
+    guards, with it (docs/cache-compile.md, "What is not checked"): strict xfails on 2.11, tests from 2.12 on."""
+    mark = pytest.mark.xfail(compat.TORCH_VERSION < (2, 12), strict=True, raises=AssertionError,
+                             reason="Dynamo 2.11 emits no guard for this read: torch.compile is stale too")
+    return [pytest.param(c, marks=mark) if c in names else c for c in cases]
+
+
 @pytest.mark.parametrize("fast", [True, False])
-@pytest.mark.parametrize("change", list(POINTER_CHANGES))
+@pytest.mark.parametrize("change", _unless_dynamo_guards(POINTER_CHANGES, {"function's defaults", "class renamed"}))
 def test_a_change_through_a_watched_pointer_is_seen(tmp_path, change, fast):
     m, x = _reads_installed(tmp_path)
     undo = POINTER_CHANGES[change](m)
@@ -693,7 +703,8 @@ def _class_changes():
 
 
 @pytest.mark.parametrize("fast", [True, False])
-@pytest.mark.parametrize("case", list(_class_changes()))
+@pytest.mark.parametrize("case", _unless_dynamo_guards(_class_changes(), {
+    "rebased_attribute", "metaclass_swapped", "bases_shadowed_in_the_class_dict"}))
 def test_a_class_rebased_or_given_another_metaclass_is_seen(tmp_path, case, fast):
     f, change = _class_changes()[case]()
     x = torch.arange(1.0, 4.0)
