@@ -45,8 +45,9 @@ def main(argv=None) -> None:
                    "positionally, e.g. llama_decode, gpt2_decode (transformers, a StaticCache held by the module)")
     args = p.parse_args(argv)
     medians, guard_count, inputs = measure(args.rounds, args.calls, args.case)
-    print(f"{'shipped decoder' if args.case == 'decoder' else args.case}, {guard_count} guard records, {inputs} inputs, "
-          f"1 thread, median of {args.rounds} rounds x {args.calls} calls")
+    name = "shipped decoder" if args.case == "decoder" else args.case
+    print(f"{name}, {guard_count} guard records, {inputs} inputs, 1 thread, "
+          f"median of {args.rounds} rounds x {args.calls} calls")
     for name, us in medians.items():
         print(f"  {name:52s} {us:8.1f} us")
 
@@ -77,8 +78,10 @@ def _workload(case: str) -> tuple[object, list[object], dict[str, object], objec
         model = models.build_hf_decoder(case.removesuffix("_keywords")).model
         cache = transformers.StaticCache(config=model.config, max_cache_len=models.CACHE_LEN["bench"])
         with torch.no_grad():  # the first step initializes the cache's layers, a side effect: eager
-            model(input_ids=torch.tensor([[3]]), past_key_values=cache, cache_position=torch.tensor([0]), use_cache=True)
-        lengths = [t for layer in cache.layers if isinstance(t := getattr(layer, "cumulative_length", None), torch.Tensor)]
+            model(input_ids=torch.tensor([[3]]), past_key_values=cache, cache_position=torch.tensor([0]),
+                  use_cache=True)
+        lengths = [t for layer in cache.layers
+                   if isinstance(t := getattr(layer, "cumulative_length", None), torch.Tensor)]
         kwargs = {"input_ids": torch.tensor([[5]]), "past_key_values": cache, "cache_position": torch.tensor([1]),
                   "use_cache": True}
         return model.forward, [], kwargs, lambda: [t.fill_(1) for t in lengths]  # each step writes one position

@@ -347,9 +347,11 @@ void registerCachedCall(py::module_& m) {
            "args: (type, value of a number or str or else None, class StateWatch or None) per flattened argument; "
            "global_state_check: a GlobalStateGuard's bound check, or None; saved_hooks / torch_function: whether no "
            "saved-tensors hooks / no torch function mode must be active; device_module: torch.utils._device when no "
-           "default device must be set, or None; residual: the generated `rest(args, func)` of the checks C++ does not make, "
-           "or None; kwnames: the keywords' names in the call's order (their values are the last args).")
-      .def("__call__", [](const FastCall& f, const py::tuple& args, const py::dict& kwargs) { return f.call(args, kwargs.ptr()); },
+           "default device must be set, or None; residual: the generated `rest(args, func, S)`, the checks C++ does "
+           "not make and the held inputs, or None; kwnames: the keywords' names in the call's order (their values are "
+           "the last args).")
+      .def("__call__",
+           [](const FastCall& f, const py::tuple& args, const py::dict& kwargs) { return f.call(args, kwargs.ptr()); },
            py::arg("args"), py::arg("kwargs") = py::dict(),
            "The call's result, or `miss` (nothing run) when anything differs from what the entry was proved for.");
 

@@ -59,9 +59,9 @@ from .guard_records import _attr_name, _find_by_identity, _tensor_meta
 from .pins import _ClassUnchanged, _Pins
 
 
-# What a FastCall compares a flattened argument by, besides its exact type: the value, as the call key has it (a float by
-# its bits). A dtype, a device, bytes are compared by the residual's guards (found by a helper: compared by type alone,
-# a new dtype replayed the old one's entry). One definition: loaded.py builds the FastCall from it.
+# What a FastCall compares a flattened argument by, besides its exact type: the value, as the call key has it (a
+# float by its bits). A dtype, a device, bytes are compared by the residual's guards (found by a helper: compared by
+# type alone, a new dtype replayed the old one's entry). One definition: loaded.py builds the FastCall from it.
 FAST_CALL_VALUE_TYPES = (int, float, bool, str, type(None))
 
 
@@ -234,10 +234,10 @@ class GuardSet:
 
 def _native_arg_check(native: dict[str, Any], rec: dict[str, Any], path: Path, held: list[Any]) -> bool:
     """Whether C++ checks one more record the fast path checks on every call (then `native` has it); if not, the
-    FastCall's residual function checks it. C++ checks a positional argument's exact type and, for a number or str, its value as the call key
-    has it (a float by its bits), so: the type of a positional argument (`type(flat_args[i]) is T`, and its class
-    unchanged: the _ClassUnchanged just held), and a positional argument equal to a constant (which the value
-    the FastCall records at a hit equals)."""
+    FastCall's residual function checks it. C++ checks a flattened argument's exact type and, for a number or str,
+    its value as the call key has it (a float by its bits), so: the type of an argument (`type(flat_args[i]) is T`,
+    and its class unchanged: the _ClassUnchanged just held), and an argument equal to a number or str (which the
+    value the FastCall records at a hit equals)."""
     if len(path) != 2 or path[0] != ("L", "flat_args") or path[1][0] != "item" or type(path[1][1]) is not int:
         return False
     if rec["kind"] == "equals":  # C++ compares these by value; any other constant (a dtype, a device): the residual's

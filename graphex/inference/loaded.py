@@ -82,9 +82,9 @@ class Loaded:
             state = native["state"]
             self._fast_call = _C.FastCall(
                 self.program, self.guard_set._published,
-                # a number or str by value (guards.FAST_CALL_VALUE_TYPES); anything else (a tensor, an object passed in: a
-                # StaticCache) by its exact type, its guards (the residual) checking what the trace read of it; never by
-                # its __eq__, which may lie or run anything
+                # a number or str by value (guards.FAST_CALL_VALUE_TYPES); anything else (a tensor, an object passed
+                # in: a StaticCache) by its exact type, its guards (the residual) checking what the trace read of it;
+                # never by its __eq__, which may lie or run anything
                 [(type(a), a if type(a) in FAST_CALL_VALUE_TYPES and a is not None else None, native["args"].get(i))
                  for i, a in enumerate(args)],
                 state["global_state"].check if "global_state" in state else None, "saved_tensors_hooks" in state,

@@ -14,8 +14,8 @@ from .guard_sources import Path, parse_source, resolve
 from .fingerprints import _IMMUTABLE_TYPE, _class_digest, _is_mutable_class
 
 
-# Note [A slot or a list is watched by what it points to] (csrc/python/state_watch.cpp): the attributes StateWatch reads as
-# one pointer the object holds, by the kind of object, with StateWatch::SlotKind's numbers.
+# Note [A slot or a list is watched by what it points to] (csrc/python/state_watch.cpp): the attributes StateWatch
+# reads as one pointer the object holds, by the kind of object, with StateWatch::SlotKind's numbers.
 SLOT_KINDS: dict[type, dict[str, int]] = {
     types.CellType: {"cell_contents": 0},
     types.FunctionType: {"__defaults__": 1, "__kwdefaults__": 2, "__name__": 3, "__qualname__": 4},
