@@ -94,6 +94,7 @@ class GuardSet:
         self.count = len(records)
         self.always = 0  # records checked on every call (the rest: while the watch holds, by the watch)
         self._published: list[Any] = [(None, [])]
+        self._stale: list[bool] = [False]
         # Note [A plain call's fast path is one C++ call] (csrc/python/cached_call.cpp): what the fast path proves besides
         # the watch, as C++ checks it: {"args": {i: the class StateWatch or None}, "state": {kind: object},
         # "residual": the generated `rest(flat_args, func, S)`, the fast path's other checks (a property's hasattr, a
@@ -105,6 +106,13 @@ class GuardSet:
     def watch(self) -> Any:
         """The StateWatch of the last full check (tests, tools)."""
         return self._published[0][0]
+
+    @property
+    def needs_rebind(self) -> bool:
+        """Note [A watch is of the objects it was built from]: a full check passed on other objects than bind found
+        (`m.cfg = Config()` equal to the old one): the watch watches the old ones, so nothing is published and the
+        fast path stays off until `bind` runs again on the objects there now."""
+        return self._stale[0]
 
     def bind(self, locals_: dict[str, Any], globals_: dict[str, Any],
              inputs: list[Binding] | None = None) -> str | None:
@@ -176,6 +184,11 @@ class GuardSet:
             return f"an unusable guard record ({type(e).__name__}: {e})"
         from .. import _C
 
+        # Note [A watch is of the objects it was built from]: the full check also asks whether each pinned path still
+        # leads to the object bind found there
+        full.lines.append("fresh = True")
+        for path, obj in pins.anchors.items():
+            full.lines.append(f"if {full.var(path)} is not {_hold(held, obj)}: fresh = False")
         watched = (list(pins.dicts.values()), list(pins.objects.values()), list(pins.functions.values()),
                    list(pins.owners.values()), list(pins.slots.values()), list(pins.lists.values()))
         watch = _C.StateWatch(*watched)  # never snapshotted: the first call takes the full path
@@ -184,7 +197,7 @@ class GuardSet:
         # either the old pair (whose watch no longer holds after a change) or the new one, never a mix.
         source = (
             "def full(flat_args, func):\n  try:\n" + full.body() +
-            f"\n    return [{', '.join(reads_full)}]\n  except Exception:\n    return None\n\n"
+            f"\n    return [{', '.join(reads_full)}], fresh\n  except Exception:\n    return None\n\n"
             "def run(flat_args, func):\n"
             "  W, S = P[0]\n"
             "  if W.unchanged():\n    try:\n" + fast.body(indent=6) +
@@ -195,18 +208,23 @@ class GuardSet:
             "  w.snapshot()\n"
             "  r = full(flat_args, func)\n"
             "  if r is None:\n    return None\n"
+            "  r, fresh = r\n"
+            "  if not fresh:\n"
+            "    P[0] = (DEAD, [])\n"
+            "    STALE[0] = True\n"
+            "    return r\n"
             f"  P[0] = (w, [r[i] for i in {tuple(static)!r}])\n"
             "  return r\n")
         if rest.lines or len(static) != len(reads_full):
             source += ("\ndef rest(flat_args, func, S):\n  try:\n" + rest.body() +
                        f"\n    return [{', '.join(reads_rest)}]\n  except Exception:\n    return None\n")
         namespace: dict[str, Any] = {"H": tuple(held), "P": [(watch, [])], "new_watch": _C.StateWatch,
-                                     "watched": watched,
+                                     "watched": watched, "DEAD": _C.StateWatch([], []), "STALE": [False],
                                      "__builtins__": {"type": type, "len": len, "list": list, "dict": dict, "object": object,
                                                       "hasattr": hasattr, "float": float, "Exception": Exception,
                                                       "cv_get": contextvar_get}}
         exec(compile(source, "<graphex guards>", "exec"), namespace)  # generated from typed records only
-        self._published = namespace["P"]
+        self._published, self._stale = namespace["P"], namespace["STALE"]
         self.run, self.source, self.always = namespace["run"], source, always
         native["residual"] = namespace.get("rest")
         self.native = native

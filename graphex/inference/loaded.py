@@ -62,6 +62,8 @@ class Loaded:
             self.why = "a guard failed: the state the trace read changed since (Note [cache_compile keys on what " \
                        "the trace read])"
             return MISS
+        if self.guard_set.needs_rebind:  # Note [A watch is of the objects it was built from]
+            self._rebind(flat)
         if self.validate_next:
             return self._first_run_validated(flat, held)
         leaves = self.program.try_run(flat, held)
@@ -71,6 +73,17 @@ class Loaded:
         if self.single_leaf:  # one result returned as it is: no pytree per call
             return leaves[0]
         return self.unflatten(leaves)
+
+    def _rebind(self, flat: list[Any]) -> None:
+        """Note [A watch is of the objects it was built from]: the guards held on objects other than those bind
+        found; bound again on the objects there now, the fast path (and a new FastCall) watches them. If that bind
+        fails (the state changed again meanwhile), the old function stays, its watch off: every call checks in full."""
+        problem = self.guard_set.bind(*guards_scope(self.func, flat), inputs=self.bindings)
+        if problem is None:
+            self.bind = self.guard_set.run
+        else:
+            self.guard_set._stale[0] = False  # no rebind per call: the full check answers each call, as it must
+        self._fast_call = None
 
     def fast_call(self, args: tuple[Any, ...], kwnames: tuple[str, ...] = ()) -> Any:
         """A _C.FastCall for calls like `args` (a hit just now, flattened: the last len(kwnames) passed by those

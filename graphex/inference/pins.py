@@ -24,10 +24,31 @@ SLOT_KINDS: dict[type, dict[str, int]] = {
 _READ_ONLY_FUNCTION_ATTRS = ("__closure__", "__globals__", "__builtins__")  # a function keeps these for its life
 # type's data descriptors this file reads as a class's own dict: `__module__` is that dict's value for a heap class
 _TYPE_SLOTS_READ_AS_DICT = ("__module__",)
-_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created by a class statement (or type()), whose names can change
+_HEAPTYPE = 1 << 9
+# Values no watched thing is read through (Note [A watch is of the objects it was built from]): an equal one in its
+# place is no other watch; compared by identity, a float set again would only cost a rebind
+_NOTHING_WATCHED_THROUGH = (int, float, bool, str, bytes, type(None))
+# Objects an attribute read makes anew each time, from what it is read from (anchored itself): a bound method, a
+# class's mappingproxy, a builtin bound to its object
+_NEW_AT_EACH_READ = (types.MethodType, types.MappingProxyType, types.BuiltinMethodType, types.MethodWrapperType)  # Py_TPFLAGS_HEAPTYPE: a class created by a class statement (or type()), whose names can change
 
 _WATCHED_VALUES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, enum.Enum, types.CodeType,
                    types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
+
+
+# Note [A watch is of the objects it was built from]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The watched dicts, objects, slots and lists are the ones bind found at the end of each pinned path
+# (`m.cfg`'s __dict__, `items[0]`'s type). A full check that passes on other objects at those paths
+# (`m.cfg = Config()` equal to the old one, a list item replaced by an equal one) proves the guards for
+# this call, but a watch of the old objects would then prove nothing about the new ones: a change to
+# the new config went unseen and the old value was replayed, fast path or not (found by a helper). So
+# the full check also compares each pinned path's object with the one bind found (`anchors`; numbers
+# and strings excepted: nothing is watched through them), and when one differs it publishes no watch
+# (the fast path stays off) and asks for a new bind (GuardSet.needs_rebind), which the entry makes on
+# the objects there now (Loaded._rebind): from the next call the fast path watches those.
+# Whether a class-level name is a descriptor, and of which kind, is decided by the type of what the
+# class dict holds, so that type and its class dicts are watched too (_watch_descriptors).
 
 
 class _Pins:
@@ -42,6 +63,8 @@ class _Pins:
         self.owners: dict[int, tuple[Any, dict[Any, Any]]] = {}  # Note [A watched dict must stay its object's dict]
         self.slots: dict[tuple[int, int], tuple[Any, int]] = {}  # Note [A slot or a list is watched by what it ...]
         self.lists: dict[int, list[Any]] = {}
+        # Note [A watch is of the objects it was built from]: each pinned path's object, as bind found it
+        self.anchors: dict[Path, Any] = {}
         self._pinned: dict[Path, bool] = {}
 
     def _watch(self, d: Any) -> bool:
@@ -102,7 +125,10 @@ class _Pins:
         for c in base.__mro__:
             if name in vars(c):
                 attr = vars(c)[name]
-                return not hasattr(type(attr), "__get__") or not type(attr).__flags__ & _HEAPTYPE
+                if hasattr(type(attr), "__get__") and type(attr).__flags__ & _HEAPTYPE:
+                    return False
+                self._watch_descriptors(base, name)
+                return True
         return False
 
     def _watch_class(self, cls: type) -> None:
@@ -121,7 +147,21 @@ class _Pins:
             return self._pinned[path]
         result = self._pin(path, locals_, globals_)
         self._pinned[path] = result
+        if result and len(path) > 1 and path[-1] != ("dict",):  # `dict(cls.__dict__)`: a new copy at each read
+            value = resolve(path, locals_, globals_)
+            if type(value) not in _NOTHING_WATCHED_THROUGH and type(value) not in _NEW_AT_EACH_READ:
+                self.anchors[path] = value
         return result
+
+    def _watch_descriptors(self, cls: type, name: str) -> None:
+        """Whatever `name` is in the class dicts of cls's MRO: its type, and that type's class dicts. Whether it is a
+        descriptor, and of which kind, is decided by its type (`D.__set__ = ...` makes an instance attribute lose to
+        it; `vars(C)['x'].__class__ = DD` too: found by a helper), which no dict of cls's MRO shows."""
+        for c in cls.__mro__:
+            if name in vars(c):
+                attr = vars(c)[name]
+                self.objects[id(attr)] = attr
+                self._watch_class(type(attr))
 
     def _pin(self, path: Path, locals_: dict[str, Any], globals_: dict[str, Any]) -> bool:
         if len(path) == 1:
@@ -157,6 +197,7 @@ class _Pins:
                 return False
             if any(name in vars(c) and hasattr(vars(c)[name], "__set__") for c in cls.__mro__):
                 return False  # a data descriptor of the class wins over the instance dict
+            self._watch_descriptors(cls, name)
             self.objects[id(base)] = base
             self._watch_class(cls)
             return self._watch_own(base, own)
@@ -249,6 +290,7 @@ class _Pins:
             return False
         self.objects[id(value)] = value
         self._watch_class(cls)
+        self._watch_descriptors(cls, name)
         return self._watch_own(value, own)
 
     def _found_in_class(self, value: Any, name: str) -> bool:
@@ -265,6 +307,7 @@ class _Pins:
                     return False
                 self.objects[id(value)] = value
                 self._watch_class(cls)
+                self._watch_descriptors(cls, name)
                 return True
         return False
 

@@ -799,3 +799,165 @@ def test_a_keyword_named_by_a_str_subclass_is_not_taken_for_the_name(tmp_path):
         assert cached._fast((), {"x": x, Liar("zz"): 2.0}) is MISS
         with pytest.raises(TypeError):
             f(**{"x": x, Liar("zz"): 2.0})
+
+
+# -- found by a helper trying to break it (2026-12-07): what the watch is of ---------------------------------------
+class _K:
+    def __init__(self, k):
+        self.k = k
+
+
+def _replaced_then_changed():
+    """Note [A watch is of the objects it was built from]: an object replaced by an equal one (the full check passes),
+    then the new one changed. The watch was of the old object, so the change went unseen and the old value was
+    replayed, fast path or not. Each case: (function, replace, change)."""
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cfg = _K(2.0)
+
+        def forward(self, x):
+            return x * self.cfg.k
+
+    def module_attribute():
+        m = Holder()
+        return m.forward, lambda: setattr(m, "cfg", _K(2.0)), lambda: setattr(m.cfg, "k", 7.0)
+
+    def list_item():
+        items = [_K(2.0)]
+        return (lambda x: x * items[0].k), lambda: items.__setitem__(0, _K(2.0)), lambda: setattr(items[0], "k", 7.0)
+
+    def closure_cell():
+        box = _K(2.0)
+
+        def f(x):
+            return x * box.k
+
+        def replace():
+            nonlocal box
+            box = _K(2.0)
+        return f, replace, lambda: setattr(box, "k", 7.0)
+
+    def class_of_the_new_object():
+        items = [_K(2.0)]
+
+        class Other(_K):
+            pass
+        return ((lambda x: x * (1.0 if type(items[0]) is _K else -1.0)), lambda: items.__setitem__(0, _K(5.0)),
+                lambda: setattr(items[0], "__class__", Other))
+
+    return {f.__name__: f for f in (module_attribute, list_item, closure_cell, class_of_the_new_object)}
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("case", list(_replaced_then_changed()))
+def test_an_object_replaced_by_an_equal_one_is_watched_from_then_on(tmp_path, case, fast):
+    f, replace, change = _replaced_then_changed()[case]()
+    x = torch.arange(1.0, 4.0)
+    cached = graphex.inference.cache_compile(f, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(cached(x), f(x))
+        replace()
+        for _ in range(2):  # the full check passes on the new object: bound again on it
+            assert torch.equal(cached(x), f(x))
+        if fast:
+            assert cached._fast is not None and cached._fast((x,)) is not MISS, "no fast path after the rebind"
+        change()
+        for _ in range(3):
+            if not fast:
+                cached._fast = None
+            assert torch.equal(cached(x), f(x)), f"{case}: the new object's change went unseen"
+
+
+def _descriptor_changes():
+    """Whether a class-level name is a descriptor, and of which kind, is its type's: changed after the first call,
+    the instance's own value (or hasattr) no longer answers. Each case: (function, change)."""
+    def becomes_a_data_descriptor():
+        class D:
+            def __get__(self, obj, typ):
+                return 1.0
+
+        class C:
+            x = D()
+        o = C()
+        o.__dict__["x"] = 5.0
+        return (lambda t: t * o.x), lambda: setattr(D, "__set__", lambda self, obj, v: None)
+
+    def class_of_the_descriptor_swapped():
+        class D:
+            pass
+
+        class DD:
+            def __get__(self, obj, typ):
+                return 1.0
+
+            def __set__(self, obj, v):
+                pass
+
+        class C:
+            x = D()
+        o = C()
+        o.x = 5.0
+        return (lambda t: t * o.x), lambda: setattr(vars(C)["x"], "__class__", DD)
+
+    def hasattr_through_a_descriptor():
+        class D:
+            def __get__(self, obj, typ):
+                return 1.0
+
+        class C:
+            x = D()
+        o = C()
+
+        def raising(self, obj, typ):
+            raise AttributeError("x")
+
+        def change():
+            D.__get__ = raising
+            D.__set__ = lambda self, obj, v: None
+        return (lambda t: t + (1.0 if hasattr(o, "x") else 0.0)), change
+
+    return {f.__name__: f for f in (becomes_a_data_descriptor, class_of_the_descriptor_swapped,
+                                     hasattr_through_a_descriptor)}
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("case", list(_descriptor_changes()))
+def test_a_class_level_descriptor_changing_kind_is_seen(tmp_path, case, fast):
+    f, change = _descriptor_changes()[case]()
+    x = torch.ones(2)
+    cached = graphex.inference.cache_compile(f, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(cached(x), f(x))
+        change()
+        for _ in range(3):
+            if not fast:
+                cached._fast = None
+            assert torch.equal(cached(x), f(x)), f"{case}: stale result"
+
+
+def test_the_first_calls_arguments_are_not_kept_after_the_caller_drops_them(tmp_path):
+    """The cold compile's backend and guard hook, which Dynamo keeps until torch._dynamo.reset(), held the first
+    call's arguments, the function and Dynamo's guard values (found by a helper: a tensor an argument held stayed)."""
+    import gc
+    import weakref
+
+    class Box:
+        pass
+
+    def run():
+        def f(x, box):
+            return x + box.t[:3]
+
+        cached = graphex.inference.cache_compile(f, cache_dir=str(tmp_path))
+        box = Box()
+        box.t = torch.ones(1 << 16)
+        with torch.no_grad():
+            cached(torch.ones(3), box)
+        return weakref.ref(box), weakref.ref(box.t)
+
+    box, t = run()
+    gc.collect()
+    assert box() is None and t() is None, "the first call's argument outlived the cache_compile'd function"
