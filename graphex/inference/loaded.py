@@ -18,6 +18,12 @@ from .entry import Entry
 from .flat_call import guards_scope
 from .guards import FAST_CALL_VALUE_TYPES, GuardSet
 
+# Note [A watch is of the objects it was built from]: binding again costs about what the first call's bind did; a
+# function that puts new objects on its paths at every call (`self.state = State()` in forward) would pay it on every
+# call, so after this many an entry stops binding again and checks every call in full (correct, without its fast path)
+_MAX_REBINDS = 8
+
+
 class Loaded:
     """A cache entry bound to this process: an executor plus how to feed it and read it."""
 
@@ -38,6 +44,7 @@ class Loaded:
         self.why = ""  # the guard that failed, for the cache-miss message
         self._fast_call: Any = None  # built at the first plain hit (Note [A plain call's fast path is one C++ call])
         self._fast_for: tuple[str, ...] = ()  # the keywords _fast_call was made for
+        self._rebinds = 0  # Note [A watch is of the objects it was built from]
 
     def try_run(self, flat: list[Any]) -> Any:
         """The call's result, or MISS (nothing run) if this entry does not fit the call.
@@ -78,6 +85,10 @@ class Loaded:
         """Note [A watch is of the objects it was built from]: the guards held on objects other than those bind
         found; bound again on the objects there now, the fast path (and a new FastCall) watches them. If that bind
         fails (the state changed again meanwhile), the old function stays, its watch off: every call checks in full."""
+        if self._rebinds >= _MAX_REBINDS:  # a function that puts new objects there on every call: checked in full
+            self.guard_set._stale[0] = False
+            return
+        self._rebinds += 1
         problem = self.guard_set.bind(*guards_scope(self.func, flat), inputs=self.bindings)
         if problem is None:
             self.bind = self.guard_set.run

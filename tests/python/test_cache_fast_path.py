@@ -961,3 +961,25 @@ def test_the_first_calls_arguments_are_not_kept_after_the_caller_drops_them(tmp_
     box, t = run()
     gc.collect()
     assert box() is None and t() is None, "the first call's argument outlived the cache_compile'd function"
+
+
+def test_a_function_that_replaces_an_object_on_every_call_stops_binding_again(tmp_path):
+    """Note [A watch is of the objects it was built from]: each call puts a new (equal) object on a watched path; the
+    entry binds again a few times, then checks in full on every call, each result right."""
+    class Fresh(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cfg = _K(2.0)
+
+        def forward(self, x):
+            return x * self.cfg.k
+
+    m = Fresh()
+    cached = graphex.inference.cache_compile(m.forward, cache_dir=str(tmp_path))
+    x = torch.arange(1.0, 4.0)
+    with torch.no_grad():
+        for i in range(20):
+            m.cfg = _K(2.0 if i % 5 else 3.0)
+            assert torch.equal(cached(x), m(x)), i
+    rebinds = [e._rebinds for entries in cached._by_call.values() for e in entries]
+    assert 0 < max(rebinds) <= 8, rebinds  # loaded._MAX_REBINDS
