@@ -192,15 +192,7 @@ class _Pins:
                     not any("__class__" in vars(c) for c in cls.__mro__ if c is not object):
                 self.objects[id(base)] = base  # object's own `__class__`: the type, watched as a `type` step is
                 return True
-            own = getattr(base, "__dict__", None)
-            if not isinstance(own, dict) or name not in own or cls.__getattribute__ is not object.__getattribute__:
-                return False
-            if any(name in vars(c) and hasattr(vars(c)[name], "__set__") for c in cls.__mro__):
-                return False  # a data descriptor of the class wins over the instance dict
-            self._watch_descriptors(cls, name)
-            self.objects[id(base)] = base
-            self._watch_class(cls)
-            return self._watch_own(base, own)
+            return self._in_own_dict(base, name)
         if step[0] == "key" and isinstance(base, collections.OrderedDict):
             return False  # the i-th key of an OrderedDict changes with move_to_end, its dict version does not
         if step[0] in ("item", "dict_item", "key"):
@@ -249,7 +241,7 @@ class _Pins:
             self.functions[id(value)] = value
             return True
         if kind == "hasattr" and rec.get("expect") is True:  # torch 2.11: hasattr(layers, "__iter__") on a ModuleList
-            return self._found_in_class(value, rec["arg"]) or self._found_in_own_dict(value, rec["arg"])
+            return self._found_in_class(value, rec["arg"]) or self._in_own_dict(value, rec["arg"])
         if kind == "hasattr" and rec.get("expect") is False:
             return self._found_nowhere(value, rec["arg"])
         return False
@@ -278,16 +270,17 @@ class _Pins:
         self._watch_class(cls)
         return True
 
-    def _found_in_own_dict(self, value: Any, name: str) -> bool:
-        """`hasattr(value, name)` holds while value's own __dict__ has the name, its type stays and no class of its MRO
-        gets a data descriptor of that name (the class dicts are watched): attribute lookup is object's own, which
-        finds an instance dict's value without calling anything."""
+    def _in_own_dict(self, value: Any, name: str) -> bool:
+        """`value.name` is its own __dict__'s value (and `hasattr(value, name)` holds) while that dict has the name, its
+        type stays and no class of its MRO gets a data descriptor of that name (the class dicts, and the type of what
+        they hold under it, are watched): attribute lookup is object's own, which finds an instance dict's value
+        without calling anything."""
         cls = type(value)
         own = getattr(value, "__dict__", None)
         if type(own) is not dict or name not in own or cls.__getattribute__ is not object.__getattribute__:
             return False
         if any(name in vars(c) and hasattr(vars(c)[name], "__set__") for c in cls.__mro__):
-            return False
+            return False  # a data descriptor of the class wins over the instance dict
         self.objects[id(value)] = value
         self._watch_class(cls)
         self._watch_descriptors(cls, name)
