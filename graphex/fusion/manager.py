@@ -24,6 +24,7 @@ from torch._guards import detect_fake_mode
 
 from ..base import log as _log
 from ..base.warn import warn_once
+from ..compat.inductor import one_trace_per_shape
 from .checks import REDUCED_DTYPES
 from .spellings import merge_repeated_views, normalize_arguments
 
@@ -300,9 +301,10 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
         token = _fired.set(counts)  # Note [Fusion's state: one registry, counts per run]
         try:
             normalize_arguments(gm.graph)  # Note [Arguments are matched in one spelling]
-            REGISTRY.matcher.apply(gm.graph)
-            if merge_repeated_views(gm.graph):  # a view written twice, as one node: the patterns once more
+            with one_trace_per_shape():  # Note [A match's re-trace is made once per shape]
                 REGISTRY.matcher.apply(gm.graph)
+                if merge_repeated_views(gm.graph):  # a view written twice, as one node: the patterns once more
+                    REGISTRY.matcher.apply(gm.graph)
         finally:
             _fired.reset(token)
     fired = dict(counts)
