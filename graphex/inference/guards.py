@@ -45,6 +45,7 @@ program graphex replays).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import torch
@@ -277,7 +278,8 @@ class _Emitter:
         self.lines.append(f"if not ({cond}): {self.on_fail}")
 
     def body(self, indent: int = 4) -> str:
-        return "\n".join(" " * indent + ln for ln in self.lines) if self.lines else " " * indent + "pass"
+        lines = _without_implied(self.lines, self.held)
+        return "\n".join(" " * indent + ln for ln in lines) if lines else " " * indent + "pass"
 
     def var(self, path: Path) -> str:
         if path in self.names:
@@ -310,3 +312,33 @@ class _Emitter:
 
 class _Fails(Exception):
     pass
+
+
+# Note [A check another line implies is not emitted]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Dynamo records `hasattr(x, 'a')` and, when the trace read it, `x.a`'s type and value; and a type match next to an
+# equality that tests the same type first. Every way a generated function can fail answers the same (a false check
+# and an exception alike return None, or go to the full check), so a check that another line of the same function
+# implies is dropped from it, wherever it stands: `hasattr(vX, 'a') is True` where the function reads `vX.a` (the read
+# raises where hasattr says False, hasattr raises where the read does), and `type(vX) is T` where another check
+# begins `type(vX) is T and`. Each is one Python call fewer per cache_compile call: transformers' configs answer
+# `hasattr` through their own Python `__getattribute__`.
+_READ = re.compile(r"(v\d+) = (v\d+)\.([A-Za-z_]\w*)$")
+_HASATTR_TRUE = re.compile(r"if not \(hasattr\((v\d+), '([A-Za-z_]\w*)'\) is True\): ")
+_TYPE_ONLY = re.compile(r"if not \(type\((v\d+)\) is H\[(\d+)\]\): ")
+_TYPE_AND = re.compile(r"if not \(type\((v\d+)\) is H\[(\d+)\] and ")
+
+
+def _without_implied(lines: list[str], held: list[Any]) -> list[str]:
+    """`lines` less the checks another line implies (Note [A check another line implies is not emitted])."""
+    reads = {(m[2], m[3]) for m in map(_READ.match, lines) if m}
+    typed = {(m[1], id(held[int(m[2])])) for m in map(_TYPE_AND.match, lines) if m}
+
+    def implied(line: str) -> bool:  # each pattern ends at its condition's close: the whole condition
+        if m := _HASATTR_TRUE.match(line):
+            return (m[1], m[2]) in reads
+        if m := _TYPE_ONLY.match(line):
+            return (m[1], id(held[int(m[2])])) in typed
+        return False
+
+    return [ln for ln in lines if not implied(ln)]

@@ -266,6 +266,53 @@ def test_a_guard_only_python_checks_is_checked_by_the_residual_on_every_fast_cal
         assert m.cached._fast((x,)) is not MISS and torch.equal(m.cached(x), m._forward(x))
 
 
+class _MappedConfig:
+    """As transformers' configs: attributes answered by a Python `__getattribute__` (no watch proves what it returns),
+    so the fast path's residual checks what the trace read through it."""
+
+    attribute_map = {"alias": "flag"}
+
+    def __init__(self):
+        self.flag = 2.0
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+
+@pytest.mark.parametrize("change", ["deleted", "another value", "another type", "none"])
+def test_a_hasattr_the_residual_drops_for_the_read_beside_it_is_still_checked(tmp_path, change):
+    """Note [A check another line implies is not emitted]: `hasattr(cfg, 'flag') is True` is implied by the read of
+    `cfg.flag` the residual makes for its value, and dropped; deleting the attribute must still be seen."""
+    class ReadsMapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cfg = _MappedConfig()
+            self.cached = graphex.inference.cache_compile(self._forward, cache_dir=str(tmp_path))
+
+        def _forward(self, x):
+            return F.relu(x) * (self.cfg.flag if hasattr(self.cfg, "flag") else -1.0)
+
+    m = ReadsMapped()
+    x = torch.randn(3)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(m.cached(x), m._forward(x))
+        (loaded,) = [e for entries in m.cached._by_call.values() for e in entries]
+        rest = loaded.guard_set.source[loaded.guard_set.source.index("def rest("):]
+        assert ".flag\n" in rest and "'flag') is True" not in rest, rest
+        assert m.cached._fast is not None
+        if change == "deleted":
+            del m.cfg.flag
+        elif change == "another value":
+            m.cfg.flag = 3.0
+        elif change == "another type":
+            m.cfg.flag = 2
+        for _ in range(3):  # the first call after the change, and the fast path after it
+            assert _same(m.cached(x), m._forward(x))
+
+
 @pytest.mark.parametrize("calls", [1, 3])
 def test_a_dropped_module_is_freed(tmp_path, calls):
     """Note [Objects that hold Python objects take part in GC]: the module holds its CachedFunction, which holds the
