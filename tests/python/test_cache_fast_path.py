@@ -230,23 +230,34 @@ class _Computed:
         return self.raw
 
 
-@pytest.mark.parametrize("answer", ["None", "an exception", "a tuple"])
-def test_a_guard_only_python_checks_is_checked_by_the_residual_on_every_fast_call(tmp_path, answer):
-    class ReadsComputed(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.cfg = _Computed()
-            self.cached = graphex.inference.cache_compile(self._forward, cache_dir=str(tmp_path))
+class _ReadsConfig(nn.Module):
+    """relu(x) times `cfg.<value>` when `cfg` has `<asked>`, else -1, through cache_compile."""
 
-        def _forward(self, x):
-            return F.relu(x) * (self.cfg.raw if hasattr(self.cfg, "factor") else -1.0)
+    def __init__(self, cfg, asked, value, cache_dir):
+        super().__init__()
+        self.cfg, self.asked, self.value = cfg, asked, value
+        self.cached = graphex.inference.cache_compile(self._forward, cache_dir=str(cache_dir))
 
-    m = ReadsComputed()
-    x = torch.randn(3)
+    def _forward(self, x):
+        return F.relu(x) * (getattr(self.cfg, self.value) if hasattr(self.cfg, self.asked) else -1.0)
+
+
+def _fast_installed(m, x):
+    """The cache entry after the two calls that compile it and install its fast path (each equal to eager)."""
     with torch.no_grad():
         for _ in range(2):
-            m.cached(x)
-        (loaded,) = [e for entries in m.cached._by_call.values() for e in entries]
+            assert torch.equal(m.cached(x), m._forward(x))
+    (loaded,) = [e for entries in m.cached._by_call.values() for e in entries]
+    assert m.cached._fast is not None
+    return loaded
+
+
+@pytest.mark.parametrize("answer", ["None", "an exception", "a tuple"])
+def test_a_guard_only_python_checks_is_checked_by_the_residual_on_every_fast_call(tmp_path, answer):
+    m = _ReadsConfig(_Computed(), "factor", "raw", tmp_path)
+    x = torch.randn(3)
+    loaded = _fast_installed(m, x)
+    with torch.no_grad():
         residual = loaded.guard_set.native["residual"]
         assert m.cached._fast is not None and residual is not None
         assert "hasattr(" in loaded.guard_set.source[loaded.guard_set.source.index("def rest("):]
@@ -285,24 +296,12 @@ class _MappedConfig:
 def test_a_hasattr_the_residual_drops_for_the_read_beside_it_is_still_checked(tmp_path, change):
     """Note [A check another line implies is not emitted]: `hasattr(cfg, 'flag') is True` is implied by the read of
     `cfg.flag` the residual makes for its value, and dropped; deleting the attribute must still be seen."""
-    class ReadsMapped(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.cfg = _MappedConfig()
-            self.cached = graphex.inference.cache_compile(self._forward, cache_dir=str(tmp_path))
-
-        def _forward(self, x):
-            return F.relu(x) * (self.cfg.flag if hasattr(self.cfg, "flag") else -1.0)
-
-    m = ReadsMapped()
+    m = _ReadsConfig(_MappedConfig(), "flag", "flag", tmp_path)
     x = torch.randn(3)
+    loaded = _fast_installed(m, x)
+    rest = loaded.guard_set.source[loaded.guard_set.source.index("def rest("):]
+    assert ".flag\n" in rest and "'flag') is True" not in rest, rest
     with torch.no_grad():
-        for _ in range(2):
-            assert torch.equal(m.cached(x), m._forward(x))
-        (loaded,) = [e for entries in m.cached._by_call.values() for e in entries]
-        rest = loaded.guard_set.source[loaded.guard_set.source.index("def rest("):]
-        assert ".flag\n" in rest and "'flag') is True" not in rest, rest
-        assert m.cached._fast is not None
         if change == "deleted":
             del m.cfg.flag
         elif change == "another value":
