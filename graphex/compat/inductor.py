@@ -229,8 +229,10 @@ def _traces(fn: Any, search_fn: Callable[..., Any]) -> bool:
 # same search function on inputs of the same metadata is the same graph, so it is made once and reused: torch only
 # reads it (makes it a pattern and matches that). So is the replacement's trace, but torch writes the matched node's
 # meta into it (`_transfer_meta`) and copies its nodes into the graph, so each match gets its own copy of the graph
-# (new nodes, each meta a shallow copy: `_fresh_copy`), not the shared one. An input the key cannot state exactly (a
-# symbolic size, an object) is traced every time.
+# (new nodes, each meta a shallow copy: `_fresh_copy`), not the shared one. The key names the registration (its
+# trace function, its decompositions: one search function registered twice, traced two ways, is two patterns; found by
+# a helper) besides the function. An input the key cannot state exactly (a symbolic size, an object) is traced every
+# time.
 _retraces: contextvars.ContextVar[dict[Any, Any] | None] = contextvars.ContextVar("graphex_retraces", default=None)
 
 
@@ -245,9 +247,10 @@ def one_trace_per_shape() -> Any:
         _retraces.reset(token)
 
 
-def _retrace_key(fn: Callable[..., Any], args: Any) -> tuple[Any, ...] | None:
-    """What a re-trace of `fn` depends on, or None where an input is not stated exactly by its metadata."""
-    parts: list[Any] = [fn, torch.is_grad_enabled()]
+def _retrace_key(registration: object, fn: Callable[..., Any], args: Any) -> tuple[Any, ...] | None:
+    """What a re-trace of `fn` for one registration (its trace function and decompositions) depends on, or None where
+    an input is not stated exactly by its metadata."""
+    parts: list[Any] = [registration, fn, torch.is_grad_enabled()]
     for a in args:
         if isinstance(a, torch.Tensor):
             sizes, strides = tuple(a.shape), tuple(a.stride())
@@ -300,7 +303,8 @@ def register_replacement(search_fn: Callable[..., Any], replace_fn: Callable[...
         if not registered and first_trace is not None and fn is search_fn:
             return first_trace(lambda: traced(fn, args))
         memo = _retraces.get()
-        key = _retrace_key(fn, args) if registered and memo is not None and fn in (search_fn, replace_fn) else None
+        key = _retrace_key(trace, fn, args) if registered and memo is not None and fn in (search_fn, replace_fn) \
+            else None
         if key is None:
             return traced(fn, args)
         if key not in memo:  # Note [A match's re-trace is made once per shape]

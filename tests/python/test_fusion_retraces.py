@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -84,3 +87,59 @@ def test_matches_of_other_shapes_in_one_graph_are_retraced_each(monkeypatch):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert traces["rms_norm"] == 3, traces  # three shapes: the two [2, 3, 16] norms share one re-trace
     assert traces["rms_norm_fused"] < fused["rms_norm"], traces  # and one replacement, copied for each
+
+
+def test_one_search_function_registered_twice_is_retraced_per_registration(tmp_path):
+    """The same search function under two trace functions is two patterns (found by a helper): the second's re-trace of
+    its match must not be the first's graph, or its match is declined. In a fresh process (patterns stay registered)."""
+    script = tmp_path / "twice.py"
+    script.write_text(textwrap.dedent('''
+        import collections, contextlib
+        import torch, torch.nn.functional as F
+        from torch._decomp import get_decompositions
+        from torch._inductor.pattern_matcher import fwd_only
+        import graphex
+        import graphex.fusion.manager as manager
+
+        @torch.library.custom_op("graphex_test_retrace::silu_add", mutates_args=())
+        def silu_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.silu(x) + y
+
+        @silu_add.register_fake
+        def _(x, y):
+            return torch.empty_like(x)
+
+        def search(x, y):
+            return F.silu(x) + y
+
+        def replace(x, y):
+            return torch.ops.graphex_test_retrace.silu_add(x, y)
+
+        def decomposing(fn, args):  # the same search function, traced as x * sigmoid(x) + y
+            return fwd_only(fn, args, get_decomp_fn=lambda: get_decompositions([torch.ops.aten.silu]))
+
+        examples = [torch.randn(4, 4), torch.randn(4, 4)]
+        graphex.register_replacement(search, replace, examples)
+        graphex.register_replacement(search, replace, examples, trace_fn=decomposing)
+
+        def f(a, b, c, d):
+            return c * torch.sigmoid(c) + d, F.silu(a) + b  # both spellings, inputs of one shape
+
+        args = [torch.randn(2, 8) for _ in range(4)]
+        for reuse in (True, False):
+            torch._dynamo.reset()
+            if not reuse:
+                manager.one_trace_per_shape = contextlib.nullcontext
+            graph = torch.compile(f, backend="graphex", fullgraph=True, dynamic=False,
+                                  options={"pattern_fusion_pass": True, "pointwise_fusion": False})
+            with torch.no_grad():
+                out = graph(*args)
+            for got, want in zip(out, f(*args)):
+                torch.testing.assert_close(got, want)
+            fired = [n for n in graphex.runtime.compiled_graph.live_graphs()[-1].gm.graph.nodes
+                     if n.target is torch.ops.graphex_test_retrace.silu_add.default]
+            print("reuse" if reuse else "no reuse", len(fired))
+    '''))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-5:] == ["reuse", "2", "no", "reuse", "2"], proc.stdout
