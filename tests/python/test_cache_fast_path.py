@@ -300,7 +300,10 @@ def test_a_hasattr_the_residual_drops_for_the_read_beside_it_is_still_checked(tm
     x = torch.randn(3)
     loaded = _fast_installed(m, x)
     rest = loaded.guard_set.source[loaded.guard_set.source.index("def rest("):]
-    assert ".flag\n" in rest and "'flag') is True" not in rest, rest
+    if compat.TORCH_VERSION >= (2, 12):  # Dynamo reads `cfg.flag` as Python does: that read implies the hasattr
+        assert ".flag\n" in rest and "'flag') is True" not in rest, rest
+    else:  # Dynamo 2.11 reads it past the class's __getattribute__, which implies nothing about hasattr: kept
+        assert "object.__getattribute__(" in rest and "'flag') is True" in rest, rest
     with torch.no_grad():
         if change == "deleted":
             del m.cfg.flag
