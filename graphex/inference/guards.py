@@ -46,6 +46,7 @@ program graphex replays).
 from __future__ import annotations
 
 import re
+import types
 from typing import Any, Callable
 
 import torch
@@ -295,6 +296,10 @@ class _Emitter:
                 if obj is _MISSING:
                     raise _Fails(f"global {name} is not defined in this process")
                 expr = _hold(self.held, obj)
+        elif path[-1][0] == "item" and path[-2] == ("dict",):  # Note [A class dict's item is read without a copy]
+            proxy, mp = self.var(path[:-2]), _hold(self.held, types.MappingProxyType)
+            key = path[-1][1]
+            expr = f"({proxy}[{key!r}] if type({proxy}) is {mp} else dict({proxy})[{key!r}])"
         else:
             base = self.var(path[:-1])
             step = path[-1]
@@ -313,6 +318,14 @@ class _Emitter:
 class _Fails(Exception):
     pass
 
+
+# Note [A class dict's item is read without a copy]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Dynamo reads a class attribute as `dict(type(x).__dict__)['name']`: a copy of the class's whole dict (35 entries on
+# transformers' Cache), made on every call by the generated code, to read one item. A mappingproxy's item is its
+# dict's item, so where the object is exactly a mappingproxy (what `type.__dict__` gives) the item is read from it;
+# anything else (a metaclass's own `__dict__`) is copied as before. Other reads of the copy (its keys by position,
+# `dict.__getitem__`) still take the copy.
 
 # Note [A check another line implies is not emitted]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

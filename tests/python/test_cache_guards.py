@@ -732,3 +732,36 @@ def test_one_list_passed_twice_is_one_list_to_the_function(tmp_path):
             assert torch.equal(cached(x, shared, shared), x + 1)
             assert torch.equal(cached(x, [1], [1]), x - 1)
         assert torch.equal(cached(x, shared, shared), x + 1)
+
+
+class _CopyingDict(dict):
+    """A mapping whose own item differs from its copy's: `dict(d)['a']` is 1, `d['a']` is 2."""
+
+    def __getitem__(self, key):
+        return 2
+
+
+class _MetaWithOwnDict(type):
+    @property
+    def __dict__(cls):  # what `type(x).__dict__` reads on this metaclass's classes: not a mappingproxy
+        return _CopyingDict(a=1)
+
+
+@pytest.mark.parametrize("kind", ["class dict", "a metaclass's own __dict__"])
+def test_a_class_dicts_item_reads_what_its_copy_would(kind):
+    """Note [A class dict's item is read without a copy]: Dynamo's `dict(type(x).__dict__)['a']`, read by the generated
+    code from the mappingproxy itself where it is one, and from the copy otherwise: the value Dynamo's source names."""
+    from graphex.inference.guards import _Emitter
+    from graphex.inference.pins import _Pins
+
+    Plain = type("Plain", (), {"a": 1})
+    Odd = _MetaWithOwnDict("Odd", (), {})
+    obj = (Plain if kind == "class dict" else Odd)()
+    path = guard_sources.parse_source("dict(type(L['flat_args'][0]).__dict__)['a']")
+    held: list = []
+    emitter = _Emitter(held, _Pins(), {})
+    v = emitter.var(path)
+    scope = {"H": tuple(held), "flat_args": [obj], "type": type, "dict": dict}
+    exec("\n".join(emitter.lines), scope)  # the generated reads, as the guard function runs them
+    assert scope[v] == guard_sources.resolve(path, {"flat_args": [obj]}, {}) == 1
+    assert ("if type(" in "\n".join(emitter.lines)) and "dict(v" in "\n".join(emitter.lines)
