@@ -56,6 +56,7 @@ from .library import (  # noqa: F401
 
 from .dynamo import (  # noqa: F401
     current_dynamo_backend,
+    raised_by_traced_code,
     in_graphex_trace,
     recompile_limit,
     source_name,

@@ -39,6 +39,14 @@ def in_graphex_trace() -> bool:
     return bool(getattr(current_dynamo_backend(), "_graphex_backend", False))
 
 
+def raised_by_traced_code(error: BaseException) -> bool:
+    """Dynamo's error for a traced function that raises an exception it does not catch itself ("Observed exception",
+    the same in 2.11-2.15): called eagerly, the function raises that exception (the user's own, naming its cause)."""
+    from torch._dynamo import exc
+
+    return isinstance(error, exc.Unsupported) and getattr(error, "gb_type", None) == "Observed exception"
+
+
 def recompile_limit() -> int:
     """Dynamo's per-code recompile limit (config `recompile_limit`; called `cache_size_limit` before 2.6)."""
     config = torch._dynamo.config

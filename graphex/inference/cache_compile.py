@@ -47,6 +47,7 @@ from ..fusion.manager import registered_patterns
 from ..options import Options
 from . import keys
 from .fingerprints import float_key
+from .flat_call import make_flat
 from .loaded import MISS, Loaded, collector_paused
 from .entry import SUFFIX, Entry, EntryError, read_entry, write_entry
 
@@ -352,7 +353,20 @@ class CachedFunction(_C.CachedCall):
         from .capture import compile_cold  # Note [A cache hit imports no compiler]
 
         start = time.perf_counter()
-        result, entry, why = compile_cold(self._func, flat, in_spec, self._options, self._dynamic, parts)
+        try:
+            result, entry, why = compile_cold(self._func, flat, in_spec, self._options, self._dynamic, parts)
+        except Exception as e:  # noqa: BLE001  (only Dynamo's "the function raised" is answered here)
+            if not compat.raised_by_traced_code(e):
+                raise
+            raised = True
+        else:
+            raised = False
+        if raised:
+            # Note [A function that raises gives its own error]: the trace met an exception the function does not
+            # catch (`cfg.flag` read after `del cfg.flag`), which Dynamo reports as "Unsupported: Observed exception".
+            # Nothing of the trace ran for real, so calling the function as written raises what eager raises (an
+            # AttributeError naming the attribute), after eager's own side effects; nothing is cached.
+            return make_flat(self._func, in_spec)(*flat)
         self.stats["compiles"] += 1
         if entry is None:
             warn_once(f"cache-uncacheable:{self._name}:{why}",

@@ -10,6 +10,7 @@ import enum
 import inspect
 import math
 import sys
+import types
 
 import pytest
 import torch
@@ -1029,3 +1030,25 @@ def test_a_function_that_replaces_an_object_on_every_call_stops_binding_again(tm
             assert torch.equal(cached(x), m(x)), i
     rebinds = [e._rebinds for entries in cached._by_call.values() for e in entries]
     assert 0 < max(rebinds) <= 8, rebinds  # loaded._MAX_REBINDS
+
+
+def test_a_function_that_raises_gives_its_own_error(tmp_path):
+    """Note [A function that raises gives its own error]: an attribute the trace reads is deleted after the fast path
+    is installed: the cached call raises what eager raises (found by a helper: Dynamo's "Unsupported: Observed
+    exception" came out instead), each time, and works again once the attribute is back."""
+    cfg = types.SimpleNamespace(flag=2.0)
+
+    def f(x):
+        return x * cfg.flag
+
+    cached = graphex.inference.cache_compile(f, cache_dir=str(tmp_path))
+    x = torch.randn(3)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(cached(x), f(x))
+        del cfg.flag
+        for _ in range(2):
+            with pytest.raises(AttributeError, match="flag"):
+                cached(x)
+        cfg.flag = 3.0
+        assert torch.equal(cached(x), f(x))
