@@ -309,8 +309,8 @@ def register_replacement(search_fn: Callable[..., Any], replace_fn: Callable[...
             return traced(fn, args)
         if key not in memo:  # Note [A match's re-trace is made once per shape]
             memo[key] = traced(fn, args)
-            return memo[key] if fn is search_fn else _fresh_copy(memo[key])
-        _trace_inputs.last = (fn, list(args))  # what `check` reads a missing argument from, as traced() sets it
+        else:
+            _trace_inputs.last = (fn, list(args))  # what `check` reads a missing argument from, as traced() sets it
         return memo[key] if fn is search_fn else _fresh_copy(memo[key])
 
     def traced(fn: Callable[..., Any], args: Any) -> Any:

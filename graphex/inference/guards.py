@@ -274,6 +274,7 @@ class _Emitter:
         self.lines: list[str] = []
         self.names: dict[Path, str] = {}
         self.on_fail = "return None"
+        self.mappingproxy: str | None = None  # H[i] holding types.MappingProxyType, once read
 
     def check(self, cond: str) -> None:
         self.lines.append(f"if not ({cond}): {self.on_fail}")
@@ -297,7 +298,9 @@ class _Emitter:
                     raise _Fails(f"global {name} is not defined in this process")
                 expr = _hold(self.held, obj)
         elif path[-1][0] == "item" and path[-2] == ("dict",):  # Note [A class dict's item is read without a copy]
-            proxy, mp = self.var(path[:-2]), _hold(self.held, types.MappingProxyType)
+            if self.mappingproxy is None:  # held once per function
+                self.mappingproxy = _hold(self.held, types.MappingProxyType)
+            proxy, mp = self.var(path[:-2]), self.mappingproxy
             key = path[-1][1]
             expr = f"({proxy}[{key!r}] if type({proxy}) is {mp} else dict({proxy})[{key!r}])"
         else:

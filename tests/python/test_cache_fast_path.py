@@ -926,16 +926,22 @@ def test_an_object_replaced_by_an_equal_one_is_watched_from_then_on(tmp_path, ca
             assert torch.equal(cached(x), f(x)), f"{case}: the new object's change went unseen"
 
 
+def _getting_descriptor():
+    """A descriptor class D whose __get__ gives 1.0, and a class C whose attribute x is a D."""
+    class D:
+        def __get__(self, obj, typ):
+            return 1.0
+
+    class C:
+        x = D()
+    return D, C
+
+
 def _descriptor_changes():
     """Whether a class-level name is a descriptor, and of which kind, is its type's: changed after the first call,
     the instance's own value (or hasattr) no longer answers. Each case: (function, change)."""
     def becomes_a_data_descriptor():
-        class D:
-            def __get__(self, obj, typ):
-                return 1.0
-
-        class C:
-            x = D()
+        D, C = _getting_descriptor()
         o = C()
         o.__dict__["x"] = 5.0
         return (lambda t: t * o.x), lambda: setattr(D, "__set__", lambda self, obj, v: None)
@@ -944,12 +950,8 @@ def _descriptor_changes():
         class D:
             pass
 
-        class DD:
-            def __get__(self, obj, typ):
-                return 1.0
-
-            def __set__(self, obj, v):
-                pass
+        DD, _ = _getting_descriptor()
+        DD.__set__ = lambda self, obj, v: None
 
         class C:
             x = D()
@@ -958,12 +960,7 @@ def _descriptor_changes():
         return (lambda t: t * o.x), lambda: setattr(vars(C)["x"], "__class__", DD)
 
     def hasattr_through_a_descriptor():
-        class D:
-            def __get__(self, obj, typ):
-                return 1.0
-
-        class C:
-            x = D()
+        D, C = _getting_descriptor()
         o = C()
 
         def raising(self, obj, typ):
