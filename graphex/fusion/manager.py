@@ -13,9 +13,10 @@ import contextvars
 import functools
 import hashlib
 import inspect
+import math
 import operator
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import torch
 import torch.fx
@@ -52,6 +53,13 @@ class PatternRegistry:
         self.lines: list[str] = []  # one per user's pattern, for compile-cache keys
         # the built-ins' first traces: the shipped ones (serialized.shipped(), read at the first group) unless given
         self.graphs = graphs
+        # Note [A built-in pattern is registered once a graph can hold it]
+        self.available: frozenset[Any] | None = None  # the ops a graph being fused can hold (None: every op)
+        self.deferred: list[_Deferred] = []  # built-ins no graph could hold yet, in their rank's order
+        self._ranks: dict[int, tuple[float, int]] = {}  # id(PatternEntry) -> its place in the full registration order
+        self._rank: tuple[float, int] = (0, 0)  # the next built-in's place: (its group's index, its index there)
+        self._highest: tuple[float, int] = (-1, 0)  # the last place registered in order
+        self._unordered = False  # a registration came after a later-ranked one: the anchors' lists are to be sorted
 
     @property
     def matcher(self) -> PatternMatcherPass:
@@ -64,25 +72,125 @@ class PatternRegistry:
                 self._matcher = PatternMatcherPass(pass_name="graphex_pattern_fusion")
             return self._matcher
 
-    def ensure_builtins(self, dtypes: Any = None) -> None:
+    def ensure_builtins(self, dtypes: Any = None, ops: frozenset[Any] | None = None) -> None:
         """Register the built-in patterns, once per group (Note [Built-in patterns are traced per dtype, when
         needed]): the float32 group and the groups of `dtypes` (every group when None). Their search graphs are the
-        shipped ones where this torch has them (Note [Built-in patterns ship as traced graphs], serialized/)."""
+        shipped ones where this torch has them (Note [Built-in patterns ship as traced graphs], serialized/). With
+        `ops` (the ops of the graph about to be fused), a built-in whose search graph holds another op waits in
+        `deferred` (Note [A built-in pattern is registered once a graph can hold it]); without, none waits."""
         from .patterns import BUILTIN_GROUPS
 
         with self.lock:
-            for key, register in BUILTIN_GROUPS.items():
-                wanted = dtypes is None or key is None or key in dtypes
-                if key in self.builtin_groups or not wanted:
-                    continue
-                if self.graphs is None:
-                    from . import serialized
+            self.available = None if ops is None else frozenset(ops) | REPLACEMENT_OPS
+            try:
+                for d in [d for d in self.deferred if self.available is None or d.ops <= self.available]:
+                    self.deferred.remove(d)
+                    self._ranked(d.rank, d.register)
+                for index, (key, register) in enumerate(BUILTIN_GROUPS.items()):
+                    wanted = dtypes is None or key is None or key in dtypes
+                    if key in self.builtin_groups or not wanted:
+                        continue
+                    if self.graphs is None:
+                        from . import serialized
 
-                    self.graphs = serialized.shipped()
-                self.builtin_groups.add(key)
-                self.graphs.begin_group(key)
-                register()
+                        self.graphs = serialized.shipped()
+                    self.builtin_groups.add(key)
+                    self.graphs.begin_group(key)
+                    self._rank = (index, 0)
+                    register()
+            finally:
+                self.available = None
+                if self._unordered:
+                    self._in_rank_order()
+            if self.deferred:
+                _log.detail("fused mode: %d built-in patterns wait for a graph holding their ops (Note [A built-in "
+                            "pattern is registered once a graph can hold it])", len(self.deferred))
 
+    def register_builtin(self, register: Callable[[Callable[..., Any] | None], bool], first_trace: Callable[..., Any]
+                         ) -> None:
+        """One built-in registration, `register(first_trace)` (compat.register_replacement's), at its rank; or, when
+        its search graph holds an op that `available` lacks, kept to be registered later with the same graph."""
+        rank, self._rank = self._rank, (self._rank[0], self._rank[1] + 1)
+        held: list[Any] = []
+
+        def first(trace: Callable[[], Any]) -> Any:
+            gm = first_trace(trace)
+            if self.available is not None and not _call_targets(gm) <= self.available:
+                held.append(gm)
+                raise _WaitForAGraph
+            return gm
+
+        try:
+            self._ranked(rank, lambda: register(first))
+        except _WaitForAGraph:
+            gm = held[0]
+            self.deferred.append(_Deferred(rank, _call_targets(gm), lambda: register(lambda _trace: gm)))
+
+    def register_user(self, register: Callable[[], bool]) -> bool:
+        """A user's registration, after every built-in (ensure_builtins() ran first: none waits)."""
+        return self._ranked((math.inf, len(self._ranks)), register)
+
+    def _ranked(self, rank: tuple[float, int], register: Callable[[], bool]) -> bool:
+        """`register()`, each pattern entry it adds to the matcher remembered at `rank`."""
+        before = {key: len(entries) for key, entries in self.matcher.patterns.items()}
+        registered = register()
+        for key, entries in self.matcher.patterns.items():
+            for entry in entries[before.get(key, 0):]:
+                self._ranks[id(entry)] = rank
+        if rank < self._highest:
+            self._unordered = True
+        self._highest = max(self._highest, rank)
+        return registered
+
+    def _in_rank_order(self) -> None:
+        """Each anchor's patterns in the order one registration of everything at once would give them (a stable
+        sort: an entry graphex did not register, none today, keeps its place after them)."""
+        unranked = (math.inf, math.inf)
+        for entries in self.matcher.patterns.values():
+            entries.sort(key=lambda e: self._ranks.get(id(e), unranked))
+        self._unordered = False
+
+
+class _Deferred(NamedTuple):
+    rank: tuple[float, int]
+    ops: frozenset[Any]
+    register: Callable[[], bool]
+
+
+class _WaitForAGraph(Exception):
+    """Raised through torch's register_replacement by a built-in's first trace, before anything is registered."""
+
+
+def _call_targets(gm: torch.fx.GraphModule) -> frozenset[Any]:
+    return frozenset(n.target for n in gm.graph.nodes if n.op == "call_function")
+
+
+# Note [A built-in pattern is registered once a graph can hold it]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Registering a built-in (torch's fx_to_pattern and duplicate check, on its shipped graph) costs about 2 ms, a
+# third of a second for the common group's 125, and each registered pattern is tried at every node of its anchor's
+# op. Most cannot match a given model at all: a pattern matches only where the graph has every op of its search graph
+# (each pattern node matches a node by its target), and Llama's decode step holds the ops of 40 of the 125, GPT-2's
+# 15, the shipped decoder's 24 (the written-out attention forms need softmax, which an SDPA model has none of). So
+# run_fusion registers a built-in only once a graph holds its ops; the others wait in `deferred`, each with the graph
+# its first trace gave, and the first graph that holds their ops registers them. Nothing is lost:
+#   * torch's matcher anchors on the nodes there when it starts, and a node a replacement inserts during the pass
+#     holds a graphex_fused op (which no built-in searches for), an op of the pattern it replaces (which the graph
+#     held) or an op of REPLACEMENT_OPS (test_fusion_deferred.py traces every built-in replacement), so `available`,
+#     the graph's ops and REPLACEMENT_OPS, covers every node a match could use;
+#   * the order is kept: every registration has a rank, its place in the order registering every group at once
+#     gives (group by BUILTIN_GROUPS, then its index in the group), and after a registration out of that order each
+#     anchor's list is sorted by rank. So at an anchor the patterns are tried in the same order in every process,
+#     whatever graphs came before (the dtype groups too, which had followed the order graphs arrived in).
+# A user's pattern registers every built-in first (ensure_builtins(), no ops: none waits), and comes after them.
+# Only graphs whose run_fusion passes its ops defer anything; the writer of the shipped graphs registers all.
+REPLACEMENT_OPS: frozenset[Any] = frozenset({
+    operator.getitem,  # a replacement returning several results
+    torch.ops.aten.ones.default,  # an unmasked attention's all-attended mask (attention_patterns._all_attended)
+    torch.ops.aten.select.int,  # rotary_complex_fused's cos and sin halves
+    torch.ops.aten.t.default,  # matvec_kn_fused's weight, stored [K, N], read as its transpose
+    torch.ops.aten.clone.default,  # the rotaries' x.contiguous() of an x that is not (a match's shape: no example has it)
+})
 
 REGISTRY = PatternRegistry()
 _fired: contextvars.ContextVar[collections.Counter[str] | None] = contextvars.ContextVar("graphex_fusion_fired",
@@ -297,10 +405,11 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
     """Replace every match of the registered patterns in `gm`; returns {pattern name: times fired}."""
     counts: collections.Counter[str] = collections.Counter()
     with REGISTRY.lock:
-        REGISTRY.ensure_builtins(_reduced_dtypes(gm.graph))
         token = _fired.set(counts)  # Note [Fusion's state: one registry, counts per run]
         try:
             normalize_arguments(gm.graph)  # Note [Arguments are matched in one spelling]
+            # Note [A built-in pattern is registered once a graph can hold it]
+            REGISTRY.ensure_builtins(_reduced_dtypes(gm.graph), _call_targets(gm))
             with one_trace_per_shape():  # Note [A match's re-trace is made once per shape]
                 REGISTRY.matcher.apply(gm.graph)
                 if merge_repeated_views(gm.graph):  # a view written twice, as one node: the patterns once more

@@ -58,20 +58,30 @@ def register_named(name: str, search_fn: Callable[..., Any], replace_fn: Callabl
                    scalar_workaround: dict[str, float | int] | None = None, skip_duplicates: bool = False,
                    builtin: bool = False, count_as: Callable[[Match], str] | None = None) -> bool:
     """register_replacement with the name GRAPHEX_LOG reports when the pattern fires (`count_as(match)`, where given:
-    the kernel one match runs, for a pattern whose replacement picks its kernel by the match's shapes)."""
+    the kernel one match runs, for a pattern whose replacement picks its kernel by the match's shapes). A built-in
+    returns True: registered now, or once a graph holds its ops (Note [A built-in pattern is registered once a graph
+    can hold it], manager.py)."""
     example_inputs = list(example_inputs)
-    with manager.REGISTRY.lock:
+    registry = manager.REGISTRY
+    with registry.lock:
         if not builtin:
-            manager.REGISTRY.ensure_builtins()  # built-ins first: at a shared anchor they are tried first
-        graphs = manager.REGISTRY.graphs if builtin else None
-        first_trace = None if graphs is None else functools.partial(  # Note [Built-in patterns ship as traced graphs]
-            graphs.first_trace, search_fn, example_inputs, scalar_workaround)
-        registered = compat.register_replacement(
-            search_fn, replace_fn, example_inputs, trace_fn, manager.pattern_pass(),
-            manager.checked(name, search_fn, replace_fn, extra_check, count_as), get_decomp_fn=no_decompositions,
-            scalar_workaround=scalar_workaround, search_fn_pattern=search_fn_pattern,
-            skip_duplicates=skip_duplicates, pattern_name=name, first_trace=first_trace)
-        if registered and not builtin:  # the built-ins are keyed by their source (manager.registered_patterns)
+            registry.ensure_builtins()  # built-ins first: at a shared anchor they are tried first
+        check = manager.checked(name, search_fn, replace_fn, extra_check, count_as)
+
+        def register(first_trace: Callable[..., Any] | None) -> bool:
+            return compat.register_replacement(
+                search_fn, replace_fn, example_inputs, trace_fn, manager.pattern_pass(), check,
+                get_decomp_fn=no_decompositions, scalar_workaround=scalar_workaround,
+                search_fn_pattern=search_fn_pattern, skip_duplicates=skip_duplicates, pattern_name=name,
+                first_trace=first_trace)
+
+        if builtin:  # its first trace is the shipped graph: Note [Built-in patterns ship as traced graphs]
+            assert registry.graphs is not None, "built-ins are registered by ensure_builtins, which reads the graphs"
+            registry.register_builtin(register, functools.partial(
+                registry.graphs.first_trace, search_fn, example_inputs, scalar_workaround))
+            return True
+        registered = registry.register_user(lambda: register(None))
+        if registered:  # the built-ins are keyed by their source (manager.registered_patterns)
             from ..options import _callable_identity
 
             manager.note_registered(name, _callable_identity(search_fn) + _callable_identity(replace_fn))
