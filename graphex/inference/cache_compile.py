@@ -13,7 +13,8 @@ The first call with a new input signature traces with Dynamo, captures the progr
 and writes it to the cache directory; later calls, in this process or a fresh one,
 load it, bind the module's current parameters and buffers by name and run on the
 C++ engine with no Dynamo and no AOTAutograd. See Note [What the compile cache
-keys on] (keys.py) for what makes an entry stale.
+keys on] (keys.py) for what makes an entry stale. This file is the call (CachedFunction);
+the cache directory's entries are cache_store.py's, the calls it does not cache uncached.py's.
 
 Note [A cache hit imports no compiler]
 A process whose calls all hit the cache never traces, so it never imports Dynamo, AOTAutograd or inductor (about
@@ -27,9 +28,7 @@ guard check imports that module (guard_sources.resolve_global). tests/python/tes
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import glob
 import inspect
 import os
 import time
@@ -42,14 +41,14 @@ from .. import _C
 from ..base import log as _log
 from .. import compat
 from ..base.warn import warn_once
-from ..distributed import describe_world, world_key, world_mismatch
+from ..distributed import world_key
 from ..fusion.manager import registered_patterns
 from ..options import Options
-from . import keys
+from . import cache_store, keys
 from .fingerprints import float_key
 from .flat_call import make_flat
 from .loaded import MISS, Loaded, collector_paused
-from .entry import SUFFIX, Entry, EntryError, read_entry, write_entry
+from .uncached import RAN, remember_compiled, side_effects_on_real_arguments
 
 DEFAULT_DIR = ".graphex_cache"
 
@@ -213,11 +212,11 @@ class CachedFunction(_C.CachedCall):
 
     def _run_on_real_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._on_real_arguments is None:
-            self._on_real_arguments = _remember_compiled(self._func, None, self._options, self._dynamic)
+            self._on_real_arguments = remember_compiled(self._func, None, self._options, self._dynamic)
         try:
             return self._on_real_arguments(*args, **kwargs)
         except torch._dynamo.exc.FailOnRecompileLimitHit:  # Note [A fresh code object per cold compile]
-            self._on_real_arguments = _remember_compiled(self._func, None, self._options, self._dynamic)
+            self._on_real_arguments = remember_compiled(self._func, None, self._options, self._dynamic)
             return self._on_real_arguments(*args, **kwargs)
 
     def _needs_autograd(self, flat: list[Any]) -> bool:
@@ -236,7 +235,7 @@ class CachedFunction(_C.CachedCall):
     def _run_uncached(self, key: Any, flat: list[Any], in_spec: pytree.TreeSpec) -> Any:
         """Plain torch.compile (no entry), for calls that cannot be cached; keeps serving new shapes."""
         if key not in self._uncacheable:
-            self._uncacheable[key] = _remember_compiled(self._func, in_spec, self._options, self._dynamic)
+            self._uncacheable[key] = remember_compiled(self._func, in_spec, self._options, self._dynamic)
         try:
             return self._uncacheable[key](*flat)
         except torch._dynamo.exc.FailOnRecompileLimitHit:
@@ -246,10 +245,10 @@ class CachedFunction(_C.CachedCall):
                       f"(torch._dynamo.config.recompile_limit = {torch._dynamo.config.recompile_limit}) on its "
                       "uncached path; it keeps compiling new shapes with a fresh code object. For fewer compiles "
                       "pass dynamic=True or pad inputs to a few shapes.")
-            self._uncacheable[key] = _remember_compiled(self._func, in_spec, self._options, self._dynamic)
+            self._uncacheable[key] = remember_compiled(self._func, in_spec, self._options, self._dynamic)
             return self._uncacheable[key](*flat)
 
-    # -- disk ---------------------------------------------------------------------------------------
+    # -- a miss: the cache directory, then a compile ------------------------------------------------
     def _key_parts(self, flat: list[Any], in_spec: pytree.TreeSpec) -> dict[str, Any]:
         # Computed on every miss, never remembered: the module's attributes may have changed since the last one,
         # and an entry traced with the new values must not be written under the old values' key.
@@ -275,9 +274,9 @@ class CachedFunction(_C.CachedCall):
         key = keys.digest(parts)
         prefix = os.path.join(self.cache_dir, f"{self._name}-{key[:24]}")
         why, stale = "no entry yet", []
-        for path in _candidates(prefix):
+        for path in cache_store.candidates(prefix):
             with collector_paused():  # Note [Loading an entry pauses the collector]
-                loaded, why = self._try_load(path, key)
+                loaded, why = cache_store.load(path, key, self._func)
                 result = loaded.try_run(flat) if loaded is not None else MISS
             if loaded is None:
                 if why.startswith("stale"):
@@ -292,10 +291,10 @@ class CachedFunction(_C.CachedCall):
             return result
         self.stats["misses"] += 1
         if why == "no entry yet":
-            why = self._other_worlds(parts) or why
+            why = cache_store.other_worlds(self.cache_dir, self._name, parts) or why
         _log.info("cache miss for %s %s: %s", self._name, keys.describe_signature(flat), why)
         if self._holds_containers_of(in_spec):  # Note [A call that changes its list or dict arguments runs on them]
-            changes, ran = _side_effects_on_real_arguments(self._func, *real)
+            changes, ran = side_effects_on_real_arguments(self._func, *real)
             if changes is None or changes:
                 self._changes_arguments.add(call_key)
                 warn_once(f"cache-changes-arguments:{self._name}",
@@ -303,50 +302,8 @@ class CachedFunction(_C.CachedCall):
                           + (f"it changes Python state when it runs ({'; '.join(changes[:3])}), " if changes else
                              "it may change Python state when it runs and Dynamo could not say what, ")
                           + "which a cached program would not do.")
-                return ran if ran is not _RAN else self._run_on_real_arguments(*real)
+                return ran if ran is not RAN else self._run_on_real_arguments(*real)
         return self._compile(flat, in_spec, call_key, parts, key, prefix, stale)
-
-    def _other_worlds(self, parts: dict[str, Any]) -> str | None:
-        """On a miss: entries of this very call built in other worlds (ranks, world sizes, group layouts) are
-        not loaded; say so once (Note [A program belongs to its world])."""
-        mine = keys.digest({k: v for k, v in parts.items() if k != "world"})
-        worlds = []
-        for path in sorted(glob.glob(os.path.join(glob.escape(self.cache_dir), f"{glob.escape(self._name)}-*{SUFFIX}")))[:32]:
-            try:
-                built = read_entry(path).header.get("key_parts") or {}
-            except EntryError:
-                continue
-            if keys.digest({k: v for k, v in built.items() if k != "world"}) == mine and \
-                    not _same_world_or_sibling(built.get("world"), parts["world"]):
-                worlds.append(describe_world(built.get("world")))
-        if not worlds:
-            return None
-        why = (f"this process is {describe_world(parts['world'])}; the entries of {self._name} in {self.cache_dir} "
-               f"for this call were built for {'; '.join(sorted(set(worlds)))}, and a program never runs in "
-               "another world (its collectives name that world's process groups): compiling one for this world")
-        warn_once(f"cache-world:{self.cache_dir}:{self._name}", f"graphex cache: {why}.")
-        return why
-
-    def _try_load(self, path: str, key: str) -> tuple[Loaded | None, str]:
-        if not os.path.exists(path):
-            return None, "no entry yet"
-        try:
-            entry = read_entry(path)
-            header = entry.header
-            if header.get("key_parts") is None or keys.digest(header["key_parts"]) != key:
-                other_world = world_mismatch(header.get("key_parts", {}).get("world"), world_key())
-                raise EntryError(other_world or "built for another key")
-            for name, value in keys.versions().items():
-                if header.get(name) != value:
-                    raise EntryError(f"built with {name} {header.get(name)}, this is {value}")
-            stale = (keys.check_sources(header.get("sources", []), keys.project_root(self._func))
-                     or keys.check_custom_ops(header.get("custom_ops", [])))
-            if stale:
-                return None, f"stale: {stale}"
-            return Loaded(entry, self._func, path), ""
-        except (EntryError, KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
-            warn_once(f"cache-bad:{path}", f"graphex cache: ignoring {path}: {e}. It will be rebuilt and replaced.")
-            return None, f"unusable entry ({e})"
 
     def _compile(self, flat: list[Any], in_spec: pytree.TreeSpec, call_key: Any, parts: dict[str, Any],
                  key: str, prefix: str, stale: list[str]) -> Any:
@@ -371,20 +328,12 @@ class CachedFunction(_C.CachedCall):
         if entry is None:
             warn_once(f"cache-uncacheable:{self._name}:{why}",
                       f"graphex cache: {self._name} runs compiled but cannot be cached: {why}.")
-            self._uncacheable[call_key] = _remember_compiled(self._func, in_spec, self._options, self._dynamic)
+            self._uncacheable[call_key] = remember_compiled(self._func, in_spec, self._options, self._dynamic)
             return result
         entry.header["compile_seconds"] = round(time.perf_counter() - start, 3)
-        # One file per set of guards: entries of one key traced with other values sit side by side
-        # (Note [cache_compile keys on what the trace read]; with dynamic=True, also its shape guards), and so do
-        # entries whose parameters or buffers have other layouts (the arguments' own are in the key).
-        digest = keys.digest([entry.header.get("guards"), entry.header["dynamo_guards"], entry.header.get("graph_inputs")])
-        path = f"{prefix}-{digest[:12]}{SUFFIX}"
-        if self._write(path, entry):
+        path = cache_store.entry_path(prefix, entry)
+        if cache_store.write(self.cache_dir, path, entry, stale):
             self.stats["writes"] += 1
-            for old in stale:  # entries of this key built from other sources: never loadable again here
-                if old != path:
-                    with contextlib.suppress(OSError):
-                        os.remove(old)
         loaded = Loaded(entry, self._func, path)
         loaded.validate_next = False  # the cold run already validated custom ops' fakes
         self._by_call.setdefault(call_key, []).insert(0, loaded)
@@ -392,72 +341,6 @@ class CachedFunction(_C.CachedCall):
                   time.perf_counter() - start, path)
         return result
 
-    def _write(self, path: str, entry: Entry) -> bool:
-        try:
-            os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)  # Note [A cache file is loaded only when ...]
-            write_entry(path, entry)
-            return True
-        except OSError as e:
-            warn_once(f"cache-unwritable:{self.cache_dir}",
-                      f"graphex cache: cannot write to {self.cache_dir} ({e.strerror}); running without the "
-                      "cache. Set cache_dir= or GRAPHEX_CACHE_DIR to a writable directory.")
-            return False
-
-
-def _same_world_or_sibling(built: Any, here: Any) -> bool:
-    """The entry of this world, or of another rank of it (expected in a cache directory the ranks share)."""
-    if built is None or here is None:
-        return built is here
-    return built == here or (built["rank"] != here["rank"] and built["world_size"] == here["world_size"]
-                             and built["backend"] == here["backend"])
-
-
-def _candidates(prefix: str) -> list[str]:
-    """The entries of one key, one per set of guards: `prefix-<guards digest>.gxc` (Note [cache_compile keys on
-    what the trace read], Note [A dynamic entry carries its shape guards])."""
-    found = glob.glob(glob.escape(prefix) + "-*" + SUFFIX)
-    return sorted(found, key=lambda p: -_mtime(p))  # the newest first, as Dynamo tries its newest cache entry first
-
-
-def _mtime(path: str) -> float:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return 0.0
-
-
-def _remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec | None, options: Options,
-                       dynamic: bool) -> Callable[..., Any]:
-    """torch.compile of the call, for the calls cache_compile cannot cache.
-
-    Note [The uncached path sees a new hook]
-    Dynamo builds no guards on a module's hooks dicts by default (torch._dynamo.config.
-    skip_nnmodule_hook_guards), so a forward hook registered after the first call is not seen by
-    plain torch.compile. A cached entry checks those dicts (Note [cache_compile keys on what the
-    trace read]); so that the uncached path is not stale where an entry would not be, its compiles
-    build the hook guards. (A method assigned to the class is still torch.compile's to see.)"""
-    from .flat_call import make_flat
-
-    # in_spec None: the function itself, on the call's own arguments (Note [A call that changes its list or dict
-    # arguments runs on them])
-    compiled = torch.compile(_real_call(func) if in_spec is None else make_flat(func, in_spec), backend="graphex",
-                             fullgraph=True, dynamic=dynamic, options=options)
-
-    def call(*flat: Any, **kwargs: Any) -> Any:
-        with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):  # read when a compile builds guards
-            return compiled(*flat, **kwargs)
-
-    return call
-
-
-def _real_call(func: Callable[..., Any]) -> Callable[..., Any]:
-    """`func` called on the call's own arguments, through a code object of its own (Note [A fresh code object per
-    cold compile]): Dynamo inlines `func`, so its recompile limit counts this wrapper's entries, not func's."""
-    def real_call(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    real_call.__code__ = real_call.__code__.replace()
-    return real_call
 
 
 def _shares_a_container(tree: Any) -> bool:
@@ -483,40 +366,6 @@ def _has_container(spec: pytree.TreeSpec) -> bool:
         return False
     return spec.type in (list, dict) or issubclass(spec.type, (list, dict)) or any(
         _has_container(c) for c in compat.treespec_children(spec))
-
-
-class _Probed(Exception):
-    def __init__(self, changes: list[str] | None) -> None:
-        super().__init__("graphex: the probe stops here")
-        self.changes = changes
-
-
-_RAN = object()
-
-
-def _side_effects_on_real_arguments(func: Callable[..., Any], args: tuple[Any, ...],
-                                    kwargs: dict[str, Any]) -> tuple[list[str] | None, Any]:
-    """(What `func(*args, **kwargs)` changes in Python state, by source name, from a Dynamo trace of the call on
-    its own arguments whose backend stops it before anything runs, or None when Dynamo cannot say; _RAN or the
-    call's result). A trace with no graph to compile never reaches the backend: Dynamo then runs the call itself,
-    and its result is returned with (None, result), so that it is not run twice (Note [A call that changes its
-    list or dict arguments runs on them])."""
-    def probe(gm: torch.fx.GraphModule, example_inputs: list[Any], **_: Any) -> Any:
-        effects = compat.dynamo_side_effects()
-        raise _Probed(None if effects is None else [e.source for e in effects])
-
-    try:
-        result = torch.compile(_real_call(func), backend=probe, fullgraph=True, dynamic=False)(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001  Dynamo wraps what the backend raised
-        inner: BaseException | None = e
-        for _ in range(8):
-            if isinstance(inner, _Probed):
-                return inner.changes, _RAN
-            inner = getattr(inner, "inner_exception", None) or inner.__cause__
-            if inner is None:
-                break
-        raise  # the call itself failed, as it would have compiled
-    return None, result
 
 
 __all__ = ["cache_compile", "CachedFunction", "DEFAULT_DIR"]
