@@ -60,6 +60,7 @@ class PatternRegistry:
         self._rank: tuple[float, int] = (0, 0)  # the next built-in's place: (its group's index, its index there)
         self._highest: tuple[float, int] = (-1, 0)  # the last place registered in order
         self._unordered = False  # a registration came after a later-ranked one: the anchors' lists are to be sorted
+        self._said_waiting = 0  # len(deferred) when GRAPHEX_LOG=2 last said it
 
     @property
     def matcher(self) -> PatternMatcherPass:
@@ -102,7 +103,8 @@ class PatternRegistry:
                 self.available = None
                 if self._unordered:
                     self._in_rank_order()
-            if self.deferred:
+            if len(self.deferred) != self._said_waiting:  # said when it changes, not for every graph
+                self._said_waiting = len(self.deferred)
                 _log.detail("fused mode: %d built-in patterns wait for a graph holding their ops (Note [A built-in "
                             "pattern is registered once a graph can hold it])", len(self.deferred))
 
