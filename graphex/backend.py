@@ -95,6 +95,16 @@ for _fn in (graphex_backend, npugraph_ex_backend):
     _fn._graphex_backend = True  # type: ignore[attr-defined]  (compat.in_graphex_trace)
 
 
+# Note [Two threads' first lookup of a name]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch looks a backend name up (torch._dynamo.lookup_backend) without a lock: two threads whose first
+# torch.compile(backend="graphex") in the process overlap both find the name unregistered, both load the entry point,
+# and every thread but the first fails torch's register_backend with "AssertionError: duplicate name: graphex" (any
+# backend torch finds through an entry point does; found by a helper, 3 of 4 threads failing). graphex cannot close
+# that window from here: the thread that loads the entry point registers the name after our import, and would fail
+# itself if the import had registered it. So graphex's own compiles pass the backend function, which torch does not
+# look up (cache_compile's uncached path, inference/uncached.py; capture.py passes its own), and docs/backend.md
+# tells threaded callers to do the same or to look the name up once before starting threads.
 def register() -> None:
     """Make "graphex" and "npugraph_ex" known to torch.compile, through torch's public API.
 

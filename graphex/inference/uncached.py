@@ -25,9 +25,11 @@ def remember_compiled(func: Callable[..., Any], in_spec: pytree.TreeSpec | None,
     plain torch.compile. A cached entry checks those dicts (Note [cache_compile keys on what the
     trace read]); so that the uncached path is not stale where an entry would not be, its compiles
     build the hook guards. (A method assigned to the class is still torch.compile's to see.)"""
+    from ..backend import graphex_backend  # the function, not its name: Note [Two threads' first lookup of a name]
+
     # in_spec None: the function itself, on the call's own arguments (Note [A call that changes its list or dict
     # arguments runs on them])
-    compiled = torch.compile(real_call(func) if in_spec is None else make_flat(func, in_spec), backend="graphex",
+    compiled = torch.compile(real_call(func) if in_spec is None else make_flat(func, in_spec), backend=graphex_backend,
                              fullgraph=True, dynamic=dynamic, options=options)
 
     def call(*flat: Any, **kwargs: Any) -> Any:

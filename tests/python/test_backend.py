@@ -47,6 +47,44 @@ def test_backend_works_without_importing_graphex(name):
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
+_THREADS_FIRST_COMPILE = """
+    import sys, threading, torch
+    import graphex
+    from graphex.inference import cache_compile
+
+    barrier, errors, results = threading.Barrier(4), [], []
+    weight = torch.randn(8, 8, requires_grad=True)
+
+    def work(i):
+        fn = cache_compile(lambda x: torch.sin(x @ weight), cache_dir=sys.argv[1] + str(i))
+        barrier.wait()
+        try:
+            if sys.argv[2] == "documented":
+                compiled = torch.compile(lambda x: torch.sin(x) * 2, backend=graphex.graphex_backend)
+                results.append(torch.equal(compiled(torch.ones(3)), torch.sin(torch.ones(3)) * 2))
+            else:  # grad on and a weight that requires it: cache_compile's uncached path, torch.compile of the call
+                x = torch.randn(2, 8)
+                results.append(torch.equal(fn(x), torch.sin(x @ weight)))
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors and results == [True] * 4, (errors, results)
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("how", ["documented", "cache_compile"])
+def test_threads_first_compiles_at_once(how, tmp_path):
+    """Note [Two threads' first lookup of a name]: torch's lookup of the name "graphex" is not thread-safe, so the
+    way docs/backend.md gives threaded code (the backend function) and graphex's own compiles never look it up."""
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(_THREADS_FIRST_COMPILE), str(tmp_path / "c"), how],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ})
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
 def test_import_graphex_is_quiet():
     """Note [import graphex is quiet]: no torch, no argv, no registration until a name is used; then the backend
     works through the entry point, and a custom op without a fake still gets graphex's error in that compile."""
