@@ -112,21 +112,17 @@ class PatternRegistry:
                          ) -> None:
         """One built-in registration, `register(first_trace)` (compat.register_replacement's), at its rank; or, when
         its search graph holds an op that `available` lacks, kept to be registered later with the same graph."""
+        from .serialized import Unwanted
+
         rank, self._rank = self._rank, (self._rank[0], self._rank[1] + 1)
-        held: list[Any] = []
+        available = self.available
+        wanted = None if available is None else available.issuperset
 
-        def first(trace: Callable[[], Any]) -> Any:
-            gm = first_trace(trace)
-            if self.available is not None and not _call_targets(gm) <= self.available:
-                held.append(gm)
-                raise _WaitForAGraph
-            return gm
-
-        try:
-            self._ranked(rank, lambda: register(first))
-        except _WaitForAGraph:
-            gm = held[0]
-            self.deferred.append(_Deferred(rank, _call_targets(gm), lambda: register(lambda _trace: gm)))
+        try:  # Unwanted is raised through torch's register_replacement by the first trace, before it registers anything
+            self._ranked(rank, lambda: register(functools.partial(first_trace, wanted=wanted)))
+        except Unwanted as later:
+            make = later.make
+            self.deferred.append(_Deferred(rank, later.ops, lambda: register(lambda _trace: make())))
 
     def register_user(self, register: Callable[[], bool]) -> bool:
         """A user's registration, after every built-in (ensure_builtins() ran first: none waits)."""
@@ -157,14 +153,6 @@ class _Deferred(NamedTuple):
     rank: tuple[float, int]
     ops: frozenset[Any]
     register: Callable[[], bool]
-
-
-class _WaitForAGraph(Exception):
-    """Raised through torch's register_replacement by a built-in's first trace, before anything is registered."""
-
-
-def _call_targets(gm: torch.fx.GraphModule) -> frozenset[Any]:
-    return frozenset(n.target for n in gm.graph.nodes if n.op == "call_function")
 
 
 # Note [A built-in pattern is registered once a graph can hold it]
@@ -388,6 +376,10 @@ def registered_patterns() -> list[str]:
 # so that at a shared anchor the built-ins are always tried before users' patterns. The compile-cache
 # key names the built-ins by their source (registered_patterns), so it needs no tracing and does not
 # depend on which groups a process has traced.
+def _graph_targets(graph: torch.fx.Graph) -> frozenset[Any]:
+    return frozenset(n.target for n in graph.nodes if n.op == "call_function")
+
+
 def _reduced_dtypes(graph: torch.fx.Graph) -> set[torch.dtype]:
     found = set()
     for node in graph.nodes:
@@ -411,7 +403,7 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
         try:
             normalize_arguments(gm.graph)  # Note [Arguments are matched in one spelling]
             # Note [A built-in pattern is registered once a graph can hold it]
-            REGISTRY.ensure_builtins(_reduced_dtypes(gm.graph), _call_targets(gm))
+            REGISTRY.ensure_builtins(_reduced_dtypes(gm.graph), _graph_targets(gm.graph))
             with one_trace_per_shape():  # Note [A match's re-trace is made once per shape]
                 REGISTRY.matcher.apply(gm.graph)
                 if merge_repeated_views(gm.graph):  # a view written twice, as one node: the patterns once more

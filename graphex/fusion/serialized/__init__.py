@@ -38,6 +38,7 @@ test, not at run time.
 from __future__ import annotations
 
 import collections
+import functools
 import importlib
 import inspect
 from typing import Any, Callable
@@ -100,8 +101,10 @@ class BuiltinGraphs:
         self._group, self._seen = group, collections.Counter()
 
     def first_trace(self, search_fn: Callable[..., Any], example_inputs: list[Any],
-                    scalar_workaround: dict[str, Any] | None,
-                    trace: Callable[[], torch.fx.GraphModule]) -> torch.fx.GraphModule:
+                    scalar_workaround: dict[str, Any] | None, trace: Callable[[], torch.fx.GraphModule],
+                    wanted: Callable[[frozenset[Any]], bool] | None = None) -> torch.fx.GraphModule:
+        """The search graph of one registration: rebuilt from its shipped source, or `trace()`. With `wanted`, a graph
+        whose ops (call_function targets) it refuses raises Unwanted instead, a shipped one before it is built."""
         key = registration_key(self._group, search_fn, example_inputs, scalar_workaround)
         self._seen[key] += 1
         if self._seen[key] > 1:  # the same search function and inputs registered again in this group (none today)
@@ -113,11 +116,53 @@ class BuiltinGraphs:
                 _log.info("fused mode: traced %s: the shipped patterns (%s) lack it; %s", key, module_name(),
                           REGENERATE)
             gm = trace()
+            if wanted is not None and not wanted(ops := call_targets(gm)):
+                raise Unwanted(ops, lambda: gm)
         else:
+            if wanted is not None and not wanted(ops := _build_targets(build)):
+                raise Unwanted(ops, functools.partial(rebuild, build))
             gm = rebuild(build)
         if self.record:
             self.recorded[key] = gm
         return gm
+
+
+class Unwanted(Exception):
+    """BuiltinGraphs.first_trace's graph, refused by `wanted` for its ops: the ops, and `make()`, which gives the graph
+    later without counting the registration again (a traced one is kept, a shipped one is built then)."""
+
+    def __init__(self, ops: frozenset[Any], make: Callable[[], torch.fx.GraphModule]) -> None:
+        super().__init__("graphex: a built-in's search graph was not wanted yet")
+        self.ops, self.make = ops, make
+
+
+def call_targets(gm: torch.fx.GraphModule) -> frozenset[Any]:
+    return frozenset(n.target for n in gm.graph.nodes if n.op == "call_function")
+
+
+class _Targets:
+    """What a shipped builder (placeholder, create_node, output calls only: writer.py) would put in a graph's
+    call_function targets, without building the graph: a tenth of the cost, for a pattern that may never register."""
+
+    def __init__(self) -> None:
+        self.found: set[Any] = set()
+
+    def placeholder(self, name: str) -> str:
+        return name
+
+    def create_node(self, op: str, target: Any, args: Any, kwargs: Any, name: str) -> str:
+        if op == "call_function":
+            self.found.add(target)
+        return name
+
+    def output(self, value: Any) -> None:
+        pass
+
+
+def _build_targets(build: Callable[[Any], None]) -> frozenset[Any]:
+    targets = _Targets()
+    build(targets)
+    return frozenset(targets.found)
 
 
 def rebuild(build: Callable[[torch.fx.Graph], None]) -> torch.fx.GraphModule:
