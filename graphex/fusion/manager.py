@@ -27,6 +27,7 @@ from ..base import log as _log
 from ..base.warn import warn_once
 from ..compat.inductor import one_trace_per_shape
 from .checks import REDUCED_DTYPES
+from .serialized import Unwanted, call_targets
 from .spellings import merge_repeated_views, normalize_arguments
 
 if TYPE_CHECKING:
@@ -112,8 +113,6 @@ class PatternRegistry:
                          ) -> None:
         """One built-in registration, `register(first_trace)` (compat.register_replacement's), at its rank; or, when
         its search graph holds an op that `available` lacks, kept to be registered later with the same graph."""
-        from .serialized import Unwanted
-
         rank, self._rank = self._rank, (self._rank[0], self._rank[1] + 1)
         available = self.available
         wanted = None if available is None else available.issuperset
@@ -162,8 +161,10 @@ class _Deferred(NamedTuple):
 # op. Most cannot match a given model at all: a pattern matches only where the graph has every op of its search graph
 # (each pattern node matches a node by its target), and Llama's decode step holds the ops of 40 of the 125, GPT-2's
 # 15, the shipped decoder's 24 (the written-out attention forms need softmax, which an SDPA model has none of). So
-# run_fusion registers a built-in only once a graph holds its ops; the others wait in `deferred`, each with the graph
-# its first trace gave, and the first graph that holds their ops registers them. Nothing is lost:
+# run_fusion registers a built-in only once a graph holds its ops; the others wait in `deferred`, and the first graph
+# that holds their ops registers them. A waiting built-in's ops are read by running its shipped builder against a
+# recorder (serialized._Targets), its graph built only when it registers (a traced one, under a torch with no shipped
+# graphs, is kept). Nothing is lost:
 #   * torch's matcher anchors on the nodes there when it starts, and a node a replacement inserts during the pass
 #     holds a graphex_fused op (which no built-in searches for), an op of the pattern it replaces (which the graph
 #     held) or an op of REPLACEMENT_OPS (test_fusion_deferred.py traces every built-in replacement), so `available`,
@@ -376,10 +377,6 @@ def registered_patterns() -> list[str]:
 # so that at a shared anchor the built-ins are always tried before users' patterns. The compile-cache
 # key names the built-ins by their source (registered_patterns), so it needs no tracing and does not
 # depend on which groups a process has traced.
-def _graph_targets(graph: torch.fx.Graph) -> frozenset[Any]:
-    return frozenset(n.target for n in graph.nodes if n.op == "call_function")
-
-
 def _reduced_dtypes(graph: torch.fx.Graph) -> set[torch.dtype]:
     found = set()
     for node in graph.nodes:
@@ -403,7 +400,7 @@ def run_fusion(gm: torch.fx.GraphModule, graph_name: str = "") -> dict[str, int]
         try:
             normalize_arguments(gm.graph)  # Note [Arguments are matched in one spelling]
             # Note [A built-in pattern is registered once a graph can hold it]
-            REGISTRY.ensure_builtins(_reduced_dtypes(gm.graph), _graph_targets(gm.graph))
+            REGISTRY.ensure_builtins(_reduced_dtypes(gm.graph), call_targets(gm))
             with one_trace_per_shape():  # Note [A match's re-trace is made once per shape]
                 REGISTRY.matcher.apply(gm.graph)
                 if merge_repeated_views(gm.graph):  # a view written twice, as one node: the patterns once more
