@@ -50,37 +50,40 @@ def test_backend_works_without_importing_graphex(name):
 _THREADS_FIRST_COMPILE = """
     import sys, threading, torch
     import graphex
-    from graphex.inference import cache_compile
+    from graphex.inference.uncached import remember_compiled
+    from graphex.options import Options
 
-    barrier, errors, results = threading.Barrier(4), [], []
-    weight = torch.randn(8, 8, requires_grad=True)
+    barrier, errors, made = threading.Barrier(4), [], []
 
-    def work(i):
-        fn = cache_compile(lambda x: torch.sin(x @ weight), cache_dir=sys.argv[1] + str(i))
+    def f(x):
+        return torch.sin(x) * 2
+
+    def make():  # torch.compile looks the backend up here, when it is called, not at the first run
         barrier.wait()
         try:
-            if sys.argv[2] == "documented":
-                compiled = torch.compile(lambda x: torch.sin(x) * 2, backend=graphex.graphex_backend)
-                results.append(torch.equal(compiled(torch.ones(3)), torch.sin(torch.ones(3)) * 2))
-            else:  # grad on and a weight that requires it: cache_compile's uncached path, torch.compile of the call
-                x = torch.randn(2, 8)
-                results.append(torch.equal(fn(x), torch.sin(x @ weight)))
+            if sys.argv[1] == "documented":
+                made.append(torch.compile(f, backend=graphex.graphex_backend, fullgraph=True, dynamic=False))
+            else:  # cache_compile's uncached path (autograd needed, or a call it cannot cache)
+                made.append(remember_compiled(f, None, Options(), False))
         except Exception as e:
             errors.append(f"{type(e).__name__}: {e}")
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=make) for _ in range(4)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    assert not errors and results == [True] * 4, (errors, results)
+    assert not errors and len(made) == 4, errors
+    x = torch.randn(5)
+    with torch.no_grad():  # run from one thread: torch 2.11's Dynamo crashes when threads trace at once, any backend
+        assert all(torch.equal(compiled(x), f(x)) for compiled in made)
     print("ok")
 """
 
 
 @pytest.mark.parametrize("how", ["documented", "cache_compile"])
-def test_threads_first_compiles_at_once(how, tmp_path):
+def test_threads_first_compiles_at_once(how):
     """Note [Two threads' first lookup of a name]: torch's lookup of the name "graphex" is not thread-safe, so the
     way docs/backend.md gives threaded code (the backend function) and graphex's own compiles never look it up."""
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(_THREADS_FIRST_COMPILE), str(tmp_path / "c"), how],
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(_THREADS_FIRST_COMPILE), how],
                             capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ})
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
