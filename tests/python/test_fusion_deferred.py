@@ -95,7 +95,10 @@ from graphex.fusion import manager
 from torch._inductor.pattern_matcher import PatternPrettyPrinter
 from sweeps import coverage_decoder as cd
 
-order, first = sys.argv[1].split(","), sys.argv[2] == "all-first"
+order, first = sys.argv[1].split(","), sys.argv[2].startswith("all-first")
+if sys.argv[2].endswith("traced"):  # as under a torch with no shipped graphs (2.12, 2.14, 2.15): each one traced
+    from graphex.fusion import serialized
+    manager.REGISTRY.graphs = serialized.tracing("test: the traced path")
 if first:
     manager.REGISTRY.ensure_builtins()  # every built-in registered before any graph: nothing deferred
 spellings = {
@@ -150,3 +153,14 @@ def test_fusing_in_any_order_fires_the_same_kernels_bit_for_bit_as_registering_e
         assert run["anchors"] == everything_first["anchors"], "each anchor's patterns in one order in every process"
     assert everything_first["rows"]["written"]["fired"].get("decode_attention"), everything_first["rows"]["written"]
     assert everything_first["rows"]["bf16"]["fired"].get("decode_attention"), everything_first["rows"]["bf16"]
+
+
+def test_traced_built_ins_wait_and_fuse_the_same():
+    """Under a torch with no shipped graphs each built-in is traced; one that waits keeps its trace for later."""
+    names = ["sdpa", "written", "bf16"]
+    everything_first, lazy = _run(names, "all-first traced"), _run(names, "lazy traced")
+    assert lazy["rows"]["sdpa"]["deferred_after"] > 50 and lazy["deferred"] == 0
+    for name in names:
+        assert lazy["rows"][name]["fired"] == everything_first["rows"][name]["fired"], name
+        assert lazy["rows"][name]["bits"] == everything_first["rows"][name]["bits"], name
+    assert lazy["anchors"] == everything_first["anchors"]
