@@ -80,7 +80,18 @@ def register_named(name: str, search_fn: Callable[..., Any], replace_fn: Callabl
             registry.register_builtin(register, functools.partial(
                 registry.graphs.first_trace, search_fn, example_inputs, scalar_workaround))
             return True
-        registered = registry.register_user(lambda: register(None))
+        try:
+            registered = registry.register_user(lambda: register(None))
+        except RuntimeError as e:
+            if not str(e).startswith("Duplicate pattern"):
+                raise
+            # torch's message is the pattern's printout alone; what it means and the fix, in the same type (a caller
+            # of npugraph_ex's API may catch RuntimeError)
+            raise RuntimeError(
+                f"graphex.register_replacement: {name} is a pattern already registered, on the same graph: a built-in "
+                "fused-mode pattern or one of yours matches exactly what it matches, and is tried first. Pass "
+                "skip_duplicates=True to skip it (register_replacement then returns False), or change search_fn "
+                "(docs/fused-mode.md, 'Your own patterns'). torch's check said:\n" + str(e)) from None
         if registered:  # the built-ins are keyed by their source (manager.registered_patterns)
             from ..options import _callable_identity
 

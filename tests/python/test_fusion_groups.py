@@ -70,3 +70,24 @@ def test_a_users_pattern_comes_after_every_builtin_group_and_joins_the_key():
     """)
     assert out["groups"] == ["None", "torch.bfloat16", "torch.float16"]
     assert out["after"][: len(out["before"])] == out["before"] and len(out["after"]) == len(out["before"]) + 1
+
+
+def test_a_users_pattern_that_a_builtin_already_is_says_so_and_how_to_skip_it():
+    out = _run("""
+        import torch.nn.functional as F
+
+        def search(gate, up):  # the built-in silu_mul's own graph
+            return F.silu(gate) * up
+
+        args = [torch.randn(2, 3, 32), torch.randn(2, 3, 32)]
+        try:
+            graphex.register_replacement(search, search, args)
+            raised = ""
+        except RuntimeError as e:  # still torch's type: npugraph_ex's callers may catch it
+            raised = str(e)
+        skipped = graphex.register_replacement(search, search, args, skip_duplicates=True)
+        print(json.dumps({"raised": raised, "skipped": skipped, "key": registered_patterns()}))
+    """)
+    assert out["raised"].startswith("graphex.register_replacement: search is a pattern already registered"), out
+    assert "skip_duplicates=True" in out["raised"] and "Duplicate pattern" in out["raised"]
+    assert out["skipped"] is False and len(out["key"]) == 1, "nothing registered, nothing added to the cache key"
