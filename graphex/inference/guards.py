@@ -186,6 +186,9 @@ class GuardSet:
 
         # Note [A watch is of the objects it was built from]: the full check also asks whether each pinned path still
         # leads to the object bind found there
+        # Note [A transformers config's attribute is read as object's]: the premises of the watch this check publishes
+        for at, premise in pins.premises.items():
+            full.check(f"{_hold(held, premise)}({full.var(at)})")
         full.lines.append("fresh = True")
         for path, obj in pins.anchors.items():
             full.lines.append(f"if {full.var(path)} is not {_hold(held, obj)}: fresh = False")

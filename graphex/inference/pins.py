@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from . import lookups
 from .guard_sources import Path, parse_source, resolve
 from .fingerprints import _IMMUTABLE_TYPE, _class_digest, _is_mutable_class
 
@@ -65,7 +66,51 @@ class _Pins:
         self.lists: dict[int, list[Any]] = {}
         # Note [A watch is of the objects it was built from]: each pinned path's object, as bind found it
         self.anchors: dict[Path, Any] = {}
+        # Note [A transformers config's attribute is read as object's]: what each full check proves again, and where
+        self.premises: dict[Path, lookups.Premise] = {}
         self._pinned: dict[Path, bool] = {}
+
+    # lookups.Watcher: what a proof of another class's lookup asks to be watched
+    def watch(self, d: Any) -> bool:
+        return self._watch(d)
+
+    def watch_class(self, cls: type) -> None:
+        self._watch_class(cls)
+
+    def watch_function(self, f: types.FunctionType) -> None:
+        self.functions[id(f)] = f  # StateWatch compares each watched function's code pointer
+
+    def watch_cell(self, cell: types.CellType) -> None:
+        self._watch_slot(cell, SLOT_KINDS[types.CellType]["cell_contents"])
+
+    def watch_own(self, owner: Any, own: dict[Any, Any]) -> bool:
+        return self._watch_own(owner, own)
+
+    @staticmethod
+    def _read_name(value: Any, name: str, at: Path | None) -> str | None:
+        """The name object's own lookup reads for `value.name`: `name` where the class's lookup is object's, a
+        transformers config's through its attribute_map (Note [A transformers config's attribute is read as object's]),
+        None where graphex cannot say (or the value's path is not known)."""
+        if type(value).__getattribute__ is object.__getattribute__:
+            return name
+        return lookups.config_name(value, name) if at is not None else None
+
+    @staticmethod
+    def _own_dict(value: Any) -> Any:
+        """value's own __dict__, read past its class's lookup where that one is proven to read as object's."""
+        if type(value).__getattribute__ is object.__getattribute__:
+            return getattr(value, "__dict__", None)
+        return object.__getattribute__(value, "__dict__")  # a config lookups proved: it has an exact dict
+
+    def _commit_read(self, value: Any, name: str, read: str, at: Path | None) -> None:
+        """A proof that used _read_name holds: watch what made its name right, and prove it again at each full check."""
+        if type(value).__getattribute__ is object.__getattribute__ or at is None:
+            return
+        if at not in self.premises:
+            if not lookups.prove(value, self):
+                raise AssertionError(f"graphex: the lookup of {type(value).__qualname__} changed while it was proven")
+            self.premises[at] = lookups.Premise()
+        self.premises[at].reads[name] = read
 
     def _watch(self, d: Any) -> bool:
         if type(d) is not dict and not isinstance(d, dict):
@@ -192,7 +237,7 @@ class _Pins:
                     not any("__class__" in vars(c) for c in cls.__mro__ if c is not object):
                 self.objects[id(base)] = base  # object's own `__class__`: the type, watched as a `type` step is
                 return True
-            return self._in_own_dict(base, name)
+            return self._in_own_dict(base, name, path[:-1])
         if step[0] == "key" and isinstance(base, collections.OrderedDict):
             return False  # the i-th key of an OrderedDict changes with move_to_end, its dict version does not
         if step[0] in ("item", "dict_item", "key"):
@@ -241,17 +286,19 @@ class _Pins:
             self.functions[id(value)] = value
             return True
         if kind == "hasattr" and rec.get("expect") is True:  # torch 2.11: hasattr(layers, "__iter__") on a ModuleList
-            return self._found_in_class(value, rec["arg"]) or self._in_own_dict(value, rec["arg"])
+            return self._found_in_class(value, rec["arg"], path) or self._in_own_dict(value, rec["arg"], path)
         if kind == "hasattr" and rec.get("expect") is False:
-            return self._found_nowhere(value, rec["arg"])
+            return self._found_nowhere(value, rec["arg"], path)
         return False
 
-    def _found_nowhere(self, value: Any, name: str) -> bool:
+    def _found_nowhere(self, value: Any, name: str, at: Path | None = None) -> bool:
         """`hasattr(value, name)` is False while value's type stays, neither its own __dict__ nor a class dict of its
         MRO has the name (all watched), and its class has no `__getattr__`, or nn.Module's, which looks in the
-        module's `_parameters`, `_buffers` and `_modules` dicts only (watched too)."""
+        module's `_parameters`, `_buffers` and `_modules` dicts only (watched too). The name is the one object's lookup
+        reads (a transformers config's through its attribute_map)."""
         cls = type(value)
-        if cls.__getattribute__ is not object.__getattribute__ or any(name in vars(c) for c in cls.__mro__):
+        read = self._read_name(value, name, at)
+        if read is None or any(read in vars(c) for c in cls.__mro__):
             return False
         getattr_ = getattr(cls, "__getattr__", None)
         looked_in: list[Any] = []
@@ -259,50 +306,88 @@ class _Pins:
             if getattr_ is not torch.nn.Module.__getattr__:
                 return False
             looked_in = [vars(value).get(d) for d in ("_parameters", "_buffers", "_modules")]
-            if any(type(d) is not dict or name in d for d in looked_in):
+            if any(type(d) is not dict or read in d for d in looked_in):
                 return False
-        own = getattr(value, "__dict__", None)
-        if own is not None and (type(own) is not dict or name in own or not self._watch_own(value, own)):
+        own = self._own_dict(value)
+        if own is not None and (type(own) is not dict or read in own or not self._watch_own(value, own)):
             return False
         for d in looked_in:
             self._watch(d)
         self.objects[id(value)] = value
         self._watch_class(cls)
+        self._commit_read(value, name, read, at)
         return True
 
-    def _in_own_dict(self, value: Any, name: str) -> bool:
+    def _in_own_dict(self, value: Any, name: str, at: Path | None = None) -> bool:
         """`value.name` is its own __dict__'s value (and `hasattr(value, name)` holds) while that dict has the name, its
         type stays and no class of its MRO gets a data descriptor of that name (the class dicts, and the type of what
-        they hold under it, are watched): attribute lookup is object's own, which finds an instance dict's value
-        without calling anything."""
+        they hold under it, are watched): attribute lookup is object's own (or proven to read as object's:
+        Note [A transformers config's attribute is read as object's]), which finds an instance dict's value without
+        calling anything."""
         cls = type(value)
-        own = getattr(value, "__dict__", None)
-        if type(own) is not dict or name not in own or cls.__getattribute__ is not object.__getattribute__:
+        read = self._read_name(value, name, at)
+        if read is None:
             return False
-        if any(name in vars(c) and hasattr(vars(c)[name], "__set__") for c in cls.__mro__):
+        own = self._own_dict(value)
+        if type(own) is not dict or read not in own:
+            return False
+        if any(read in vars(c) and hasattr(vars(c)[read], "__set__") for c in cls.__mro__):
             return False  # a data descriptor of the class wins over the instance dict
         self.objects[id(value)] = value
         self._watch_class(cls)
-        self._watch_descriptors(cls, name)
-        return self._watch_own(value, own)
+        self._watch_descriptors(cls, read)
+        if not self._watch_own(value, own):
+            return False
+        self._commit_read(value, name, read, at)
+        return True
 
-    def _found_in_class(self, value: Any, name: str) -> bool:
+    def _found_in_class(self, value: Any, name: str, at: Path | None = None) -> bool:
         """`hasattr(value, name)` holds while value's type and its classes' dicts do: the name is a plain function or
-        value (no descriptor that could raise) in a class dict of the MRO, and attribute lookup is object's own."""
+        value (no descriptor that could raise) in a class dict of the MRO, and attribute lookup is object's own (or
+        proven to read as object's)."""
         cls = type(value)  # its metaclass plays no part: an instance's lookup is the class's __getattribute__
-        if cls.__getattribute__ is not object.__getattribute__:
+        read = self._read_name(value, name, at)
+        if read is None:
             return False
         for c in cls.__mro__:
-            if name in vars(c):
-                attr = vars(c)[name]
+            if read in vars(c):
+                attr = vars(c)[read]
                 plain = isinstance(attr, types.FunctionType) or not hasattr(type(attr), "__get__")
-                if not plain:
+                if not plain and not self._attribute_property(value, attr, at):
                     return False
                 self.objects[id(value)] = value
                 self._watch_class(cls)
-                self._watch_descriptors(cls, name)
+                self._watch_descriptors(cls, read)
+                self._commit_read(value, name, read, at)
                 return True
         return False
+
+
+    def _attribute_property(self, value: Any, attr: Any, at: Path | None) -> bool:
+        """`attr` is a property whose getter only returns an attribute of its object (`return self._output_attentions`,
+        as transformers' configs have), and that attribute is value's own dict's: reading the property cannot raise
+        while the dicts and the getter's code are watched (Note [A property that returns an attribute holds])."""
+        if type(attr) is not property or type(attr.fget) is not types.FunctionType:
+            return False
+        code, ref = attr.fget.__code__, _returns_an_attribute.__code__
+        if (code.co_code, code.co_argcount, code.co_kwonlyargcount, code.co_freevars, len(code.co_names)) != \
+                (ref.co_code, ref.co_argcount, ref.co_kwonlyargcount, ref.co_freevars, len(ref.co_names)):
+            return False
+        if not self._in_own_dict(value, code.co_names[0], at):
+            return False
+        self.functions[id(attr.fget)] = attr.fget  # its code pointer; a property's fget cannot be reassigned
+        return True
+
+
+# Note [A property that returns an attribute holds]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `hasattr(config, 'output_attentions') is True` asks whether a property's getter raises, which in general only a call
+# can say. A getter whose code is exactly `return self.<name>` (the code of _returns_an_attribute, with its one name;
+# a docstring changes no code) raises only where `self.<name>` does, and that read is proved as any other
+# (_in_own_dict): so the hasattr holds while the class dicts (the property stays, exactly `property`), the getter's
+# code and the instance dict do, all watched.
+def _returns_an_attribute(self: Any) -> Any:
+    return self.name
 
 
 class _ClassUnchanged:
