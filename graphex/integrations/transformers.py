@@ -17,6 +17,10 @@ transformers' generate() compiles the model's forward for the decode steps when 
   (which graphex accepts: it is what graphex always does). compile_config() passes mode only when there are no
   options, so fused mode needs no `mode=None` from the user.
 
+The config names graphex's backend function rather than the string "graphex": torch looks a name up without a lock,
+and threads whose first generate() calls overlap would fail with "duplicate name: graphex" (Note [Two threads' first
+lookup of a name], graphex/backend.py). transformers never writes a CompileConfig to disk (save_pretrained drops it).
+
 The options are checked here, when the config is made (an OptionsError names the bad key), not at the first
 generate() step. transformers is imported only when compile_config() is called: graphex's runtime dependency
 stays torch alone.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backend import graphex_backend
 from ..options import Options
 
 
@@ -39,7 +44,7 @@ def compile_config(options: dict[str, Any] | None = None, *, fullgraph: bool = T
     from transformers import CompileConfig
 
     Options.from_user(options)  # a bad key fails here, naming it
-    return compile_on_every_device(CompileConfig(fullgraph=fullgraph, dynamic=dynamic, backend="graphex",
+    return compile_on_every_device(CompileConfig(fullgraph=fullgraph, dynamic=dynamic, backend=graphex_backend,
                                                  mode=None if options else "reduce-overhead",
                                                  options=dict(options) if options else None))
 
