@@ -242,12 +242,19 @@ def _class_digest(t: type) -> str:
     return h.hexdigest()[:24]
 
 
+# A class dict's names that are no part of what the class does: `__slotnames__` is copyreg's cache of the slot names
+# (derived from the `__slots__` of the MRO, which are digested), written into the class the first time an instance is
+# copied or pickled: a `copy.deepcopy(cache)` made the next call miss as "another version of class StaticCache"
+# (found by a helper).
+_NOT_CONTENTS = ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__", "__slotnames__")
+
+
 def _class_part(cls: type) -> bytes:
     """What one class body adds to a digest: its name, and each attribute it defines."""
     h = hashlib.sha256()
     h.update(f"{cls.__module__}.{cls.__qualname__}".encode())
     for name, value in sorted(vars(cls).items()):
-        if name in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__") or name.startswith("___"):
+        if name in _NOT_CONTENTS or name.startswith("___"):
             continue  # `___x`: Dynamo's own markers (torch/_dynamo/mutation_guard.py)
         h.update(name.encode())
         target = _unpatched(getattr(value, "__func__", value))  # classmethod / staticmethod

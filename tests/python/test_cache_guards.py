@@ -507,6 +507,37 @@ def test_a_class_fingerprint_follows_each_change_across_checks_and_ignores_none_
     assert type_name(Child) != patched
 
 
+def test_a_copy_of_an_object_passed_in_is_no_change_to_its_class(tmp_path):
+    """copy.deepcopy writes copyreg's `__slotnames__` into the class: not a new version of it (found by a helper: a
+    deep-copied StaticCache made the next call miss and compile again)."""
+    import copy
+
+    class Settings:
+        __slots__ = ("scale",)
+
+        def __init__(self):
+            self.scale = 2.0
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, settings):
+            return self.lin(x) * settings.scale
+
+    model, settings, x = Scaled().eval(), Settings(), torch.randn(2, 4)
+    fn = graphex.inference.cache_compile(model.forward, cache_dir=tmp_path)
+    with torch.no_grad():
+        assert torch.equal(fn(x, settings), model(x, settings))
+        copy.deepcopy(settings)
+        assert "__slotnames__" in vars(Settings)
+        assert torch.equal(fn(x, settings), model(x, settings))
+        settings.scale = 3.0  # still seen
+        assert torch.equal(fn(x, settings), model(x, settings))
+    assert fn.stats["compiles"] == 2, fn.stats
+
+
 class _Holder:
     pass
 
