@@ -221,14 +221,15 @@ def test_other_tensors_are_not_taken_for_the_key(tmp_path):
 
 class _Computed:
     """An attribute computed on every read: no watch proves what `hasattr` on a property gives (its getter may raise
-    AttributeError), so the fast path checks that guard by calling the generated residual function."""
+    AttributeError), so the fast path checks that guard by calling the generated residual function. (A getter that
+    only returns an attribute is proved by the watch: Note [A property that returns an attribute holds].)"""
 
     def __init__(self):
         self.raw = 1.5
 
     @property
     def factor(self):
-        return self.raw
+        return self.raw if self.raw is not None else 0.0
 
 
 class _ReadsConfig(nn.Module):
