@@ -55,6 +55,9 @@ def load(path: str, key: str, func: Callable[..., Any]) -> tuple[Loaded | None, 
                  or keys.check_custom_ops(header.get("custom_ops", [])))
         if stale:
             return None, f"stale: {stale}"
+        other = keys.check_source_state(header.get("sources", []), keys.project_root(func))
+        if other:  # Note [A changed global is another state, not a stale entry]: kept for the processes it fits
+            return None, f"built in another state: {other}"
         return Loaded(entry, func, path), ""
     except (EntryError, KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
         warn_once(f"cache-bad:{path}", f"graphex cache: ignoring {path}: {e}. It will be rebuilt and replaced.")

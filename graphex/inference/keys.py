@@ -316,12 +316,27 @@ def _module_for_file(path: str) -> types.ModuleType | None:
     return None
 
 
+# Note [A changed global is another state, not a stale entry]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# An entry records each traced file's hash and the module globals the trace read through it. A file changed on disk
+# makes the entry stale for every process: it is removed when its replacement is written. A global that differs in
+# this process (a function patched at run time, `modeling_llama.apply_rotary_pos_emb = mine`), or a module loaded from
+# another file, says only that this process is not the one the entry was built in: another process, unpatched, still
+# hits it. Removing it made two such processes replace each other's entry on every start (found by a helper); so the
+# entry is a miss here and stays, and the new one is written beside it.
 def check_sources(fingerprints: list[dict[str, Any]], root: str) -> str | None:
-    """None when every traced file (and the globals it read) is unchanged, else what changed."""
+    """None when every traced file is unchanged on disk, else which one changed: the entry is stale in any process."""
+    for fp in fingerprints:
+        if file_hash(_absolute(fp["file"], root)) != fp["sha256"]:
+            return f"{fp['file']} changed"
+    return None
+
+
+def check_source_state(fingerprints: list[dict[str, Any]], root: str) -> str | None:
+    """None when this process loaded each traced file's module from that file and every global the trace read through
+    it is as it was, else what differs (Note [A changed global is another state, not a stale entry])."""
     for fp in fingerprints:
         path = _absolute(fp["file"], root)
-        if file_hash(path) != fp["sha256"]:
-            return f"{fp['file']} changed"
         module = sys.modules.get(fp.get("module") or "")
         loaded_from = getattr(module, "__file__", None)
         if loaded_from and os.path.abspath(loaded_from) != os.path.abspath(path):
@@ -331,7 +346,7 @@ def check_sources(fingerprints: list[dict[str, Any]], root: str) -> str | None:
         changed = sorted(name for name, value in fp["globals"].items()
                          if (current := _resolve(module, name)) is _NOT_FOUND or describe_value(current) != value)
         if changed:
-            return f"global {', '.join(changed)} read by {fp['file']} changed"
+            return f"global {', '.join(changed)} read by {fp['file']} differs in this process"
     return None
 
 

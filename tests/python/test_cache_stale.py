@@ -80,3 +80,47 @@ def test_dynamic_entries_load_in_a_fresh_process_and_match_eager_for_every_size(
     assert warm[scenario]["compiles"] == 0 and warm[scenario]["hits"] >= 1, warm[scenario]
     if scenario == "dynamic_branch":
         assert cold[scenario]["compiles"] == 2 and warm[scenario]["hits"] == 2
+
+
+_PATCHED_MODULE = """import torch
+
+
+def act(x):
+    return torch.relu(x)
+
+
+def step(x):
+    return act(x) * 2
+"""
+
+_PATCHING_DRIVER = """import json, sys
+import torch
+import graphex
+import steps
+
+if sys.argv[2] == "patched":
+    steps.act = torch.tanh  # patched at run time: the file is unchanged
+fn = graphex.inference.cache_compile(steps.step, cache_dir=sys.argv[1])
+x = torch.randn(5)
+out = fn(x)
+print(json.dumps({**fn.stats, "equal": torch.equal(out, steps.step(x))}))
+"""
+
+
+def test_processes_that_patch_a_global_and_processes_that_do_not_keep_their_own_entries(tmp_path):
+    """Note [A changed global is another state, not a stale entry]: an entry whose global differs in this process is a
+    miss here, not stale: the other process's entry stays and each process hits its own from then on (they replaced
+    each other's on every start, compiling every time: found by a helper)."""
+    project, cache = tmp_path / "project", tmp_path / "cache"
+    project.mkdir()
+    (project / "steps.py").write_text(_PATCHED_MODULE)
+    (project / "driver.py").write_text(_PATCHING_DRIVER)
+    runs = []
+    for variant in ("plain", "patched", "plain", "patched"):
+        proc = subprocess.run([sys.executable, "driver.py", str(cache), variant], cwd=project, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert all(r["equal"] for r in runs), runs
+    assert [r["compiles"] for r in runs] == [1, 1, 0, 0], runs
+    assert len([f for f in os.listdir(cache) if f.endswith(".gxc")]) == 2, os.listdir(cache)
