@@ -115,14 +115,15 @@ class GuardSet:
         return self._stale[0]
 
     def bind(self, locals_: dict[str, Any], globals_: dict[str, Any],
-             inputs: list[Binding] | None = None) -> str | None:
+             inputs: list[Binding] | None = None, *, watch_arguments: bool = True) -> str | None:
         """None when every record holds now (and `run` is built), else which guard fails and how."""
         with one_check():  # Note [One check reads each class body once]
-            return self._bind(locals_, globals_, inputs)
+            return self._bind(locals_, globals_, inputs, watch_arguments)
 
-    def _bind(self, locals_: dict[str, Any], globals_: dict[str, Any], inputs: list[Binding] | None) -> str | None:
+    def _bind(self, locals_: dict[str, Any], globals_: dict[str, Any], inputs: list[Binding] | None,
+              watch_arguments: bool) -> str | None:
         held: list[Any] = []  # objects the generated code compares with
-        pins = _Pins()
+        pins = _Pins(watch_arguments)
         full = _Emitter(held, pins, globals_)
         fast = _Emitter(held, pins, globals_)
         fast.on_fail = "return slow(flat_args, func)"  # the fast path proves; it never refuses
@@ -171,7 +172,7 @@ class GuardSet:
                     self._check_binding(b)
                     continue  # bound in C++ from the arguments (Note [One binder])
                 reads_full.append(self._input(b, locals_, globals_, full.var))
-                if b.kind in ("param", "buffer") and pins.pinned(parse_source(b.source), locals_, globals_):
+                if pins.pinned(parse_source(b.source), locals_, globals_):  # a tensor at a watched path: fixed
                     reads_fast.append(f"S[{len(static)}]")
                     reads_rest.append(f"S[{len(static)}]")
                     static.append(len(reads_full) - 1)
@@ -186,6 +187,12 @@ class GuardSet:
 
         # Note [A watch is of the objects it was built from]: the full check also asks whether each pinned path still
         # leads to the object bind found there
+        # Note [An object passed in is watched while the same one is passed]: the fast path and the residual take the
+        # watch's word for what an argument holds only while the argument is the object the watch watches
+        for path, obj in pins.anchors.items():
+            if path[0] == ("L", "flat_args") and len(path) == 2:  # the argument; what it holds, the watch proves
+                fast.check(f"{fast.var(path)} is {_hold(held, obj)}")
+                rest.check(f"{rest.var(path)} is {_hold(held, obj)}")
         # Note [A transformers config's attribute is read as object's]: the premises of the watch this check publishes
         for at, premise in pins.premises.items():
             full.check(f"{_hold(held, premise)}({full.var(at)})")

@@ -45,6 +45,7 @@ class Loaded:
         self._fast_call: Any = None  # built at the first plain hit (Note [A plain call's fast path is one C++ call])
         self._fast_for: tuple[str, ...] = ()  # the keywords _fast_call was made for
         self._rebinds = 0  # Note [A watch is of the objects it was built from]
+        self._watch_arguments = True  # Note [An object passed in is watched while the same one is passed]
 
     def try_run(self, flat: list[Any]) -> Any:
         """The call's result, or MISS (nothing run) if this entry does not fit the call.
@@ -59,7 +60,8 @@ class Loaded:
         """
         bind = self.bind
         if bind is None:  # the first call in this process: every guard resolved and compared (guards.py)
-            problem = self.guard_set.bind(*guards_scope(self.func, flat), inputs=self.bindings)
+            problem = self.guard_set.bind(*guards_scope(self.func, flat), inputs=self.bindings,
+                                          watch_arguments=self._watch_arguments)
             if problem is not None:
                 self.why = f"guard failed: {problem}"
                 return MISS
@@ -85,11 +87,16 @@ class Loaded:
         """Note [A watch is of the objects it was built from]: the guards held on objects other than those bind
         found; bound again on the objects there now, the fast path (and a new FastCall) watches them. If that bind
         fails (the state changed again meanwhile), the old function stays, its watch off: every call checks in full."""
+        if self._rebinds >= _MAX_REBINDS and self._watch_arguments:
+            # Note [An object passed in is watched while the same one is passed]: new objects passed in at every call
+            # (or new objects on its paths): bound once more without watching arguments, then as below
+            self._watch_arguments, self._rebinds = False, 0
         if self._rebinds >= _MAX_REBINDS:  # a function that puts new objects there on every call: checked in full
             self.guard_set._stale[0] = False
             return
         self._rebinds += 1
-        problem = self.guard_set.bind(*guards_scope(self.func, flat), inputs=self.bindings)
+        problem = self.guard_set.bind(*guards_scope(self.func, flat), inputs=self.bindings,
+                                      watch_arguments=self._watch_arguments)
         if problem is None:
             self.bind = self.guard_set.run
         else:

@@ -51,13 +51,29 @@ _WATCHED_VALUES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.
 # Whether a class-level name is a descriptor, and of which kind, is decided by the type of what the
 # class dict holds, so that type and its class dicts are watched too (_watch_descriptors).
 
+# Note [An object passed in is watched while the same one is passed]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# transformers' call passes its KV cache as an object (`past_key_values=StaticCache(...)`), and the trace's guards read
+# through it: its layers list, each layer's type, flags and attributes (about 60 checks on Llama's keyword call). An
+# argument is no fixed root: another call may pass another object. But most callers pass the same cache step after
+# step, so an object argument is pinned as `self.x` is: its dicts, lists and classes are watched, and the argument is
+# an anchor (Note [A watch is of the objects it was built from]). The fast path and the residual check first that each
+# such argument is the very object the watch watches (`flat_args[1] is H[k]`: one comparison), and the full check
+# publishes its watch only when it saw those objects there. A call with another object is checked in full, and the
+# entry is bound again on the new one (Loaded._rebind); a caller that passes a new object on every call would pay a
+# bind each time, so after _MAX_REBINDS of them the entry binds once more without watching arguments, and its residual
+# checks what the arguments hold on every call, as before. The watch holds the watched object's dicts, and so the
+# tensors they hold, until the entry is bound again or dropped: one cache kept alive per entry.
+
 
 class _Pins:
     """Which paths are pinned by watched dicts (Note [A watched dict proves its guards still hold]): a path is
     pinned when every step from a fixed root reads through a dict (collected in `dicts`) or something that
     cannot change (a bound method's __self__, a tuple item, an object's type: its object is then watched)."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch_arguments: bool = False) -> None:
+        # Note [An object passed in is watched while the same one is passed]
+        self.watch_arguments = watch_arguments
         self.dicts: dict[int, dict[Any, Any]] = {}
         self.objects: dict[int, Any] = {}
         self.functions: dict[int, Any] = {}
@@ -211,6 +227,12 @@ class _Pins:
     def _pin(self, path: Path, locals_: dict[str, Any], globals_: dict[str, Any]) -> bool:
         if len(path) == 1:
             return path[0] != ("L", "flat_args")  # func is this CachedFunction's own; G roots are held
+        if path[0] == ("L", "flat_args") and len(path) == 2 and path[1][0] == "item":
+            # Note [An object passed in is watched while the same one is passed]: an object (a StaticCache), not a
+            # tensor or a value the call key compares; pinned() makes it an anchor, checked by identity on each call
+            value = resolve(path, locals_, globals_)
+            return self.watch_arguments and not isinstance(value, torch.Tensor) and \
+                type(value) not in _NOTHING_WATCHED_THROUGH and type(value) not in (list, tuple, dict)
         if not self.pinned(path[:-1], locals_, globals_):
             return False
         base = resolve(path[:-1], locals_, globals_)
