@@ -101,6 +101,7 @@ class GuardSet:
         # config's computed attribute, what an argument holds) and its held inputs (S: the published ones, and the
         # tensors an argument holds), or None when there are no such checks and S is every held input}.
         self.native: dict[str, Any] | None = None
+        self.fast_parts: tuple[dict[str, Any], list[Any]] | None = None  # (native, P) of the last bind
 
     @property
     def watch(self) -> Any:
@@ -238,6 +239,9 @@ class GuardSet:
         self.run, self.source, self.always = namespace["run"], source, always
         native["residual"] = namespace.get("rest")
         self.native = native
+        # one object: a FastCall made on another thread while this bind runs gets the residual and the published pair
+        # of one bind, never one of each (the residual's S indices are its own bind's)
+        self.fast_parts = (native, namespace["P"])
         return None
 
     @staticmethod

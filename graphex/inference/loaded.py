@@ -107,12 +107,13 @@ class Loaded:
         """A _C.FastCall for calls like `args` (a hit just now, flattened: the last len(kwnames) passed by those
         names), or None (Note [A plain call's fast path is one C++ call])."""
         if self._fast_call is None or self._fast_for != kwnames:
-            native = self.guard_set.native
-            if self.validate_next or self.bind is None or native is None:
+            parts = self.guard_set.fast_parts  # one bind's residual and published pair, read as one object
+            if self.validate_next or self.bind is None or parts is None:
                 return None
+            native, published = parts
             state = native["state"]
             self._fast_call = _C.FastCall(
-                self.program, self.guard_set._published,
+                self.program, published,
                 # a number or str by value (guards.FAST_CALL_VALUE_TYPES); anything else (a tensor, an object passed
                 # in: a StaticCache) by its exact type, its guards (the residual) checking what the trace read of it;
                 # never by its __eq__, which may lie or run anything

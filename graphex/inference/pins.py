@@ -66,6 +66,13 @@ _WATCHED_VALUES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.
 # tensors they hold, until the entry is bound again or dropped: one cache kept alive per entry.
 
 
+
+def _anchorable(value: Any) -> bool:
+    """Whether a pinned path's object is compared by identity by the full check (Note [A watch is of the objects it was
+    built from]): not a value nothing is watched through, nor one a read makes anew."""
+    return type(value) not in _NOTHING_WATCHED_THROUGH and type(value) not in _NEW_AT_EACH_READ
+
+
 class _Pins:
     """Which paths are pinned by watched dicts (Note [A watched dict proves its guards still hold]): a path is
     pinned when every step from a fixed root reads through a dict (collected in `dicts`) or something that
@@ -210,7 +217,7 @@ class _Pins:
         self._pinned[path] = result
         if result and len(path) > 1 and path[-1] != ("dict",):  # `dict(cls.__dict__)`: a new copy at each read
             value = resolve(path, locals_, globals_)
-            if type(value) not in _NOTHING_WATCHED_THROUGH and type(value) not in _NEW_AT_EACH_READ:
+            if _anchorable(value):
                 self.anchors[path] = value
         return result
 
@@ -230,9 +237,12 @@ class _Pins:
         if path[0] == ("L", "flat_args") and len(path) == 2 and path[1][0] == "item":
             # Note [An object passed in is watched while the same one is passed]: an object (a StaticCache), not a
             # tensor or a value the call key compares; pinned() makes it an anchor, checked by identity on each call
+            # Only an object that is anchored: its identity is what the fast path checks, so an argument read anew
+            # at each access (a bound method, a builtin function: `act=torch.relu` then `act=torch.sigmoid` replayed
+            # relu when they were pinned unanchored; found by a helper) is not pinned.
             value = resolve(path, locals_, globals_)
-            return self.watch_arguments and not isinstance(value, torch.Tensor) and \
-                type(value) not in _NOTHING_WATCHED_THROUGH and type(value) not in (list, tuple, dict)
+            return self.watch_arguments and not isinstance(value, torch.Tensor) and _anchorable(value) and \
+                type(value) not in (list, tuple, dict)
         if not self.pinned(path[:-1], locals_, globals_):
             return False
         base = resolve(path[:-1], locals_, globals_)

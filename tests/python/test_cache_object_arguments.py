@@ -2,6 +2,7 @@
 is passed], graphex/inference/pins.py): what the trace read through it is proved by the watch, and each change to it,
 each other object in its place, each object passed anew at every call, is seen by the next call (equal to eager's)."""
 
+import functools
 import gc
 import weakref
 
@@ -154,3 +155,38 @@ def test_an_object_no_longer_passed_is_released_when_another_is_bound(tmp_path):
             assert _same(fn(x, state=s), model(x, s))
     gc.collect()
     assert gone() is None and keys() is None, "the watch kept an object the caller dropped after another was bound"
+
+
+class _Scaler:
+    def __init__(self, gain):
+        self.gain = gain
+
+    def apply(self, y):
+        return y * self.gain
+
+    def halve(self, y):
+        return y / 2
+
+
+def _applies(x, fn):
+    return fn(x + 1)
+
+
+ANEW_AT_EACH_READ = {  # arguments no identity can anchor: a bound method or builtin is made anew at each access
+    "builtin function": [torch.relu, torch.relu, torch.sigmoid, torch.relu, torch.tanh],
+    "bound method of another object": [_Scaler(2.0).apply] * 3 + [_Scaler(5.0).apply, _Scaler(2.0).apply],
+    "another method of the same object": [(s := _Scaler(3.0)).apply, s.apply, s.halve, s.apply],
+    "partial (anchored: another one is another object)": [(p := functools.partial(torch.mul, other=2.0)), p, p,
+                                                          functools.partial(torch.mul, other=4.0), p],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ANEW_AT_EACH_READ))
+def test_an_argument_read_anew_at_each_access_is_checked_at_every_call(tmp_path, kind):
+    """Found by a helper: such an argument was pinned without an identity check, and `act=torch.sigmoid` after
+    `act=torch.relu` replayed relu."""
+    fn = graphex.inference.cache_compile(_applies, cache_dir=str(tmp_path))
+    x = torch.tensor([-3.0, 0.5])
+    with torch.no_grad():
+        for f in ANEW_AT_EACH_READ[kind]:
+            assert _same(fn(x, f), _applies(x, f)), (kind, f)
