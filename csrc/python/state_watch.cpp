@@ -17,8 +17,9 @@
 // Note [A slot or a list is watched by what it points to]
 // Some state a guard reads through has no version tag but is one pointer the object holds: a
 // closure cell's contents, a function's `__defaults__` / `__kwdefaults__` / `__name__` /
-// `__qualname__`, a class's `__mro__` (a new tuple when `__bases__` is assigned) and a heap class's
-// `__name__` / `__qualname__`; and a list is its size and its item pointers. Each is read straight
+// `__qualname__`, a class's `__mro__` (a new tuple when `__bases__` is assigned), a heap class's
+// `__name__` / `__qualname__` and a property's `fget` / `fset` / `fdel` (`property.__init__` called again on a
+// live property replaces them: found by a helper); and a list is its size and its item pointers. Each is read straight
 // from the object (no Python call) and compared by address with what it held at the snapshot; the
 // snapshot holds a reference to every such value, so no other object can be allocated at that
 // address while it is remembered (an address compared after its object was freed could match a new
@@ -66,6 +67,15 @@ uint64_t dictVersion(PyObject* d) {
 #endif
 }
 
+// The head of CPython's propertyobject (Objects/descrobject.c, not in the headers): its three functions come first
+// after the object header in every CPython 3 (the fields after them differ between versions and are not read).
+struct PropertyHead {
+  PyObject_HEAD
+  PyObject* prop_get;
+  PyObject* prop_set;
+  PyObject* prop_del;
+};
+
 // What `object` holds for one slot kind (borrowed, may be null: a function with no defaults), read as the attribute's
 // getter reads it (the getter returns this very object, or None for null).
 PyObject* slotValue(PyObject* object, StateWatch::SlotKind kind) {
@@ -78,6 +88,9 @@ PyObject* slotValue(PyObject* object, StateWatch::SlotKind kind) {
     case StateWatch::kTypeMro: return reinterpret_cast<PyTypeObject*>(object)->tp_mro;
     case StateWatch::kTypeName: return reinterpret_cast<PyHeapTypeObject*>(object)->ht_name;
     case StateWatch::kTypeQualname: return reinterpret_cast<PyHeapTypeObject*>(object)->ht_qualname;
+    case StateWatch::kPropertyGet: return reinterpret_cast<PropertyHead*>(object)->prop_get;
+    case StateWatch::kPropertySet: return reinterpret_cast<PropertyHead*>(object)->prop_set;
+    case StateWatch::kPropertyDel: return reinterpret_cast<PropertyHead*>(object)->prop_del;
     case StateWatch::kNumSlotKinds: break;
   }
   return nullptr;
@@ -95,6 +108,9 @@ bool slotFits(PyObject* object, int kind) {
     case StateWatch::kTypeName:
     case StateWatch::kTypeQualname:
       return PyType_Check(object) && PyType_HasFeature(reinterpret_cast<PyTypeObject*>(object), Py_TPFLAGS_HEAPTYPE);
+    case StateWatch::kPropertyGet:
+    case StateWatch::kPropertySet:
+    case StateWatch::kPropertyDel: return Py_IS_TYPE(object, &PyProperty_Type);  // exactly a property: its layout
     default: return false;
   }
 }

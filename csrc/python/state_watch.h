@@ -34,7 +34,10 @@ class StateWatch {
     kTypeMro = 5,        // a class's `__mro__` tuple
     kTypeName = 6,       // a heap class's `__name__`
     kTypeQualname = 7,   // a heap class's `__qualname__`
-    kNumSlotKinds = 8,
+    kPropertyGet = 8,    // a property's `fget` (`property.__init__` called again on a live property replaces it)
+    kPropertySet = 9,    // a property's `fset`
+    kPropertyDel = 10,   // a property's `fdel`
+    kNumSlotKinds = 11,
   };
 
   // Whether everything watched is as it was at the last snapshot(); false before the first and after invalidate().

@@ -177,12 +177,17 @@ def input_signature(flat_args: list[Any], dynamic: bool) -> list[Any]:
 
 
 def describe_signature(flat_args: list[Any]) -> str:
+    """The call's arguments for a message: tensors by dtype and shape, numbers and strings by value, any other object by
+    its type only (its `__repr__` is user code, may raise, and on a transformers config serializes it: found by a
+    helper, a raising `__repr__` made every miss fail)."""
     parts = []
     for a in flat_args:
         if isinstance(a, torch.Tensor):
             parts.append(f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}")
-        else:
+        elif type(a) in _PRIMITIVES or type(a) in (torch.dtype, torch.device):
             parts.append(repr(a))
+        else:
+            parts.append(f"<{type(a).__qualname__} object>")
     return "(" + ", ".join(parts) + ")"
 
 

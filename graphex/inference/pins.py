@@ -21,6 +21,7 @@ SLOT_KINDS: dict[type, dict[str, int]] = {
     types.CellType: {"cell_contents": 0},
     types.FunctionType: {"__defaults__": 1, "__kwdefaults__": 2, "__name__": 3, "__qualname__": 4},
     type: {"__mro__": 5, "__name__": 6, "__qualname__": 7},  # a class's; the names of a heap class only
+    property: {"fget": 8, "fset": 9, "fdel": 10},  # exactly a property's: `property.__init__` can replace them
 }
 _READ_ONLY_FUNCTION_ATTRS = ("__closure__", "__globals__", "__builtins__")  # a function keeps these for its life
 # type's data descriptors this file reads as a class's own dict: `__module__` is that dict's value for a heap class
@@ -251,8 +252,9 @@ class _Pins:
             name = step[1]
             if isinstance(base, types.MethodType) and name in ("__self__", "__func__"):
                 return True
-            if isinstance(base, property) and name in ("fget", "fset", "fdel"):
-                return True  # a property object's functions are read-only
+            if isinstance(base, property) and name in SLOT_KINDS[property]:
+                # read-only attributes, but `property.__init__` called again replaces them (found by a helper)
+                return type(base) is property and self._watch_slot(base, SLOT_KINDS[property][name])
             if type(base) is types.FunctionType and name in _READ_ONLY_FUNCTION_ATTRS:
                 return True
             if type(base) is types.FunctionType and name == "__code__":
@@ -407,8 +409,8 @@ class _Pins:
             return False
         if not self._in_own_dict(value, code.co_names[0], at):
             return False
-        self.functions[id(attr.fget)] = attr.fget  # its code pointer; a property's fget cannot be reassigned
-        return True
+        self.functions[id(attr.fget)] = attr.fget  # its code pointer
+        return self._watch_slot(attr, SLOT_KINDS[property]["fget"])  # which function it is: property.__init__ again
 
 
 # Note [A property that returns an attribute holds]

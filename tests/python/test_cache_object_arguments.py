@@ -190,3 +190,55 @@ def test_an_argument_read_anew_at_each_access_is_checked_at_every_call(tmp_path,
     with torch.no_grad():
         for f in ANEW_AT_EACH_READ[kind]:
             assert _same(fn(x, f), _applies(x, f)), (kind, f)
+
+
+class _WithProperty:
+    def __init__(self):
+        self._a = 2.0
+
+    @property
+    def a(self):
+        return self._a
+
+
+def _times_a(x, o):
+    return x * o.a
+
+
+def _has_a(x, o):
+    return x * 2 if hasattr(o, "a") else x * 3
+
+
+@pytest.mark.parametrize("read", [_times_a, _has_a], ids=["value", "hasattr"])
+def test_a_property_given_another_getter_in_place_is_seen(tmp_path, read):
+    """`property.__init__` called again on a live property replaces its fget: the watch compares which function the
+    property holds (found by a helper: the old getter's value, and `hasattr` through a plain-read getter, replayed)."""
+    cls = type("WithProperty", (_WithProperty,), {"a": property(_WithProperty.a.fget)})
+    fn = graphex.inference.cache_compile(read, cache_dir=str(tmp_path))
+    x, o = torch.tensor([1.0, 2.0]), cls()
+    with torch.no_grad():
+        for _ in range(3):
+            assert _same(fn(x, o), read(x, o))
+
+        def missing(self):
+            raise AttributeError("a")
+
+        vars(cls)["a"].__init__(lambda self: 33.0 if read is _times_a else missing(self))
+        for _ in range(3):
+            assert _same(fn(x, o), read(x, o))
+
+
+def test_a_miss_runs_no_repr_of_an_argument(tmp_path):
+    """The miss message names an object by its type: its `__repr__` is user code (one that raised made every first
+    call fail; on a transformers config it serializes the config). Found by a helper."""
+
+    class NoRepr:
+        scale = 2.0
+
+        def __repr__(self):
+            raise RuntimeError("repr not available")
+
+    fn = graphex.inference.cache_compile(lambda x, o: x * o.scale, cache_dir=str(tmp_path))
+    x = torch.ones(2)
+    with torch.no_grad():
+        assert _same(fn(x, NoRepr()), x * 2.0)
