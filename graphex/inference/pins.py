@@ -272,6 +272,8 @@ class _Pins:
                 self.objects[id(base)] = base  # object's own `__class__`: the type, watched as a `type` step is
                 return True
             return self._in_own_dict(base, name, path[:-1])
+        if step[0] == "object_attr":  # `object.__getattribute__(x, 'name')`: object's lookup, whatever x's class has
+            return self._in_own_dict(base, step[1], generic=True)
         if step[0] == "key" and isinstance(base, collections.OrderedDict):
             return False  # the i-th key of an OrderedDict changes with move_to_end, its dict version does not
         if step[0] in ("item", "dict_item", "key"):
@@ -352,17 +354,24 @@ class _Pins:
         self._commit_read(value, name, read, at)
         return True
 
-    def _in_own_dict(self, value: Any, name: str, at: Path | None = None) -> bool:
+    def _in_own_dict(self, value: Any, name: str, at: Path | None = None, *, generic: bool = False) -> bool:
         """`value.name` is its own __dict__'s value (and `hasattr(value, name)` holds) while that dict has the name, its
         type stays and no class of its MRO gets a data descriptor of that name (the class dicts, and the type of what
         they hold under it, are watched): attribute lookup is object's own (or proven to read as object's:
         Note [A transformers config's attribute is read as object's]), which finds an instance dict's value without
-        calling anything."""
+        calling anything. `generic`: the read is `object.__getattribute__(value, name)` (Dynamo 2.11 reads a config
+        past its class's lookup so), object's own whatever the class defines."""
         cls = type(value)
-        read = self._read_name(value, name, at)
+        read = name if generic else self._read_name(value, name, at)
         if read is None:
             return False
-        own = self._own_dict(value)
+        if generic and any("__dict__" in vars(c) and type(vars(c)["__dict__"]) is not types.GetSetDescriptorType
+                           for c in cls.__mro__):
+            return False  # a class's own `__dict__` attribute: what it gives need not be the instance dict
+        try:
+            own = object.__getattribute__(value, "__dict__") if generic else self._own_dict(value)
+        except AttributeError:
+            return False
         if type(own) is not dict or read not in own:
             return False
         if any(read in vars(c) and hasattr(vars(c)[read], "__set__") for c in cls.__mro__):
@@ -372,7 +381,8 @@ class _Pins:
         self._watch_descriptors(cls, read)
         if not self._watch_own(value, own):
             return False
-        self._commit_read(value, name, read, at)
+        if not generic:
+            self._commit_read(value, name, read, at)
         return True
 
     def _found_in_class(self, value: Any, name: str, at: Path | None = None) -> bool:

@@ -202,3 +202,30 @@ def test_a_property_whose_getter_is_not_a_plain_read_stays_checked():
     assert pins._found_in_class(h, "plain", root)
     assert not pins._found_in_class(h, "computed", root)
     assert not pins._found_in_class(h, "other", root)  # its attribute is in no dict: the getter raises
+
+
+def test_a_read_past_the_class_lookup_is_pinned_by_the_instance_dict():
+    """Dynamo 2.11 reads a config's attribute as `object.__getattribute__(config, 'name')`: object's own lookup whatever
+    the class defines, so the instance dict pins it (pins._in_own_dict(generic=True)); unless a class has its own
+    `__dict__` attribute, which need not give the instance dict."""
+    from graphex.inference.pins import _Pins
+
+    class Lies:
+        def __init__(self):
+            self.flag = 2.0
+
+        def __getattribute__(self, key):
+            return 99.0
+
+    class OwnDict:
+        def __init__(self):
+            self.flag = 2.0
+
+        @property
+        def __dict__(self):
+            return {"flag": 3.0}
+
+    assert _Pins()._in_own_dict(Lies(), "flag", generic=True)
+    assert not _Pins()._in_own_dict(Lies(), "flag")  # its own lookup: not object's
+    assert not _Pins()._in_own_dict(OwnDict(), "flag", generic=True)
+    assert not _Pins()._in_own_dict(Lies(), "missing", generic=True)
