@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 import graphex
+from graphex import compat
 from graphex.inference import lookups
 
 transformers = pytest.importorskip("transformers")
@@ -87,6 +88,12 @@ def test_a_configs_guards_are_proven_by_the_watch(tmp_path):
     _, fn, _, guards = _fast_entry(tmp_path)
     assert fn._fast is not None
     every_call = guards.source[guards.source.index("def run"):guards.source.index("def slow")]
+    if compat.TORCH_VERSION < (2, 12):
+        # Dynamo 2.11 inlines the config's lookup and guards what it reads, past it (`object.__getattribute__(config,
+        # '__dict__')`, the attribute_map's keys): another form of guard, which this proof does not cover; they stay
+        # in the every-call checks there, as before
+        assert "object.__getattribute__(" in every_call, every_call
+        return
     for name in ("num_hidden_layers", "output_hidden_states", "vision_feature_layer", "output_attentions"):
         assert name not in every_call, f"the config's {name} is still checked on every call:\n{every_call}"
     full = guards.source[:guards.source.index("def run")]
