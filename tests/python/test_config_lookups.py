@@ -5,13 +5,13 @@ change that breaks the proof (the config, its class, the lookup functions, what 
 import pytest
 import torch
 import torch.nn as nn
+import transformers  # installed by make test (bench/requirements.txt): these are transformers' configs
+from transformers import configuration_utils
 
 import graphex
 from graphex import compat
 from graphex.inference import lookups
 
-transformers = pytest.importorskip("transformers")
-configuration_utils = pytest.importorskip("transformers.configuration_utils")
 PreTrainedConfig = configuration_utils.PreTrainedConfig
 
 STATE = {"bump": False}
