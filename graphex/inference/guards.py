@@ -56,7 +56,7 @@ from .guard_sources import NotCheckable, Path, _KEYED_BY_PATH, _MISSING, _STEPS,
 from .fingerprints import from_constant, one_check
 from .guard_records import _find_by_identity
 from .guard_checks import _condition, _global_state_checker, _hold, _show, _state_check, _state_holds
-from .pins import _ClassUnchanged, _Pins
+from .pins import _ClassUnchanged, _Pins, is_argument
 
 
 # What a FastCall compares a flattened argument by, besides its exact type: the value, as the call key has it (a
@@ -191,7 +191,7 @@ class GuardSet:
         # Note [An object passed in is watched while the same one is passed]: the fast path and the residual take the
         # watch's word for what an argument holds only while the argument is the object the watch watches
         for path, obj in pins.anchors.items():
-            if path[0] == ("L", "flat_args") and len(path) == 2:  # the argument; what it holds, the watch proves
+            if is_argument(path):  # the argument itself; what it holds, the watch proves
                 fast.check(f"{fast.var(path)} is {_hold(held, obj)}")
                 rest.check(f"{rest.var(path)} is {_hold(held, obj)}")
         # Note [A transformers config's attribute is read as object's]: the premises of the watch this check publishes
@@ -270,7 +270,7 @@ def _native_arg_check(native: dict[str, Any], rec: dict[str, Any], path: Path, h
     its value as the call key has it (a float by its bits), so: the type of an argument (`type(flat_args[i]) is T`,
     and its class unchanged: the _ClassUnchanged just held), and an argument equal to a number or str (which the
     value the FastCall records at a hit equals)."""
-    if len(path) != 2 or path[0] != ("L", "flat_args") or path[1][0] != "item" or type(path[1][1]) is not int:
+    if not is_argument(path) or type(path[1][1]) is not int:
         return False
     if rec["kind"] == "equals":  # C++ compares these by value; any other constant (a dtype, a device): the residual's
         return type(from_constant(rec["expect"])) in FAST_CALL_VALUE_TYPES

@@ -104,6 +104,13 @@ def prove(value: Any, watcher: Watcher) -> bool:
     return True
 
 
+def dict_is_the_instance_dict(cls: type) -> bool:
+    """Whether object's lookup of `__dict__` on an instance of cls gives the instance dict: every `__dict__` its MRO's
+    class dicts hold is the getset descriptor types give (a class's own `__dict__` property could give anything)."""
+    return not any("__dict__" in vars(c) and type(vars(c)["__dict__"]) is not types.GetSetDescriptorType
+                   for c in cls.__mro__)
+
+
 def _read(attribute_map: dict[str, str], name: str) -> str:
     return attribute_map.get(name, name) if name != "attribute_map" else name
 
@@ -124,7 +131,7 @@ def _proof(value: Any) -> tuple[dict[str, str], list[types.FunctionType], dict[s
         builtins = f.__builtins__
         if "super" in f.__globals__ or type(builtins) is not dict or builtins.get("super") is not super:
             return None
-    if any("__dict__" in vars(c) and type(vars(c)["__dict__"]) is not types.GetSetDescriptorType for c in cls.__mro__):
+    if not dict_is_the_instance_dict(cls):
         return None
     own = object.__getattribute__(value, "__dict__")
     if type(own) is not dict or "_heterogeneity_spec" in own or "attribute_map" in own:

@@ -68,6 +68,11 @@ _WATCHED_VALUES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.
 
 
 
+def is_argument(path: Path) -> bool:
+    """Whether `path` is one argument of the call (`flat_args[i]`), the root of what an object passed in holds."""
+    return len(path) == 2 and path[0] == ("L", "flat_args") and path[1][0] == "item"
+
+
 def _anchorable(value: Any) -> bool:
     """Whether a pinned path's object is compared by identity by the full check (Note [A watch is of the objects it was
     built from]): not a value nothing is watched through, nor one a read makes anew."""
@@ -235,7 +240,7 @@ class _Pins:
     def _pin(self, path: Path, locals_: dict[str, Any], globals_: dict[str, Any]) -> bool:
         if len(path) == 1:
             return path[0] != ("L", "flat_args")  # func is this CachedFunction's own; G roots are held
-        if path[0] == ("L", "flat_args") and len(path) == 2 and path[1][0] == "item":
+        if is_argument(path):
             # Note [An object passed in is watched while the same one is passed]: an object (a StaticCache), not a
             # tensor or a value the call key compares; pinned() makes it an anchor, checked by identity on each call
             # Only an object that is anchored: its identity is what the fast path checks, so an argument read anew
@@ -365,9 +370,8 @@ class _Pins:
         read = name if generic else self._read_name(value, name, at)
         if read is None:
             return False
-        if generic and any("__dict__" in vars(c) and type(vars(c)["__dict__"]) is not types.GetSetDescriptorType
-                           for c in cls.__mro__):
-            return False  # a class's own `__dict__` attribute: what it gives need not be the instance dict
+        if generic and not lookups.dict_is_the_instance_dict(cls):
+            return False
         try:
             own = object.__getattribute__(value, "__dict__") if generic else self._own_dict(value)
         except AttributeError:
