@@ -18,8 +18,9 @@
 // Some state a guard reads through has no version tag but is one pointer the object holds: a
 // closure cell's contents, a function's `__defaults__` / `__kwdefaults__` / `__name__` /
 // `__qualname__`, a class's `__mro__` (a new tuple when `__bases__` is assigned), a heap class's
-// `__name__` / `__qualname__` and a property's `fget` / `fset` / `fdel` (`property.__init__` called again on a
-// live property replaces them: found by a helper); and a list is its size and its item pointers. Each is read straight
+// `__name__` / `__qualname__`, a property's `fget` / `fset` / `fdel` (`property.__init__` called again on a
+// live property replaces them: found by a helper) and a classmethod's or staticmethod's function (the same with
+// `classmethod.__init__`); and a list is its size and its item pointers. Each is read straight
 // from the object (no Python call) and compared by address with what it held at the snapshot; the
 // snapshot holds a reference to every such value, so no other object can be allocated at that
 // address while it is remembered (an address compared after its object was freed could match a new
@@ -76,6 +77,13 @@ struct PropertyHead {
   PyObject* prop_del;
 };
 
+// The head of CPython's classmethod and staticmethod objects (Objects/funcobject.c, not in the headers): the wrapped
+// callable comes first after the object header (`cm_callable`, `sm_callable`) in every CPython 3.
+struct MethodWrapperHead {
+  PyObject_HEAD
+  PyObject* callable;
+};
+
 // What `object` holds for one slot kind (borrowed, may be null: a function with no defaults), read as the attribute's
 // getter reads it (the getter returns this very object, or None for null).
 PyObject* slotValue(PyObject* object, StateWatch::SlotKind kind) {
@@ -91,6 +99,8 @@ PyObject* slotValue(PyObject* object, StateWatch::SlotKind kind) {
     case StateWatch::kPropertyGet: return reinterpret_cast<PropertyHead*>(object)->prop_get;
     case StateWatch::kPropertySet: return reinterpret_cast<PropertyHead*>(object)->prop_set;
     case StateWatch::kPropertyDel: return reinterpret_cast<PropertyHead*>(object)->prop_del;
+    case StateWatch::kClassMethodFunc:
+    case StateWatch::kStaticMethodFunc: return reinterpret_cast<MethodWrapperHead*>(object)->callable;
     case StateWatch::kNumSlotKinds: break;
   }
   return nullptr;
@@ -111,6 +121,8 @@ bool slotFits(PyObject* object, int kind) {
     case StateWatch::kPropertyGet:
     case StateWatch::kPropertySet:
     case StateWatch::kPropertyDel: return Py_IS_TYPE(object, &PyProperty_Type);  // exactly a property: its layout
+    case StateWatch::kClassMethodFunc: return Py_IS_TYPE(object, &PyClassMethod_Type);
+    case StateWatch::kStaticMethodFunc: return Py_IS_TYPE(object, &PyStaticMethod_Type);
     default: return false;
   }
 }

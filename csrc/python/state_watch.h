@@ -37,7 +37,9 @@ class StateWatch {
     kPropertyGet = 8,    // a property's `fget` (`property.__init__` called again on a live property replaces it)
     kPropertySet = 9,    // a property's `fset`
     kPropertyDel = 10,   // a property's `fdel`
-    kNumSlotKinds = 11,
+    kClassMethodFunc = 11,   // a classmethod's function (`classmethod.__init__` called again replaces it)
+    kStaticMethodFunc = 12,  // a staticmethod's function (the same)
+    kNumSlotKinds = 13,
   };
 
   // Whether everything watched is as it was at the last snapshot(); false before the first and after invalidate().

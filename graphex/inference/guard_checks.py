@@ -44,6 +44,11 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
         if now != expect:
             return "", f"built for {_show(expect)}, now {_show(now)}"
         return f"{v} is {_hold(held, value)}", None
+    if kind == "class":  # Note [What Dynamo reads without a guard is recorded by graphex]
+        if not isinstance(value, type) or type_name(value) != expect:
+            return "", f"class {'.'.join(expect[:2])} holds other methods or class attributes now (Note [A user's " \
+                       "class is fingerprinted by its contents])"
+        return f"{_hold(held, _ClassUnchanged(value, expect[2]))}()", None
     if kind == "code":
         code = getattr(value, "__code__", None)
         if not isinstance(code, types.CodeType) or identity(code) != expect:

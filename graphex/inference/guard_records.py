@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from .guard_sources import NotCheckable, _MISSING, parse_source, resolve
-from .fingerprints import _global_state, _saved_tensors_hooks, constant, identity, type_name
+from .fingerprints import _global_state, _is_mutable_class, _saved_tensors_hooks, constant, identity, type_name
 
 
-GUARD_FORMAT = 1  # the record layout below; a new kind or field means a new number
+GUARD_FORMAT = 2  # the record layout below; a new kind or field means a new number (2: "class", own-dict "keys")
 
 
 _STATE_KINDS = {"GLOBAL_STATE": "global_state", "TORCH_FUNCTION_STATE": "torch_function",
@@ -63,13 +63,47 @@ def record(entries: list[Any], *, input_sources: set[str], locals_: dict[str, An
                 raise NotCheckable(f"graphex reads {rec['source']} as another object than Dynamo saw")
         if rec is None:
             continue
-        key = repr(sorted(rec.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(rec)
+        for r in [rec, *(_what_dynamo_leaves_unguarded(rec, e.value) if e.has_value else [])]:
+            key = repr(sorted(r.items()))
+            if key not in seen:
+                seen.add(key)
+                out.append(r)
     if reads_environ:
         out.append(_environ_record(traced_code or []))
     return out
+
+# Note [What Dynamo reads without a guard is recorded by graphex]
+# Two reads Dynamo makes leave nothing its guards would see change (found adversarially; `torch.compile(backend=
+# "eager")` replays the old result as well, torch 2.11 to 2.13):
+# - A class compared by identity (`cls.act(x)` with the class passed in, `isinstance(x, K)`, a global class) has no
+#   guard on what it holds: `K.act = classmethod(...)`, an attribute assigned to a base class, a method changed in
+#   place. graphex checks such a class of Python's as it checks an object's type: by the digest of its contents
+#   (a "class" record; Note [A user's class is fingerprinted by its contents], fingerprints.py).
+# - An attribute found by a class's Python `__getattr__` (`o.a` where `o.__dict__` has no "a") is traced through that
+#   function with no guard that the instance dict still lacks the name: `o.a = 3` later shadows `__getattr__` in
+#   eager and not in the replay. graphex records the instance dict's keys of every object whose class has a Python
+#   `__getattr__` other than nn.Module's (Dynamo reads a module's `_parameters`, `_buffers`, `_modules` with guards),
+#   a Python module excepted (Dynamo reads a module's attributes from its dict; `torch.ops`, a module whose class has
+#   a `__getattr__`, adds a key for each op namespace as it loads, so its keys differ between processes). Which names
+#   went through `__getattr__` the guards do not say, so any key added or removed is a miss.
+def _what_dynamo_leaves_unguarded(rec: dict[str, Any] | None, value: Any) -> list[dict[str, Any]]:
+    if rec is None or rec["kind"] not in ("id", "type"):
+        return []
+    if rec["kind"] == "id" and isinstance(value, type) and _is_mutable_class(value):
+        return [{"kind": "class", "source": rec["source"], "expect": type_name(value)}]
+    getattr_ = getattr(type(value), "__getattr__", None)
+    if isinstance(value, (type, types.ModuleType)) or type(getattr_) is not types.FunctionType or \
+            getattr_ is torch.nn.Module.__getattr__:
+        return []  # a module's attributes Dynamo reads from its dict (`torch.ops` fills its own as namespaces load)
+    try:
+        own = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return []
+    if type(own) is not dict:
+        raise NotCheckable(f"{rec['source']}'s class has a __getattr__ and its __dict__ is a {type(own).__qualname__}")
+    return [{"kind": "keys", "source": f"object.__getattribute__({rec['source']}, '__dict__')",
+             "expect": [constant(k) for k in own]}]
+
 
 # Note [Environment variables are checked by name]
 # A trace that reads os.environ (transformers reads TRANSFORMERS_SDPA_FORCE_GQA in every SDPA call)

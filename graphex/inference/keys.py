@@ -65,9 +65,10 @@ def versions() -> dict[str, Any]:
     from graphex import _C
 
     from .entry import FORMAT_VERSION
+    from .guard_records import GUARD_FORMAT
 
     return {"graphex": graphex.__version__, "torch": torch.__version__, "python": sys.version,
-            "spec_format": int(_C.SPEC_FORMAT_VERSION), "cache_format": FORMAT_VERSION}
+            "spec_format": int(_C.SPEC_FORMAT_VERSION), "cache_format": FORMAT_VERSION, "guard_format": GUARD_FORMAT}
 
 
 def function_identity(func: Any) -> dict[str, Any]:

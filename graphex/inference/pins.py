@@ -12,7 +12,7 @@ import torch
 
 from . import lookups
 from .guard_sources import Path, parse_source, resolve
-from .fingerprints import _IMMUTABLE_TYPE, _class_digest, _is_mutable_class
+from .fingerprints import _IMMUTABLE_TYPE, _class_digest, _is_mutable_class, _unpatched
 
 
 # Note [A slot or a list is watched by what it points to] (csrc/python/state_watch.cpp): the attributes StateWatch
@@ -22,6 +22,8 @@ SLOT_KINDS: dict[type, dict[str, int]] = {
     types.FunctionType: {"__defaults__": 1, "__kwdefaults__": 2, "__name__": 3, "__qualname__": 4},
     type: {"__mro__": 5, "__name__": 6, "__qualname__": 7},  # a class's; the names of a heap class only
     property: {"fget": 8, "fset": 9, "fdel": 10},  # exactly a property's: `property.__init__` can replace them
+    classmethod: {"__func__": 11},  # exactly a classmethod's: `classmethod.__init__` can replace it
+    staticmethod: {"__func__": 12},
 }
 _READ_ONLY_FUNCTION_ATTRS = ("__closure__", "__globals__", "__builtins__")  # a function keeps these for its life
 # type's data descriptors this file reads as a class's own dict: `__module__` is that dict's value for a heap class
@@ -98,6 +100,10 @@ class _Pins:
         # Note [A transformers config's attribute is read as object's]: what each full check proves again, and where
         self.premises: dict[Path, lookups.Premise] = {}
         self._pinned: dict[Path, bool] = {}
+        self._classes: set[int] = set()  # the classes _watch_class watches already
+        # Note [A class is watched by everything its digest reads]: the functions watched are those these classes held
+        # at bind; a full check that finds others there asks for a new bind
+        self.classes: list[type] = []
 
     # lookups.Watcher: what a proof of another class's lookup asks to be watched
     def watch(self, d: Any) -> bool:
@@ -206,15 +212,20 @@ class _Pins:
         return False
 
     def _watch_class(self, cls: type) -> None:
-        """The dicts of cls's MRO, and which MRO it has: `__bases__` assigned anywhere above gives cls a new MRO tuple
-        and leaves every dict as it was (found by a helper: a class attribute read through a rebased class)."""
-        if not cls.__flags__ & _IMMUTABLE_TYPE:
-            self._watch_slot(cls, SLOT_KINDS[type]["__mro__"])
-        for c in cls.__mro__:
-            if not c.__flags__ & _IMMUTABLE_TYPE:
-                real = _type_dict(c)
-                if real is not None:
-                    self.dicts[id(real)] = real
+        """What cls's digest reads (Note [A class is watched by everything its digest reads]): the dicts of its MRO,
+        which MRO it has (`__bases__` assigned anywhere above gives cls a new MRO tuple and leaves every dict as it
+        was: found by a helper), and the functions those dicts hold."""
+        if id(cls) in self._classes:
+            return
+        self._classes.add(id(cls))
+        self.classes.append(cls)
+        dicts, functions, slots = class_watch(cls)
+        for d in dicts:
+            self.dicts[id(d)] = d
+        for f in functions:
+            self.functions[id(f)] = f
+        for owner, kind in slots:
+            self._watch_slot(owner, kind)
 
     def pinned(self, path: Path, locals_: dict[str, Any], globals_: dict[str, Any]) -> bool:
         if path in self._pinned:
@@ -277,6 +288,13 @@ class _Pins:
                 self.objects[id(base)] = base  # object's own `__class__`: the type, watched as a `type` step is
                 return True
             return self._in_own_dict(base, name, path[:-1])
+        if step[0] == "object_attr" and step[1] == "__dict__":  # the instance dict itself, watched with its owner
+            own = resolve(path, locals_, globals_)
+            if not lookups.dict_is_the_instance_dict(type(base)) or type(own) is not dict:
+                return False
+            self.objects[id(base)] = base
+            self._watch_class(type(base))
+            return self._watch_own(base, own)
         if step[0] == "object_attr":  # `object.__getattribute__(x, 'name')`: object's lookup, whatever x's class has
             return self._in_own_dict(base, step[1], generic=True)
         if step[0] == "key" and isinstance(base, collections.OrderedDict):
@@ -325,6 +343,9 @@ class _Pins:
             return isinstance(own, dict) and self._watch_own(value, own)
         if kind == "code" and type(value) is types.FunctionType:
             self.functions[id(value)] = value
+            return True
+        if kind == "class":  # Note [What Dynamo reads without a guard is recorded by graphex] (guard_records.py)
+            self._watch_class(value)
             return True
         if kind == "hasattr" and rec.get("expect") is True:  # torch 2.11: hasattr(layers, "__iter__") on a ModuleList
             return self._found_in_class(value, rec["arg"], path) or self._in_own_dict(value, rec["arg"], path)
@@ -438,17 +459,78 @@ def _returns_an_attribute(self: Any) -> Any:
     return self.name
 
 
+# Note [A class is watched by everything its digest reads]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A class's digest (Note [A user's class is fingerprinted by its contents], fingerprints.py) reads each class dict of
+# its MRO and, through them, each method's code, each classmethod's and staticmethod's function and its code, and each
+# property's getter and setter and their code. A dict's version sees an attribute assigned, not a method changed in
+# place: `C.m.__code__ = other.__code__` and `vars(C)["cm"].__init__(f)` leave every dict as it was, and the digest was
+# recomputed only when a dict changed, so the old method's result was replayed (found adversarially; Dynamo misses
+# both too). So whatever watches a class (the digest's check, _ClassUnchanged, and the fast path's watch, _Pins)
+# watches the same things, listed once here: the MRO's dicts, the MRO tuple, each function's code pointer, and which
+# function each exact classmethod, staticmethod and property holds. Those functions are the ones the class dicts held
+# when the watch was built: a full check that passes with others there (`C.m = g`, g with m's code: the digest is
+# equal) publishes no watch and asks for a new bind (Note [A watch is of the objects it was built from]), so g is
+# watched from then on (SameMembers). A class dict that changed in another way (Dynamo's compile of another function
+# writes its markers into classes) costs a full check, not a bind.
+def class_watch(cls: type) -> tuple[list[dict[Any, Any]], list[types.FunctionType], list[tuple[Any, int]]]:
+    """(dicts, functions, slots) for StateWatch: what `_class_digest(cls)` reads."""
+    dicts: list[dict[Any, Any]] = []
+    functions: list[types.FunctionType] = []
+    slots: list[tuple[Any, int]] = [] if cls.__flags__ & _IMMUTABLE_TYPE else [(cls, SLOT_KINDS[type]["__mro__"])]
+    for c in cls.__mro__:
+        if c.__flags__ & _IMMUTABLE_TYPE or (d := _type_dict(c)) is None:
+            continue
+        dicts.append(d)
+        _body_watch(d, functions, slots)
+    return dicts, functions, slots
+
+
+def _body_watch(d: dict[Any, Any], functions: list[types.FunctionType], slots: list[tuple[Any, int]]) -> None:
+    """Adds what one class dict holds that StateWatch watches beyond the dict: functions and descriptors' slots."""
+    for value in d.values():
+        kind = type(value)
+        if kind in (classmethod, staticmethod):
+            slots.append((value, SLOT_KINDS[kind]["__func__"]))
+            value = value.__func__
+        elif kind is property:
+            slots += [(value, SLOT_KINDS[property]["fget"]), (value, SLOT_KINDS[property]["fset"])]
+            functions += [f for f in (value.fget, value.fset) if type(f) is types.FunctionType]
+            continue
+        value = _unpatched(value)  # Dynamo's wrapper of nn.Module.__init__: the digest reads the original too
+        if type(value) is types.FunctionType:
+            functions.append(value)
+
+
+class SameMembers:
+    """Whether the classes hold the functions and descriptors they held when this was made (by identity: the watch
+    that was built from them holds them alive)."""
+
+    def __init__(self, classes: list[type]) -> None:
+        self.dicts = list({id(d): d for cls in classes for d in class_watch(cls)[0]}.values())  # each class dict once
+        self.members = self._members()
+
+    def _members(self) -> list[int]:
+        functions: list[types.FunctionType] = []
+        slots: list[tuple[Any, int]] = []
+        for d in self.dicts:
+            _body_watch(d, functions, slots)
+        return [id(f) for f in functions] + [id(o) for o, _ in slots]
+
+    def __call__(self) -> bool:
+        return self._members() == self.members
+
+
 class _ClassUnchanged:
-    """A user's class still has the contents it was traced with: its digest, recomputed only when one of its
-    MRO's dicts changed (a method assigned to the class after the first call is seen)."""
+    """A user's class still has the contents it was traced with: its digest, recomputed only when something it reads
+    changed (Note [A class is watched by everything its digest reads])."""
 
     def __init__(self, cls: type, digest: str) -> None:
         from .. import _C
 
         self.cls, self.digest = cls, digest
-        dicts = [d for c in cls.__mro__ if not c.__flags__ & _IMMUTABLE_TYPE if (d := _type_dict(c)) is not None]
-        mro = [] if cls.__flags__ & _IMMUTABLE_TYPE else [(cls, SLOT_KINDS[type]["__mro__"])]  # `__bases__` assigned
-        self.watch = _C.StateWatch(dicts, [], slots=mro)
+        dicts, functions, slots = class_watch(cls)
+        self.watch = _C.StateWatch(dicts, [], functions, slots=slots)
         self.watch.snapshot()
 
     def __call__(self) -> bool:

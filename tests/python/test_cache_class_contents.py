@@ -1,0 +1,193 @@
+"""cache_compile sees a class change what it holds, however it changes (Note [What Dynamo reads without a guard is
+recorded by graphex], graphex/inference/guard_records.py; Note [A class is watched by everything its digest reads],
+graphex/inference/pins.py). Each case mutates a class (or an object whose class has a `__getattr__`) after one call
+(the next call runs the full check) or after three (the fast path's watch answers), and compares with eager. All of
+them replayed the old result before; most do under `torch.compile(backend="eager")` too (torch 2.13)."""
+
+from __future__ import annotations
+
+import torch
+import pytest
+
+import graphex
+
+
+def _same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+class _Base:
+    def m(self, y):
+        return y + 1
+
+    @classmethod
+    def cm(cls, y):
+        return y + 2
+
+    @staticmethod
+    def sm(y):
+        return y + 3
+
+    @property
+    def p(self):
+        return 2.0
+
+
+def _classes():
+    """A fresh base and subclass per case (the cases mutate them)."""
+    base = type("Base", (_Base,), {"m": _Base.m, "cm": classmethod(_Base.cm.__func__),
+                                   "sm": staticmethod(_Base.sm), "p": property(_Base.p.fget), "v": 2.0})
+    return base, type("Sub", (base,), {})
+
+
+def _calls_m(x, o):
+    return o.m(x)
+
+
+def _calls_cm(x, o):
+    return o.cm(x)
+
+
+def _calls_sm(x, o):
+    return o.sm(x)
+
+
+def _reads_p(x, o):
+    return x * o.p
+
+
+def _reads_v(x, k):
+    return x * k.v
+
+
+def _is_sub(x, o):
+    return x + 1 if isinstance(o, _GLOBAL["Sub"]) else x - 1
+
+
+_GLOBAL: dict[str, type] = {}
+
+
+def _global_cm(x, _):
+    return _GLOBAL["Sub"].cm(x)
+
+
+def _times(k):
+    return lambda *args: args[-1] * k
+
+
+# name -> (function, what it is passed: "instance" or "class", the mutation (base, sub))
+CASES = {
+    "method_code_replaced": (_calls_m, "instance",
+                             lambda b, s: setattr(b.m, "__code__", (lambda self, y: y * 9).__code__)),
+    "classmethod_reinit": (_calls_cm, "instance", lambda b, s: vars(b)["cm"].__init__(lambda cls, y: y * 9)),
+    "staticmethod_reinit": (_calls_sm, "instance", lambda b, s: vars(b)["sm"].__init__(lambda y: y * 9)),
+    "property_reinit": (_reads_p, "instance", lambda b, s: vars(b)["p"].__init__(lambda self: 9.0)),
+    "class_arg_own_classmethod_assigned": (_calls_cm, "class", lambda b, s: setattr(s, "cm", classmethod(_times(9)))),
+    "class_arg_base_classmethod_assigned": (_calls_cm, "class", lambda b, s: setattr(b, "cm", classmethod(_times(7)))),
+    "class_arg_base_classmethod_reinit": (_calls_cm, "class", lambda b, s: vars(b)["cm"].__init__(lambda c, y: y * 9)),
+    "class_arg_method_code_replaced": (lambda x, k: k.m(k, x), "class",
+                                       lambda b, s: setattr(b.m, "__code__", (lambda self, y: y * 9).__code__)),
+    "class_arg_value_assigned_to_base": (_reads_v, "class", lambda b, s: setattr(b, "v", 5.0)),
+    "class_arg_value_shadowed_in_sub": (_reads_v, "class", lambda b, s: setattr(s, "v", 5.0)),
+    "global_class_classmethod_assigned": (_global_cm, "none", lambda b, s: setattr(s, "cm", classmethod(_times(9)))),
+}
+
+
+@pytest.mark.parametrize("calls_before", [1, 3], ids=["full_check", "fast_path"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_class_changed_after_the_trace_is_seen(tmp_path, case, calls_before):
+    fn_, passed, mutate = CASES[case]
+    base, sub = _classes()
+    _GLOBAL["Sub"] = sub
+    arg = sub() if passed == "instance" else sub if passed == "class" else None
+    fn = graphex.inference.cache_compile(fn_, cache_dir=str(tmp_path))
+    x = torch.tensor([1.0, 2.0])
+    with torch.no_grad():
+        for _ in range(calls_before):
+            assert _same(fn(x, arg), fn_(x, arg))
+        mutate(base, sub)
+        want = fn_(x, arg)
+        for _ in range(3):
+            assert _same(fn(x, arg), want), case
+
+
+def test_a_method_replaced_by_one_with_the_same_code_is_watched_from_then_on(tmp_path):
+    """`C.m = g` with g a copy of m (the same code: the digest is equal, the call hits) and then `g.__code__ = ...`:
+    the watch built before the assignment watched m's code, not g's; the full check that passed after the assignment
+    asks for a new bind, which watches g (Note [A class is watched by everything its digest reads])."""
+    import types
+
+    base, sub = _classes()
+    fn = graphex.inference.cache_compile(_calls_m, cache_dir=str(tmp_path))
+    x, o = torch.tensor([1.0, 2.0]), sub()
+    with torch.no_grad():
+        for _ in range(3):
+            assert _same(fn(x, o), _calls_m(x, o))
+        m = vars(base)["m"]
+        base.m = types.FunctionType(m.__code__, m.__globals__, m.__name__, m.__defaults__, m.__closure__)
+        base.m.__qualname__ = m.__qualname__
+        for _ in range(3):
+            assert _same(fn(x, o), _calls_m(x, o))
+        base.m.__code__ = (lambda self, y: y * 9).__code__
+        for _ in range(3):
+            assert _same(fn(x, o), _calls_m(x, o))
+
+
+def test_isinstance_of_a_class_whose_bases_change_is_seen(tmp_path):
+    base, sub = _classes()
+    _GLOBAL["Sub"] = sub
+    other = type("Other", (), {})
+    fn = graphex.inference.cache_compile(_is_sub, cache_dir=str(tmp_path))
+    x, o = torch.tensor([1.0, 2.0]), sub()
+    with torch.no_grad():
+        for _ in range(3):
+            assert _same(fn(x, o), _is_sub(x, o))
+        o.__class__ = other
+        for _ in range(3):
+            assert _same(fn(x, o), _is_sub(x, o))
+
+
+class _Delegates:
+    def __init__(self):
+        self.store = {"a": 2.0}
+
+    def __getattr__(self, name):
+        return self.store[name]
+
+
+def _reads_a(x, o):
+    return x * o.a
+
+
+@pytest.mark.parametrize("calls_before", [1, 3], ids=["full_check", "fast_path"])
+def test_an_attribute_that_now_shadows_getattr_is_seen(tmp_path, calls_before):
+    """`o.a` found by the class's `__getattr__`, then `o.a = 3.0` set on the instance: eager reads the instance's
+    value, and Dynamo's guards do not see the new key (its own replay gives the old one too)."""
+    fn = graphex.inference.cache_compile(_reads_a, cache_dir=str(tmp_path))
+    x, o = torch.tensor([1.0, 2.0]), _Delegates()
+    with torch.no_grad():
+        for _ in range(calls_before):
+            assert _same(fn(x, o), _reads_a(x, o))
+        o.a = 3.0
+        for _ in range(3):
+            assert _same(fn(x, o), _reads_a(x, o))
+        del o.a
+        for _ in range(3):
+            assert _same(fn(x, o), _reads_a(x, o))
+
+
+def test_an_unchanged_class_keeps_the_fast_path(tmp_path):
+    """The new checks cost no recompile and keep the watch on: a class passed in and an object with a `__getattr__`,
+    called many times unchanged, hit the entry the first call wrote and run the fast path."""
+    base, sub = _classes()
+    fn = graphex.inference.cache_compile(_calls_cm, cache_dir=str(tmp_path))
+    fn2 = graphex.inference.cache_compile(_reads_a, cache_dir=str(tmp_path))
+    x, o = torch.tensor([1.0, 2.0]), _Delegates()
+    with torch.no_grad():
+        for _ in range(5):
+            fn(x, sub)
+            fn2(x, o)
+    for f in (fn, fn2):
+        entries = [e for es in f._by_call.values() for e in es]
+        assert len(entries) == 1
+        assert entries[0].guard_set.watch.unchanged()
