@@ -120,9 +120,10 @@ bool slotFits(PyObject* object, int kind) {
       return PyType_Check(object) && PyType_HasFeature(reinterpret_cast<PyTypeObject*>(object), Py_TPFLAGS_HEAPTYPE);
     case StateWatch::kPropertyGet:
     case StateWatch::kPropertySet:
-    case StateWatch::kPropertyDel: return Py_IS_TYPE(object, &PyProperty_Type);  // exactly a property: its layout
-    case StateWatch::kClassMethodFunc: return Py_IS_TYPE(object, &PyClassMethod_Type);
-    case StateWatch::kStaticMethodFunc: return Py_IS_TYPE(object, &PyStaticMethod_Type);
+    // a subclass's instance begins with its base's layout (CPython lays a subclass's fields after its base's)
+    case StateWatch::kPropertyDel: return PyObject_TypeCheck(object, &PyProperty_Type);
+    case StateWatch::kClassMethodFunc: return PyObject_TypeCheck(object, &PyClassMethod_Type);
+    case StateWatch::kStaticMethodFunc: return PyObject_TypeCheck(object, &PyStaticMethod_Type);
     default: return false;
   }
 }

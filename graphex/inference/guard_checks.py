@@ -13,7 +13,7 @@ import torch.utils._device  # read by the default-device guard; imported by Dyna
 
 from .guard_sources import NotCheckable, Path, parse_source, resolve
 from .fingerprints import _global_state, _saved_tensors_hooks, float_key, from_constant, identity, type_name
-from .guard_records import _attr_name, _find_by_identity, _tensor_meta
+from .guard_records import _attr_name, _find_by_identity, _tensor_meta, class_fingerprint
 from .pins import _ClassUnchanged
 
 
@@ -45,10 +45,14 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
             return "", f"built for {_show(expect)}, now {_show(now)}"
         return f"{v} is {_hold(held, value)}", None
     if kind == "class":  # Note [What Dynamo reads without a guard is recorded by graphex]
-        if not isinstance(value, type) or type_name(value) != expect:
+        if not isinstance(value, type) or class_fingerprint(value) != expect:
             return "", f"class {'.'.join(expect[:2])} holds other methods or class attributes now (Note [A user's " \
                        "class is fingerprinted by its contents])"
-        return f"{_hold(held, _ClassUnchanged(value, expect[2]))}()", None
+        cond = f"{_hold(held, _ClassUnchanged(value, expect[2]))}()"
+        if len(expect) > 3:  # its metaclass: the same one (`cls.__class__ = Meta2`), with the same contents
+            meta = type(value)
+            cond += f" and type({v}) is {_hold(held, meta)} and {_hold(held, _ClassUnchanged(meta, expect[3][2]))}()"
+        return cond, None
     if kind == "code":
         code = getattr(value, "__code__", None)
         if not isinstance(code, types.CodeType) or identity(code) != expect:

@@ -86,11 +86,20 @@ def record(entries: list[Any], *, input_sources: set[str], locals_: dict[str, An
 #   a Python module excepted (Dynamo reads a module's attributes from its dict; `torch.ops`, a module whose class has
 #   a `__getattr__`, adds a key for each op namespace as it loads, so its keys differ between processes). Which names
 #   went through `__getattr__` the guards do not say, so any key added or removed is a miss.
+#   A class a function closes over (`def make(C): def f(x): return C.act(x)`) is read with no guard either: each
+#   closure cell of a function the records name (the compiled function, a helper it calls) that holds a class of
+#   Python's gets a "class" record too.
 def _what_dynamo_leaves_unguarded(rec: dict[str, Any] | None, value: Any) -> list[dict[str, Any]]:
-    if rec is None or rec["kind"] not in ("id", "type"):
+    if rec is None or rec["kind"] not in ("id", "type", "code"):
+        return []
+    if rec["kind"] in ("id", "code") and type(value) is types.FunctionType:
+        return [{"kind": "class", "source": f"{rec['source']}.__closure__[{i}].cell_contents",
+                 "expect": class_fingerprint(cell.cell_contents)}
+                for i, cell in enumerate(value.__closure__ or ()) if _is_a_mutable_class(cell)]
+    if rec["kind"] == "code":
         return []
     if rec["kind"] == "id" and isinstance(value, type) and _is_mutable_class(value):
-        return [{"kind": "class", "source": rec["source"], "expect": type_name(value)}]
+        return [{"kind": "class", "source": rec["source"], "expect": class_fingerprint(value)}]
     getattr_ = getattr(type(value), "__getattr__", None)
     if isinstance(value, (type, types.ModuleType)) or type(getattr_) is not types.FunctionType or \
             getattr_ is torch.nn.Module.__getattr__:
@@ -103,6 +112,22 @@ def _what_dynamo_leaves_unguarded(rec: dict[str, Any] | None, value: Any) -> lis
         raise NotCheckable(f"{rec['source']}'s class has a __getattr__ and its __dict__ is a {type(own).__qualname__}")
     return [{"kind": "keys", "source": f"object.__getattribute__({rec['source']}, '__dict__')",
              "expect": [constant(k) for k in own]}]
+
+
+def _is_a_mutable_class(cell: types.CellType) -> bool:
+    try:
+        contents = cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return isinstance(contents, type) and _is_mutable_class(contents)
+
+
+def class_fingerprint(cls: type) -> list[Any]:
+    """A class of Python's compared by identity, by what it holds (a "class" record): its name and contents' digest,
+    and its metaclass's when that is Python's too (a class's attribute lookup reads its metaclass's MRO as well:
+    `Meta.k`, `Meta.__getattr__`, `Meta.__instancecheck__`; found by a helper)."""
+    meta = type(cls)
+    return type_name(cls) + ([type_name(meta)] if _is_mutable_class(meta) else [])
 
 
 # Note [Environment variables are checked by name]

@@ -21,8 +21,8 @@ SLOT_KINDS: dict[type, dict[str, int]] = {
     types.CellType: {"cell_contents": 0},
     types.FunctionType: {"__defaults__": 1, "__kwdefaults__": 2, "__name__": 3, "__qualname__": 4},
     type: {"__mro__": 5, "__name__": 6, "__qualname__": 7},  # a class's; the names of a heap class only
-    property: {"fget": 8, "fset": 9, "fdel": 10},  # exactly a property's: `property.__init__` can replace them
-    classmethod: {"__func__": 11},  # exactly a classmethod's: `classmethod.__init__` can replace it
+    property: {"fget": 8, "fset": 9, "fdel": 10},  # a property's (a subclass's too): `property.__init__` replaces them
+    classmethod: {"__func__": 11},  # a classmethod's (a subclass's too): `__init__` replaces it
     staticmethod: {"__func__": 12},
 }
 _READ_ONLY_FUNCTION_ATTRS = ("__closure__", "__globals__", "__builtins__")  # a function keeps these for its life
@@ -346,6 +346,9 @@ class _Pins:
             return True
         if kind == "class":  # Note [What Dynamo reads without a guard is recorded by graphex] (guard_records.py)
             self._watch_class(value)
+            self.objects[id(value)] = value  # its metaclass stays
+            if _is_mutable_class(type(value)):
+                self._watch_class(type(value))
             return True
         if kind == "hasattr" and rec.get("expect") is True:  # torch 2.11: hasattr(layers, "__iter__") on a ModuleList
             return self._found_in_class(value, rec["arg"], path) or self._in_own_dict(value, rec["arg"], path)
@@ -489,7 +492,8 @@ def class_watch(cls: type) -> tuple[list[dict[Any, Any]], list[types.FunctionTyp
 def _body_watch(d: dict[Any, Any], functions: list[types.FunctionType], slots: list[tuple[Any, int]]) -> None:
     """Adds what one class dict holds that StateWatch watches beyond the dict: functions and descriptors' slots."""
     for value in d.values():
-        kind = type(value)
+        kind = classmethod if isinstance(value, classmethod) else staticmethod if isinstance(value, staticmethod) \
+            else property if isinstance(value, property) else None  # their subclasses too: the same head
         if kind in (classmethod, staticmethod):
             slots.append((value, SLOT_KINDS[kind]["__func__"]))
             value = value.__func__

@@ -191,3 +191,66 @@ def test_an_unchanged_class_keeps_the_fast_path(tmp_path):
         entries = [e for es in f._by_call.values() for e in es]
         assert len(entries) == 1
         assert entries[0].guard_set.watch.unchanged()
+
+
+class _Meta(type):
+    k = 2.0
+
+    def scale(cls):
+        return 2.0
+
+
+class _MyClassMethod(classmethod):
+    pass
+
+
+def _metaclass_cases():
+    meta = type("Meta", (_Meta,), {"k": 2.0, "scale": _Meta.scale})
+    k = meta("K", (), {"cm": _MyClassMethod(lambda cls, y: y + 2)})
+    return meta, k
+
+
+def _reads_meta_k(x, k):
+    return x * k.k
+
+
+def _calls_meta_scale(x, k):
+    return x * k.scale()
+
+
+def _make_closure(cls):
+    def closes_over(x, _):
+        return cls.cm(x)
+
+    return closes_over
+
+
+# name -> (function of (x, K) or a maker of one from K, the mutation (meta, K)); found by a helper
+OTHER_CASES = {
+    "metaclass_attribute_assigned": (_reads_meta_k, lambda meta, k: setattr(meta, "k", 5.0)),
+    "metaclass_method_assigned": (_calls_meta_scale, lambda meta, k: setattr(meta, "scale", lambda cls: 7.0)),
+    "metaclass_method_code_replaced": (_calls_meta_scale,
+                                       lambda meta, k: setattr(meta.scale, "__code__", (lambda cls: 7.0).__code__)),
+    "classmethod_subclass_reinit": (_calls_cm, lambda meta, k: vars(k)["cm"].__init__(lambda cls, y: y * 9)),
+    "classmethod_subclass_code_replaced": (
+        _calls_cm, lambda meta, k: setattr(vars(k)["cm"].__func__, "__code__", (lambda cls, y: y * 9).__code__)),
+    "closure_class_classmethod_assigned": (_make_closure, lambda meta, k: setattr(k, "cm", classmethod(_times(9)))),
+}
+
+
+@pytest.mark.parametrize("calls_before", [1, 3], ids=["full_check", "fast_path"])
+@pytest.mark.parametrize("case", sorted(OTHER_CASES))
+def test_a_metaclass_a_classmethod_subclass_and_a_closure_held_class_are_seen(tmp_path, case, calls_before):
+    fn_, mutate = OTHER_CASES[case]
+    meta, k = _metaclass_cases()
+    if fn_ is _make_closure:
+        fn_ = _make_closure(k)
+    fn = graphex.inference.cache_compile(fn_, cache_dir=str(tmp_path))
+    x = torch.tensor([1.0, 2.0])
+    with torch.no_grad():
+        for _ in range(calls_before):
+            assert _same(fn(x, k), fn_(x, k))
+        mutate(meta, k)
+        want = fn_(x, k)
+        for _ in range(3):
+            assert _same(fn(x, k), want), case
