@@ -177,6 +177,8 @@ bool StateWatch::unchanged() const {
   // at once, so that their misses overlap instead of each waiting for the one before.
   for (const Dict& d : dicts_) __builtin_prefetch(d.dict);
   for (const Object& o : objects_) __builtin_prefetch(o.object);
+  for (const Function& f : functions_)  // the code pointer's own line: an object may start late in a line
+    __builtin_prefetch(&reinterpret_cast<PyFunctionObject*>(f.function)->func_code);
   for (const Owner& o : owners_) __builtin_prefetch(o.owner);
   for (const Slot& s : slots_) __builtin_prefetch(s.object);
   for (const List& l : lists_) __builtin_prefetch(l.list);
@@ -274,6 +276,7 @@ void registerStateWatch(py::module_& m) {
       .def_property_readonly("num_dicts", [](const StateWatch& w) { return w.numDicts(); })
       .def_property_readonly("num_objects", [](const StateWatch& w) { return w.numObjects(); })
       .def_property_readonly("num_slots", [](const StateWatch& w) { return w.numSlots(); })
+      .def_property_readonly("num_functions", [](const StateWatch& w) { return w.numFunctions(); })
       .def_property_readonly("num_lists", [](const StateWatch& w) { return w.numLists(); })
       .def_static("supported", [] { return kHasDictVersion; });
 }

@@ -54,6 +54,7 @@ class StateWatch {
   size_t numDicts() const { return dicts_.size(); }
   size_t numObjects() const { return objects_.size(); }
   size_t numSlots() const { return slots_.size(); }
+  size_t numFunctions() const { return functions_.size(); }
   size_t numLists() const { return lists_.size(); }
 
  private:

@@ -215,7 +215,7 @@ def _reads_meta_k(x, k):
 
 
 def _calls_meta_scale(x, k):
-    return x * k.scale()
+    return x * type(k).scale(k)  # `k.scale()`: Dynamo 2.11 cannot bind a metaclass method's arguments (Unsupported)
 
 
 def _make_closure(cls):
