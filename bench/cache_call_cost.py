@@ -20,13 +20,14 @@ what cache_compile adds after a real step, through its fast path and through its
 import argparse
 import contextlib
 import statistics
-import tempfile
 import time
 
 import torch
 
 import graphex
 from examples.models.decoder import build_decoder
+
+from .measure import scratch_dir
 
 
 def per_call_us(fn, calls=2000):
@@ -96,7 +97,7 @@ def _workload(case: str) -> tuple[object, list[object], dict[str, object], objec
 def _measure(rounds: int, calls: int, case: str) -> tuple[dict[str, float], int, int]:
     forward, args, kwargs, before = _workload(case)
     flat = [*args, *kwargs.values()]  # every argument a leaf: the call flattens to them
-    cached = graphex.inference.cache_compile(forward, cache_dir=tempfile.mkdtemp(prefix="graphex-cost-"))
+    cached = graphex.inference.cache_compile(forward, cache_dir=scratch_dir("graphex-cost-"))
 
     def call():
         before()
