@@ -34,6 +34,12 @@
 // its owner, and `unchanged()` also asks that each owner's __dict__ is still that dict (found by a helper: the
 // replaced config's old value was replayed on every call).
 //
+// Note [A counter is watched by its value]
+// Some state has neither a version tag nor one pointer to compare, only a counter its module bumps on every change:
+// `abc.get_cache_token()` changes whenever any class is registered with any ABC (`Base.register(T)` makes
+// `isinstance(t, Base)` true, and no dict changes). Such a counter is a builtin StateWatch calls (C, no Python frame)
+// and compares by value.
+//
 // PEP 509's tag is deprecated from Python 3.12 (PEP 699) but still maintained through 3.13;
 // `supported()` says whether this interpreter has it, and without it every call runs the full
 // check (slower, never stale).
@@ -128,12 +134,35 @@ bool slotFits(PyObject* object, int kind) {
   }
 }
 
+// A counter's value now (Note [A counter is watched by its value]); -2 when reading it failed (never a snapshot's).
+long long readCounter(PyObject* read) {
+  PyObject* r = PyObject_CallNoArgs(read);
+  if (r == nullptr) {
+    PyErr_Clear();
+    return -2;
+  }
+  long long v = PyLong_Check(r) ? PyLong_AsLongLong(r) : -2;
+  Py_DECREF(r);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return -2;
+  }
+  return v;
+}
+
 }  // namespace
 
 StateWatch::StateWatch(const std::vector<py::object>& dicts, const std::vector<py::object>& objects,
                        const std::vector<py::object>& functions,
                        const std::vector<std::pair<py::object, py::object>>& owners,
-                       const std::vector<std::pair<py::object, int>>& slots, const std::vector<py::object>& lists) {
+                       const std::vector<std::pair<py::object, int>>& slots, const std::vector<py::object>& lists,
+                       const std::vector<py::object>& counters) {
+  for (const py::object& c : counters) {
+    if (!PyCFunction_Check(c.ptr()))
+      throw py::type_error("graphex: StateWatch: a counter is read by a builtin function");
+    held_.push_back(c);
+    counters_.push_back({c.ptr(), -1});
+  }
   for (const auto& [object, kind] : slots) {
     if (!slotFits(object.ptr(), kind))
       throw py::type_error("graphex: StateWatch: slot kind " + std::to_string(kind) + " does not read a " +
@@ -207,10 +236,13 @@ bool StateWatch::unchanged() const {
     PyObject** items = reinterpret_cast<PyListObject*>(l.list)->ob_item;
     if (l.size > 0 && std::memcmp(items, items_.data() + l.first, sizeof(PyObject*) * l.size) != 0) return false;
   }
+  for (const Counter& c : counters_)  // Note [A counter is watched by its value]
+    if (readCounter(c.read) != c.value) return false;
   return true;
 }
 
 void StateWatch::snapshot() {
+  for (Counter& c : counters_) c.value = readCounter(c.read);
   for (Dict& d : dicts_) d.version = dictVersion(d.dict);
   for (Object& o : objects_) o.type = Py_TYPE(o.object);
   for (Function& f : functions_) f.code = PyFunction_GET_CODE(f.function);
@@ -246,6 +278,7 @@ void StateWatch::clear() {
   objects_.clear();
   functions_.clear();
   owners_.clear();
+  counters_.clear();
   slots_.clear();
   lists_.clear();
   items_.clear();
@@ -265,11 +298,12 @@ void registerStateWatch(py::module_& m) {
                          py::custom_type_setup(takesPartInGc<StateWatch>))
       .def(py::init<const std::vector<py::object>&, const std::vector<py::object>&, const std::vector<py::object>&,
                     const std::vector<std::pair<py::object, py::object>>&,
-                    const std::vector<std::pair<py::object, int>>&, const std::vector<py::object>&>(),
+                    const std::vector<std::pair<py::object, int>>&, const std::vector<py::object>&,
+                    const std::vector<py::object>&>(),
            py::arg("dicts"), py::arg("objects"), py::arg("functions") = std::vector<py::object>{},
            py::arg("owners") = std::vector<std::pair<py::object, py::object>>{},
            py::arg("slots") = std::vector<std::pair<py::object, int>>{},
-           py::arg("lists") = std::vector<py::object>{})
+           py::arg("lists") = std::vector<py::object>{}, py::arg("counters") = std::vector<py::object>{})
       .def("unchanged", &StateWatch::unchanged)
       .def("snapshot", &StateWatch::snapshot)
       .def("invalidate", &StateWatch::invalidate)

@@ -21,7 +21,7 @@ class StateWatch {
              const std::vector<pybind11::object>& functions,
              const std::vector<std::pair<pybind11::object, pybind11::object>>& owners,
              const std::vector<std::pair<pybind11::object, int>>& slots = {},
-             const std::vector<pybind11::object>& lists = {});
+             const std::vector<pybind11::object>& lists = {}, const std::vector<pybind11::object>& counters = {});
 
   // The pointers an object holds that a slot watch compares (Note [A slot or a list is watched by what it points
   // to]); the numbers are graphex/inference/pins.py's SLOT_KINDS.
@@ -89,7 +89,12 @@ class StateWatch {
     size_t first;  // its items at the snapshot: items_[first, first + size)
     Py_ssize_t size;
   };
+  struct Counter {
+    PyObject* read;   // a builtin that returns an int (`abc.get_cache_token`): Note [A counter is watched by its value]
+    long long value;
+  };
   std::vector<Owner> owners_;
+  std::vector<Counter> counters_;
   std::vector<Slot> slots_;
   std::vector<List> lists_;
   std::vector<PyObject*> items_;

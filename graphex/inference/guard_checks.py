@@ -4,6 +4,7 @@ condition compares with is held in the function's `H` tuple (`_hold`), never wri
 
 from __future__ import annotations
 
+import abc
 import os
 import types
 from typing import Any, Callable
@@ -11,7 +12,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._device  # read by the default-device guard; imported by Dynamo, which a cache hit never imports
 
-from .guard_sources import NotCheckable, Path, parse_source, resolve
+from .guard_sources import NotCheckable, Path, _MISSING, parse_source, resolve
 from .fingerprints import _global_state, _saved_tensors_hooks, float_key, from_constant, identity, type_name
 from .guard_records import _attr_name, _find_by_identity, _tensor_meta, class_fingerprint
 from .pins import _ClassUnchanged
@@ -53,6 +54,17 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
             meta = type(value)
             cond += f" and type({v}) is {_hold(held, meta)} and {_hold(held, _ClassUnchanged(meta, expect[3][2]))}()"
         return cond, None
+    if kind == "abc":  # Note [An ABC's answers are recorded] (guard_records.py)
+        found = [resolve(parse_source(s), locals_, globals_) for s in rec["arg"]]
+        if not isinstance(value, abc.ABCMeta) or any(f is _MISSING for f in found):
+            return "", "is no ABC now, or an object it was asked about is gone"
+        types_ = [type(f) for f in found]
+        answers = [issubclass(t, value) for t in types_]
+        if answers != list(expect):
+            changed = [t.__qualname__ for t, a, e in zip(types_, answers, expect) if a != e]
+            return "", f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} a {value.__qualname__} now " \
+                       f"or no longer (registered with the ABC: Note [An ABC's answers are recorded])"
+        return f"{_hold(held, _AbcAnswers(value, types_, answers))}()", None
     if kind == "code":
         code = getattr(value, "__code__", None)
         if not isinstance(code, types.CodeType) or identity(code) != expect:
@@ -119,6 +131,23 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
             return "", "the tensor's type, dtype, device, shape, strides or requires_grad changed"
         return f"{_hold(held, _tensor_is(expect))}({v})", None
     raise NotCheckable(f"a guard record of kind {kind!r}")
+
+
+class _AbcAnswers:
+    """Note [An ABC's answers are recorded]: `issubclass(t, cls)` still gives `answers`; asked again only when a class
+    was registered with some ABC since (the ABCs' own caches are emptied by the same counter)."""
+
+    def __init__(self, cls: Any, types_: list[type], answers: list[bool]) -> None:
+        self.cls, self.types, self.answers, self.token = cls, types_, answers, abc.get_cache_token()
+
+    def __call__(self) -> bool:
+        token = abc.get_cache_token()
+        if token == self.token:
+            return True
+        if [issubclass(t, self.cls) for t in self.types] != self.answers:
+            return False
+        self.token = token
+        return True
 
 
 def _environ_is(want: dict[str, Any]) -> Callable[[], bool]:

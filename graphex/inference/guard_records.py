@@ -3,6 +3,7 @@ or makes the entry uncacheable, named (Note [cache_compile keys on what the trac
 
 from __future__ import annotations
 
+import abc
 import os
 import sys
 import types
@@ -14,7 +15,8 @@ from .guard_sources import NotCheckable, _MISSING, parse_source, resolve
 from .fingerprints import _global_state, _is_mutable_class, _saved_tensors_hooks, constant, identity, type_name
 
 
-GUARD_FORMAT = 2  # the record layout below; a new kind or field means a new number (2: "class", own-dict "keys")
+# the record layout below; a new kind or field means a new number (2: "class", own-dict "keys"; 3: "abc")
+GUARD_FORMAT = 3
 
 
 _STATE_KINDS = {"GLOBAL_STATE": "global_state", "TORCH_FUNCTION_STATE": "torch_function",
@@ -70,7 +72,7 @@ def record(entries: list[Any], *, input_sources: set[str], locals_: dict[str, An
                 out.append(r)
     if reads_environ:
         out.append(_environ_record(traced_code or []))
-    return out
+    return out + _abc_answers(out, locals_, globals_)
 
 # Note [What Dynamo reads without a guard is recorded by graphex]
 # Two reads Dynamo makes leave nothing its guards would see change (found adversarially; `torch.compile(backend=
@@ -112,6 +114,33 @@ def _what_dynamo_leaves_unguarded(rec: dict[str, Any] | None, value: Any) -> lis
         raise NotCheckable(f"{rec['source']}'s class has a __getattr__ and its __dict__ is a {type(own).__qualname__}")
     return [{"kind": "keys", "source": f"object.__getattribute__({rec['source']}, '__dict__')",
              "expect": [constant(k) for k in own]}]
+
+
+# Note [An ABC's answers are recorded]
+# `isinstance(x, Base)` with Base an ABC (`collections.abc.Mapping`, transformers' CacheLayerMixin) is answered by
+# Base's registry too, and `Base.register(T)` changes the answer without changing any class (found by a helper: the
+# old answer was replayed, in the process and in a fresh one that registered at import). Which objects the trace
+# asked about the guards do not say, but each is an object whose type a "type" record checks; so for each ABC a
+# "class" record names, an "abc" record keeps `issubclass(T, Base)` for every such type T. Checked on load, and in
+# the process whenever `abc.get_cache_token()` moved (any registration anywhere bumps it): the watch compares that
+# counter (Note [A counter is watched by its value], csrc/python/state_watch.cpp).
+def _abc_answers(out: list[dict[str, Any]], locals_: dict[str, Any], globals_: dict[str, Any]) -> list[dict[str, Any]]:
+    abcs = [r["source"] for r in out
+            if r["kind"] == "class" and isinstance(resolve(parse_source(r["source"]), locals_, globals_), abc.ABCMeta)]
+    if not abcs:
+        return []
+    types_: dict[type, str] = {}  # each type once, at the first source a "type" record checks it
+    for r in out:
+        if r["kind"] == "type":
+            value = resolve(parse_source(r["source"]), locals_, globals_)
+            if value is not _MISSING:
+                types_.setdefault(type(value), r["source"])
+    records = []
+    for source in abcs:
+        base = resolve(parse_source(source), locals_, globals_)
+        records.append({"kind": "abc", "source": source, "arg": list(types_.values()),
+                        "expect": [issubclass(t, base) for t in types_]})
+    return records
 
 
 def _is_a_mutable_class(cell: types.CellType) -> bool:

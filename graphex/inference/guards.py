@@ -203,7 +203,8 @@ class GuardSet:
         if pins.classes:  # Note [A class is watched by everything its digest reads] (pins.py)
             full.lines.append(f"if not {_hold(held, SameMembers(pins.classes))}(): fresh = False")
         watched = (list(pins.dicts.values()), list(pins.objects.values()), list(pins.functions.values()),
-                   list(pins.owners.values()), list(pins.slots.values()), list(pins.lists.values()))
+                   list(pins.owners.values()), list(pins.slots.values()), list(pins.lists.values()),
+                   list(pins.counters.values()))
         watch = _C.StateWatch(*watched)  # never snapshotted: the first call takes the full path
         # Note [One function checks the guards and binds the inputs]: P[0] is (watch, parameters) published as
         # one tuple after a full check that ran after the watch's snapshot, so a call on another thread sees

@@ -3,6 +3,7 @@ pinned by dicts that cannot change unseen, and a user's class checked by the dig
 
 from __future__ import annotations
 
+import abc
 import collections
 import enum
 import types
@@ -95,6 +96,7 @@ class _Pins:
         self.owners: dict[int, tuple[Any, dict[Any, Any]]] = {}  # Note [A watched dict must stay its object's dict]
         self.slots: dict[tuple[int, int], tuple[Any, int]] = {}  # Note [A slot or a list is watched by what it ...]
         self.lists: dict[int, list[Any]] = {}
+        self.counters: dict[int, Any] = {}  # Note [A counter is watched by its value] (csrc/python/state_watch.cpp)
         # Note [A watch is of the objects it was built from]: each pinned path's object, as bind found it
         self.anchors: dict[Path, Any] = {}
         # Note [A transformers config's attribute is read as object's]: what each full check proves again, and where
@@ -343,6 +345,9 @@ class _Pins:
             return isinstance(own, dict) and self._watch_own(value, own)
         if kind == "code" and type(value) is types.FunctionType:
             self.functions[id(value)] = value
+            return True
+        if kind == "abc":  # Note [An ABC's answers are recorded]: the answers hold while no class is registered
+            self.counters[id(abc.get_cache_token)] = abc.get_cache_token
             return True
         if kind == "class":  # Note [What Dynamo reads without a guard is recorded by graphex] (guard_records.py)
             self._watch_class(value)

@@ -254,3 +254,34 @@ def test_a_metaclass_a_classmethod_subclass_and_a_closure_held_class_are_seen(tm
         want = fn_(x, k)
         for _ in range(3):
             assert _same(fn(x, k), want), case
+
+
+def _is_a_base(x, o):
+    return x + 1 if isinstance(o, _ABC_BASE[0]) else x - 1
+
+
+_ABC_BASE: list[type] = []
+
+
+@pytest.mark.parametrize("calls_before", [1, 3], ids=["full_check", "fast_path"])
+def test_a_class_registered_with_an_abc_after_the_trace_is_seen(tmp_path, calls_before):
+    """`Base.register(Impl)` makes `isinstance(impl, Base)` true and changes no class: Note [An ABC's answers are
+    recorded] (found by a helper; torch.compile replays the old answer too). An unrelated registration costs a
+    check, not a miss."""
+    import abc
+
+    base = abc.ABCMeta("Base", (abc.ABC,), {})
+    _ABC_BASE[:] = [base]
+    impl, other = type("Impl", (), {}), type("Other", (), {})
+    fn = graphex.inference.cache_compile(_is_a_base, cache_dir=str(tmp_path))
+    x, o = torch.tensor([1.0, 2.0]), impl()
+    with torch.no_grad():
+        for _ in range(calls_before):
+            assert _same(fn(x, o), _is_a_base(x, o))
+        abc.ABCMeta("Unrelated", (abc.ABC,), {}).register(other)
+        for _ in range(2):
+            assert _same(fn(x, o), _is_a_base(x, o))
+        assert fn.stats["compiles"] == 1, fn.stats
+        base.register(impl)
+        for _ in range(3):
+            assert _same(fn(x, o), _is_a_base(x, o))
