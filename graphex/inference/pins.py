@@ -476,11 +476,12 @@ def _returns_an_attribute(self: Any) -> Any:
 # recomputed only when a dict changed, so the old method's result was replayed (found adversarially; Dynamo misses
 # both too). So whatever watches a class (the digest's check, _ClassUnchanged, and the fast path's watch, _Pins)
 # watches the same things, listed once here: the MRO's dicts, the MRO tuple, each function's code pointer, and which
-# function each exact classmethod, staticmethod and property holds. Those functions are the ones the class dicts held
-# when the watch was built: a full check that passes with others there (`C.m = g`, g with m's code: the digest is
-# equal) publishes no watch and asks for a new bind (Note [A watch is of the objects it was built from]), so g is
-# watched from then on (SameMembers). A class dict that changed in another way (Dynamo's compile of another function
-# writes its markers into classes) costs a full check, not a bind.
+# function each classmethod, staticmethod and property (or an instance of a subclass of one) holds. Those functions
+# are the ones the class dicts held when the watch was built: a full check that passes with others there (`C.m = g`,
+# g with m's code: the digest is equal) publishes no watch and asks for a new bind (Note [A watch is of the objects it
+# was built from]), so g is watched from then on (SameMembers); _ClassUnchanged builds its own watch again. A class
+# dict that changed in another way (Dynamo's compile of another function writes its markers into classes) costs a
+# full check, not a bind.
 def class_watch(cls: type) -> tuple[list[dict[Any, Any]], list[types.FunctionType], list[tuple[Any, int]]]:
     """(dicts, functions, slots) for StateWatch: what `_class_digest(cls)` reads."""
     dicts: list[dict[Any, Any]] = []
@@ -535,18 +536,26 @@ class _ClassUnchanged:
     changed (Note [A class is watched by everything its digest reads])."""
 
     def __init__(self, cls: type, digest: str) -> None:
+        self.cls, self.digest = cls, digest
+        self.watch = self._new_watch()
+
+    def _new_watch(self) -> Any:
+        """A watch of what the class holds now (snapshotted before the digest is read, so a change made meanwhile is
+        seen at the next call)."""
         from .. import _C
 
-        self.cls, self.digest = cls, digest
-        dicts, functions, slots = class_watch(cls)
-        self.watch = _C.StateWatch(dicts, [], functions, slots=slots)
-        self.watch.snapshot()
+        dicts, functions, slots = class_watch(self.cls)
+        watch = _C.StateWatch(dicts, [], functions, slots=slots)
+        watch.snapshot()
+        return watch
 
     def __call__(self) -> bool:
         if self.watch.unchanged():
             return True
-        self.watch.snapshot()
+        # the functions the class holds now, not those of the old watch (`C.m = g`, g with m's code, then g changed)
+        watch = self._new_watch()
         if _class_digest(self.cls) == self.digest:
+            self.watch = watch
             return True
         self.watch.invalidate()
         return False

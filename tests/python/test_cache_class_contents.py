@@ -285,3 +285,22 @@ def test_a_class_registered_with_an_abc_after_the_trace_is_seen(tmp_path, calls_
         base.register(impl)
         for _ in range(3):
             assert _same(fn(x, o), _is_a_base(x, o))
+
+
+def test_a_class_check_watches_the_functions_a_class_holds_now():
+    """The type check's own watch (_ClassUnchanged) after `C.m = g`, g with m's code (the digest is equal), watches g:
+    a later `g.__code__ = ...` is a changed class."""
+    import types
+
+    from graphex.inference.fingerprints import _class_digest
+    from graphex.inference.pins import _ClassUnchanged
+
+    base, sub = _classes()
+    check = _ClassUnchanged(sub, _class_digest(sub))
+    assert check()
+    m = vars(base)["m"]
+    base.m = types.FunctionType(m.__code__, m.__globals__, m.__name__, m.__defaults__, m.__closure__)
+    base.m.__qualname__ = m.__qualname__
+    assert check()
+    base.m.__code__ = (lambda self, y: y * 9).__code__
+    assert not check()
