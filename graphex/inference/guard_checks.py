@@ -14,7 +14,7 @@ import torch.utils._device  # read by the default-device guard; imported by Dyna
 
 from .guard_sources import NotCheckable, Path, _MISSING, parse_source, resolve
 from .fingerprints import _global_state, _saved_tensors_hooks, float_key, from_constant, identity, type_name
-from .guard_records import _attr_name, _find_by_identity, _tensor_meta, class_fingerprint
+from .guard_records import _attr_name, _find_by_identity, _tensor_meta, abc_answer, abc_subject, class_fingerprint
 from .pins import _ClassUnchanged
 
 
@@ -55,11 +55,11 @@ def _condition(rec: dict[str, Any], value: Any, v: str, held: list[Any], locals_
             cond += f" and type({v}) is {_hold(held, meta)} and {_hold(held, _ClassUnchanged(meta, expect[3][2]))}()"
         return cond, None
     if kind == "abc":  # Note [An ABC's answers are recorded] (guard_records.py)
-        found = [resolve(parse_source(s), locals_, globals_) for s in rec["arg"]]
+        found = [resolve(parse_source(s), locals_, globals_) for s, _ in rec["arg"]]
         if not isinstance(value, abc.ABCMeta) or any(f is _MISSING for f in found):
             return "", "is no ABC now, or an object it was asked about is gone"
-        types_ = [type(f) for f in found]
-        answers = [issubclass(t, value) for t in types_]
+        types_ = [abc_subject(f, how) for f, (_, how) in zip(found, rec["arg"])]
+        answers = [abc_answer(t, value) for t in types_]
         if answers != list(expect):
             changed = [t.__qualname__ for t, a, e in zip(types_, answers, expect) if a != e]
             return "", f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} a {value.__qualname__} now " \
@@ -144,7 +144,7 @@ class _AbcAnswers:
         token = abc.get_cache_token()
         if token == self.token:
             return True
-        if [issubclass(t, self.cls) for t in self.types] != self.answers:
+        if [abc_answer(t, self.cls) for t in self.types] != self.answers:
             return False
         self.token = token
         return True

@@ -4,6 +4,7 @@ or makes the entry uncacheable, named (Note [cache_compile keys on what the trac
 from __future__ import annotations
 
 import abc
+import builtins
 import os
 import sys
 import types
@@ -120,27 +121,57 @@ def _what_dynamo_leaves_unguarded(rec: dict[str, Any] | None, value: Any) -> lis
 # `isinstance(x, Base)` with Base an ABC (`collections.abc.Mapping`, transformers' CacheLayerMixin) is answered by
 # Base's registry too, and `Base.register(T)` changes the answer without changing any class (found by a helper: the
 # old answer was replayed, in the process and in a fresh one that registered at import). Which objects the trace
-# asked about the guards do not say, but each is an object whose type a "type" record checks; so for each ABC a
-# "class" record names, an "abc" record keeps `issubclass(T, Base)` for every such type T. Checked on load, and in
-# the process whenever `abc.get_cache_token()` moved (any registration anywhere bumps it): the watch compares that
+# asked about the guards do not say, but each is one whose type a record fixes (_FIXES_THE_TYPE); so for each ABC a
+# "class" record names, an "abc" record keeps `issubclass(T, Base)` for every such type T (and every class compared
+# by identity: `issubclass(K, Base)`). An object whose `__class__` lies about its type is not asked. Checked on load,
+# and in the process whenever `abc.get_cache_token()` moved (any registration anywhere bumps it): the watch compares that
 # counter (Note [A counter is watched by its value], csrc/python/state_watch.cpp).
 def _abc_answers(out: list[dict[str, Any]], locals_: dict[str, Any], globals_: dict[str, Any]) -> list[dict[str, Any]]:
     abcs = [r["source"] for r in out
             if r["kind"] == "class" and isinstance(resolve(parse_source(r["source"]), locals_, globals_), abc.ABCMeta)]
     if not abcs:
         return []
-    types_: dict[type, str] = {}  # each type once, at the first source a "type" record checks it
+    subjects: dict[int, tuple[type, list[str]]] = {}  # each class asked about once, at the first place that fixes it
     for r in out:
-        if r["kind"] == "type":
-            value = resolve(parse_source(r["source"]), locals_, globals_)
-            if value is not _MISSING:
-                types_.setdefault(type(value), r["source"])
+        if r["kind"] not in _FIXES_THE_TYPE or "source" not in r:
+            continue
+        value = resolve(parse_source(r["source"]), locals_, globals_)
+        if value is _MISSING:
+            continue
+        for how in ("type", "self") if isinstance(value, type) and r["kind"] in ("id", "class") else ("type",):
+            subject = abc_subject(value, how)
+            subjects.setdefault(id(subject), (subject, [r["source"], how]))
+    for name in _CALL_STRUCTURE:  # the containers the call itself is made of: its key fixes them
+        subjects.setdefault(id(getattr(builtins, name)), (getattr(builtins, name), [f"G['__builtins_dict__']['{name}']",
+                                                                                   "self"]))
     records = []
     for source in abcs:
         base = resolve(parse_source(source), locals_, globals_)
-        records.append({"kind": "abc", "source": source, "arg": list(types_.values()),
-                        "expect": [issubclass(t, base) for t in types_]})
+        records.append({"kind": "abc", "source": source, "arg": [where for _, where in subjects.values()],
+                        "expect": [abc_answer(subject, base) for subject, _ in subjects.values()]})
     return records
+
+
+# The records that fix the type of what their source reads: `isinstance(x, Base)` asks about that type (found by a
+# helper: an int, a list, a dtype, an Enum member guarded by value, with `Base.register(int)` after the trace), and
+# about the class itself where a class is compared by identity (`issubclass(K, Base)`)
+_FIXES_THE_TYPE = ("type", "equals", "len", "id", "class", "code")
+# A list, tuple or dict argument is rebuilt from the call's structure, which the call key holds (no record names it)
+_CALL_STRUCTURE = ("list", "tuple", "dict")
+
+
+def abc_subject(value: Any, how: str) -> type:
+    """What an "abc" record asks about at one place: the type of what is there, or ("self") the class that is there."""
+    return value if how == "self" else type(value)
+
+
+def abc_answer(subject: type, base: Any) -> bool | None:
+    """`issubclass(subject, base)`, None where that raises (a runtime-checkable Protocol with data members refuses
+    issubclass, and isinstance still works: found by a helper)."""
+    try:
+        return bool(issubclass(subject, base))
+    except TypeError:
+        return None
 
 
 def _is_a_mutable_class(cell: types.CellType) -> bool:

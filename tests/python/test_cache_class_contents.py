@@ -304,3 +304,60 @@ def test_a_class_check_watches_the_functions_a_class_holds_now():
     assert check()
     base.m.__code__ = (lambda self, y: y * 9).__code__
     assert not check()
+
+
+def _is_a_base_scaled(x, o):
+    return x * 2 if isinstance(o, _ABC_BASE[0]) else x * 3
+
+
+@pytest.mark.parametrize("what", ["int", "float", "list", "tuple", "dict", "dtype", "function", "class"])
+def test_a_registration_of_the_type_of_a_value_guarded_otherwise_is_seen(tmp_path, what):
+    """The object asked about is guarded by value, by length, by the call's structure or by identity, not by a type
+    guard (found by a helper: `Base.register(int)` after the trace replayed the old answer)."""
+    import abc
+
+    base = abc.ABCMeta("Base", (abc.ABC,), {})
+    _ABC_BASE[:] = [base]
+    obj = {"int": 3, "float": 2.5, "list": [1], "tuple": (1,), "dict": {"a": 1}, "dtype": torch.float32,
+           "function": _times_a_constant, "class": type("K", (), {})}[what]
+    fn = graphex.inference.cache_compile(_is_a_base_scaled if what != "class" else _is_a_base_class,
+                                         cache_dir=str(tmp_path))
+    eager = _is_a_base_scaled if what != "class" else _is_a_base_class
+    x = torch.tensor([1.0, 2.0])
+    with torch.no_grad():
+        for _ in range(3):
+            assert _same(fn(x, obj), eager(x, obj))
+        base.register(obj if what == "class" else type(obj))
+        for _ in range(3):
+            assert _same(fn(x, obj), eager(x, obj))
+
+
+def _times_a_constant(y):
+    return y * 5
+
+
+def _is_a_base_class(x, k):
+    return x * 2 if issubclass(k, _ABC_BASE[0]) else x * 3
+
+
+def test_a_protocol_with_data_members_is_cached(tmp_path):
+    """`issubclass` refuses a runtime-checkable Protocol with data members (isinstance works): the answer is kept as
+    'refused', and the call is cached (it failed with TypeError inside Dynamo's callback; found by a helper)."""
+    from typing import Protocol, runtime_checkable
+
+    @runtime_checkable
+    class HasFoo(Protocol):
+        foo: int
+
+    class Foo:
+        foo = 1
+
+    def f(x, o):
+        return x + 1 if isinstance(o, HasFoo) else x - 1
+
+    fn = graphex.inference.cache_compile(f, cache_dir=str(tmp_path))
+    x, o = torch.tensor([1.0, 2.0]), Foo()
+    with torch.no_grad():
+        for _ in range(3):
+            assert _same(fn(x, o), f(x, o))
+    assert fn.stats["writes"] == 1, fn.stats
