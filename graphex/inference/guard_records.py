@@ -16,8 +16,9 @@ from .guard_sources import NotCheckable, _MISSING, parse_source, resolve
 from .fingerprints import _global_state, _is_mutable_class, _saved_tensors_hooks, constant, identity, type_name
 
 
-# the record layout below; a new kind or field means a new number (2: "class", own-dict "keys"; 3: "abc")
-GUARD_FORMAT = 3
+# the record layout below; a new kind or field means a new number (2: "class", own-dict "keys"; 3: "abc"; 4: a module's
+# parameters, buffers and submodules not shadowed)
+GUARD_FORMAT = 4
 
 
 _STATE_KINDS = {"GLOBAL_STATE": "global_state", "TORCH_FUNCTION_STATE": "torch_function",
@@ -89,6 +90,9 @@ def record(entries: list[Any], *, input_sources: set[str], locals_: dict[str, An
 #   a Python module excepted (Dynamo reads a module's attributes from its dict; `torch.ops`, a module whose class has
 #   a `__getattr__`, adds a key for each op namespace as it loads, so its keys differ between processes). Which names
 #   went through `__getattr__` the guards do not say, so any key added or removed is a miss.
+#   An nn.Module's parameters, buffers and submodules are found by nn.Module's `__getattr__` the same way:
+#   `m.__dict__["s"] = t` (or `object.__setattr__`) shadows buffer `s` in eager. Each such name gets a "not_in_dict"
+#   record, the check Dynamo makes for a class attribute (found by a helper).
 #   A class a function closes over (`def make(C): def f(x): return C.act(x)`) is read with no guard either: each
 #   closure cell of a function the records name (the compiled function, a helper it calls) that holds a class of
 #   Python's gets a "class" record too.
@@ -103,6 +107,11 @@ def _what_dynamo_leaves_unguarded(rec: dict[str, Any] | None, value: Any) -> lis
         return []
     if rec["kind"] == "id" and isinstance(value, type) and _is_mutable_class(value):
         return [{"kind": "class", "source": rec["source"], "expect": class_fingerprint(value)}]
+    if isinstance(value, torch.nn.Module):
+        own = object.__getattribute__(value, "__dict__")
+        return [{"kind": "not_in_dict", "source": rec["source"], "arg": name}
+                for held in ("_parameters", "_buffers", "_modules") if type(own.get(held)) is dict
+                for name in own[held] if isinstance(name, str) and name.isidentifier() and name not in own]
     getattr_ = getattr(type(value), "__getattr__", None)
     if isinstance(value, (type, types.ModuleType)) or type(getattr_) is not types.FunctionType or \
             getattr_ is torch.nn.Module.__getattr__:

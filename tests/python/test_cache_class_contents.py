@@ -361,3 +361,29 @@ def test_a_protocol_with_data_members_is_cached(tmp_path):
         for _ in range(3):
             assert _same(fn(x, o), f(x, o))
     assert fn.stats["writes"] == 1, fn.stats
+
+
+class _WithBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("s", torch.tensor(2.0))
+        self.lin = torch.nn.Identity()
+
+    def forward(self, x):
+        return self.lin(x) * self.s
+
+
+@pytest.mark.parametrize("calls_before", [1, 3], ids=["full_check", "fast_path"])
+@pytest.mark.parametrize("name", ["s", "lin"])
+def test_an_instance_dict_entry_that_shadows_a_buffer_or_submodule_is_seen(tmp_path, name, calls_before):
+    """`m.__dict__["s"] = t` shadows buffer `s` in eager (nn.Module's `__getattr__` is not asked): found by a helper,
+    torch.compile replays the buffer too."""
+    m = _WithBuffer()
+    fn = graphex.inference.cache_compile(m.forward, cache_dir=str(tmp_path))
+    x = torch.tensor([1.0, 2.0])
+    with torch.no_grad():
+        for _ in range(calls_before):
+            assert _same(fn(x), m(x))
+        m.__dict__[name] = torch.tensor(7.0) if name == "s" else (lambda y: y + 1)
+        for _ in range(3):
+            assert _same(fn(x), m.forward(x))
