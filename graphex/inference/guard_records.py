@@ -135,8 +135,8 @@ def _what_dynamo_leaves_unguarded(rec: dict[str, Any] | None, value: Any) -> lis
 # by identity: `issubclass(K, Base)`). An object whose `__class__` lies about its type is not asked. Checked on load,
 # and in the process whenever `abc.get_cache_token()` moved (any registration anywhere bumps it): the watch compares
 # that counter (Note [A counter is watched by its value], csrc/python/state_watch.cpp). Asking fills the ABC's own
-# caches as an `isinstance` would: a class that later gains a method a `__subclasshook__` looks for keeps its cached "no" until
-# the next registration, as it would have after any earlier `isinstance` of the user's.
+# caches as an `isinstance` would: a class that later gains a method a `__subclasshook__` looks for keeps its cached
+# "no" until the next registration, as it would have after any earlier `isinstance` of the user's.
 def _abc_answers(out: list[dict[str, Any]], locals_: dict[str, Any], globals_: dict[str, Any]) -> list[dict[str, Any]]:
     abcs = [r["source"] for r in out
             if r["kind"] == "class" and isinstance(resolve(parse_source(r["source"]), locals_, globals_), abc.ABCMeta)]
