@@ -24,7 +24,7 @@ class StateWatch {
              const std::vector<pybind11::object>& lists = {}, const std::vector<pybind11::object>& counters = {});
 
   // The pointers an object holds that a slot watch compares (Note [A slot or a list is watched by what it points
-  // to]); the numbers are graphex/inference/pins.py's SLOT_KINDS.
+  // to]); the numbers are graphex/inference/state_watch.py's SLOT_KINDS.
   enum SlotKind : int {
     kCellContents = 0,   // a cell's contents (`cell.cell_contents`)
     kFuncDefaults = 1,   // a function's `__defaults__` tuple

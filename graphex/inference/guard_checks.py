@@ -15,7 +15,7 @@ import torch.utils._device  # read by the default-device guard; imported by Dyna
 from .guard_sources import NotCheckable, Path, _MISSING, parse_source, resolve
 from .fingerprints import _global_state, _saved_tensors_hooks, float_key, from_constant, identity, type_name
 from .guard_records import _attr_name, _find_by_identity, _tensor_meta, abc_answer, abc_subject, class_fingerprint
-from .pins import _ClassUnchanged
+from .state_watch import _ClassUnchanged
 
 
 def _hold(held: list[Any], obj: Any) -> str:

@@ -56,7 +56,8 @@ from .guard_sources import NotCheckable, Path, _KEYED_BY_PATH, _MISSING, _STEPS,
 from .fingerprints import from_constant, one_check
 from .guard_records import _find_by_identity
 from .guard_checks import _condition, _global_state_checker, _hold, _show, _state_check, _state_holds
-from .pins import SameMembers, _ClassUnchanged, _Pins, is_argument
+from .pins import _Pins, is_argument
+from .state_watch import SameMembers, _ClassUnchanged
 
 
 # What a FastCall compares a flattened argument by, besides its exact type: the value, as the call key has it (a
@@ -200,7 +201,7 @@ class GuardSet:
         full.lines.append("fresh = True")
         for path, obj in pins.anchors.items():
             full.lines.append(f"if {full.var(path)} is not {_hold(held, obj)}: fresh = False")
-        if pins.classes:  # Note [A class is watched by everything its digest reads] (pins.py)
+        if pins.classes:  # Note [A class is watched by everything its digest reads] (state_watch.py)
             full.lines.append(f"if not {_hold(held, SameMembers(pins.classes))}(): fresh = False")
         watched = (list(pins.dicts.values()), list(pins.objects.values()), list(pins.functions.values()),
                    list(pins.owners.values()), list(pins.slots.values()), list(pins.lists.values()),

@@ -1,5 +1,6 @@
 """Which guards a watched dict proves still hold (Note [A watched dict proves its guards still hold]): the paths
-pinned by dicts that cannot change unseen, and a user's class checked by the digest of its MRO's dicts."""
+pinned by dicts that cannot change unseen, and the objects, classes and slots those reads go through (what watching
+a class reads: state_watch.py)."""
 
 from __future__ import annotations
 
@@ -13,19 +14,10 @@ import torch
 
 from . import lookups
 from .guard_sources import Path, parse_source, resolve
-from .fingerprints import _IMMUTABLE_TYPE, _class_digest, _is_mutable_class, _unpatched
+from .fingerprints import _IMMUTABLE_TYPE, _is_mutable_class
+from .state_watch import SLOT_KINDS, _type_dict, class_watch
 
 
-# Note [A slot or a list is watched by what it points to] (csrc/python/state_watch.cpp): the attributes StateWatch
-# reads as one pointer the object holds, by the kind of object, with StateWatch::SlotKind's numbers.
-SLOT_KINDS: dict[type, dict[str, int]] = {
-    types.CellType: {"cell_contents": 0},
-    types.FunctionType: {"__defaults__": 1, "__kwdefaults__": 2, "__name__": 3, "__qualname__": 4},
-    type: {"__mro__": 5, "__name__": 6, "__qualname__": 7},  # a class's; the names of a heap class only
-    property: {"fget": 8, "fset": 9, "fdel": 10},  # a property's (a subclass's too): `property.__init__` replaces them
-    classmethod: {"__func__": 11},  # a classmethod's (a subclass's too): `__init__` replaces it
-    staticmethod: {"__func__": 12},
-}
 _READ_ONLY_FUNCTION_ATTRS = ("__closure__", "__globals__", "__builtins__")  # a function keeps these for its life
 # type's data descriptors this file reads as a class's own dict: `__module__` is that dict's value for a heap class
 _TYPE_SLOTS_READ_AS_DICT = ("__module__",)
@@ -465,106 +457,3 @@ class _Pins:
 # code and the instance dict do, all watched.
 def _returns_an_attribute(self: Any) -> Any:
     return self.name
-
-
-# Note [A class is watched by everything its digest reads]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A class's digest (Note [A user's class is fingerprinted by its contents], fingerprints.py) reads each class dict of
-# its MRO and, through them, each method's code, each classmethod's and staticmethod's function and its code, and each
-# property's getter and setter and their code. A dict's version sees an attribute assigned, not a method changed in
-# place: `C.m.__code__ = other.__code__` and `vars(C)["cm"].__init__(f)` leave every dict as it was, and the digest was
-# recomputed only when a dict changed, so the old method's result was replayed (found adversarially; Dynamo misses
-# both too). So whatever watches a class (the digest's check, _ClassUnchanged, and the fast path's watch, _Pins)
-# watches the same things, listed once here: the MRO's dicts, the MRO tuple, each function's code pointer, and which
-# function each classmethod, staticmethod and property (or an instance of a subclass of one) holds. Those functions
-# are the ones the class dicts held when the watch was built: a full check that passes with others there (`C.m = g`,
-# g with m's code: the digest is equal) publishes no watch and asks for a new bind (Note [A watch is of the objects it
-# was built from]), so g is watched from then on (SameMembers); _ClassUnchanged builds its own watch again. A class
-# dict that changed in another way (Dynamo's compile of another function writes its markers into classes) costs a
-# full check, not a bind.
-def class_watch(cls: type) -> tuple[list[dict[Any, Any]], list[types.FunctionType], list[tuple[Any, int]]]:
-    """(dicts, functions, slots) for StateWatch: what `_class_digest(cls)` reads."""
-    dicts: list[dict[Any, Any]] = []
-    functions: list[types.FunctionType] = []
-    slots: list[tuple[Any, int]] = [] if cls.__flags__ & _IMMUTABLE_TYPE else [(cls, SLOT_KINDS[type]["__mro__"])]
-    for c in cls.__mro__:
-        if c.__flags__ & _IMMUTABLE_TYPE or (d := _type_dict(c)) is None:
-            continue
-        dicts.append(d)
-        _body_watch(d, functions, slots)
-    return dicts, functions, slots
-
-
-def _body_watch(d: dict[Any, Any], functions: list[types.FunctionType], slots: list[tuple[Any, int]]) -> None:
-    """Adds what one class dict holds that StateWatch watches beyond the dict: functions and descriptors' slots."""
-    for value in d.values():
-        kind = classmethod if isinstance(value, classmethod) else staticmethod if isinstance(value, staticmethod) \
-            else property if isinstance(value, property) else None  # their subclasses too: the same head
-        if kind in (classmethod, staticmethod):
-            slots.append((value, SLOT_KINDS[kind]["__func__"]))
-            value = value.__func__
-        elif kind is property:
-            slots += [(value, SLOT_KINDS[property]["fget"]), (value, SLOT_KINDS[property]["fset"])]
-            functions += [f for f in (value.fget, value.fset) if type(f) is types.FunctionType]
-            continue
-        value = _unpatched(value)  # Dynamo's wrapper of nn.Module.__init__: the digest reads the original too
-        if type(value) is types.FunctionType:
-            functions.append(value)
-
-
-class SameMembers:
-    """Whether the classes hold the functions and descriptors they held when this was made (by identity: the watch
-    that was built from them holds them alive)."""
-
-    def __init__(self, classes: list[type]) -> None:
-        self.dicts = list({id(d): d for cls in classes for d in class_watch(cls)[0]}.values())  # each class dict once
-        self.members = self._members()
-
-    def _members(self) -> list[int]:
-        functions: list[types.FunctionType] = []
-        slots: list[tuple[Any, int]] = []
-        for d in self.dicts:
-            _body_watch(d, functions, slots)
-        return [id(f) for f in functions] + [id(o) for o, _ in slots]
-
-    def __call__(self) -> bool:
-        return self._members() == self.members
-
-
-class _ClassUnchanged:
-    """A user's class still has the contents it was traced with: its digest, recomputed only when something it reads
-    changed (Note [A class is watched by everything its digest reads])."""
-
-    def __init__(self, cls: type, digest: str) -> None:
-        self.cls, self.digest = cls, digest
-        self.watch = self._new_watch()
-
-    def _new_watch(self) -> Any:
-        """A watch of what the class holds now (snapshotted before the digest is read, so a change made meanwhile is
-        seen at the next call)."""
-        from .. import _C
-
-        dicts, functions, slots = class_watch(self.cls)
-        watch = _C.StateWatch(dicts, [], functions, slots=slots)
-        watch.snapshot()
-        return watch
-
-    def __call__(self) -> bool:
-        if self.watch.unchanged():
-            return True
-        # the functions the class holds now, not those of the old watch (`C.m = g`, g with m's code, then g changed)
-        watch = self._new_watch()
-        if _class_digest(self.cls) == self.digest:
-            self.watch = watch
-            return True
-        self.watch.invalidate()
-        return False
-
-
-def _type_dict(cls: type) -> dict[Any, Any] | None:
-    """A class's own dict (behind the mappingproxy `cls.__dict__`)."""
-    import gc
-
-    proxy = cls.__dict__
-    found = [r for r in gc.get_referents(proxy) if isinstance(r, dict)]
-    return found[0] if len(found) == 1 else None

@@ -293,7 +293,7 @@ def test_a_class_check_watches_the_functions_a_class_holds_now():
     import types
 
     from graphex.inference.fingerprints import _class_digest
-    from graphex.inference.pins import _ClassUnchanged
+    from graphex.inference.state_watch import _ClassUnchanged
 
     base, sub = _classes()
     check = _ClassUnchanged(sub, _class_digest(sub))
@@ -387,3 +387,32 @@ def test_an_instance_dict_entry_that_shadows_a_buffer_or_submodule_is_seen(tmp_p
         m.__dict__[name] = torch.tensor(7.0) if name == "s" else (lambda y: y + 1)
         for _ in range(3):
             assert _same(fn(x), m.forward(x))
+
+
+def test_a_class_dict_write_that_changes_nothing_keeps_the_cpp_fast_path(tmp_path):
+    """copyreg writes `__slotnames__` into a class (a deepcopy does): the class check snapshots the watch the FastCall
+    holds again, so one call takes the Python path and the rest C++ (after 08aa982 every later call took Python)."""
+    def twice(x):
+        return x * 2
+
+    fn = graphex.inference.cache_compile(twice, cache_dir=str(tmp_path))
+    calls = [0]
+    python_path = fn._call
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return python_path(*args, **kwargs)
+
+    fn._call = counted
+    x = torch.ones(2)
+    with torch.no_grad():
+        for _ in range(5):
+            fn(x)
+        before = calls[0]
+        torch.Tensor.__slotnames__ = []
+        try:
+            for _ in range(20):
+                assert _same(fn(x), twice(x))
+        finally:
+            del torch.Tensor.__slotnames__
+    assert calls[0] - before <= 1, calls[0] - before
