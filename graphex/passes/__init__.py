@@ -45,11 +45,12 @@ from typing import Any, Callable
 import torch.fx
 from torch._inductor.virtualized import V
 
-from ..compat import fake_tensor_updater, insertion_successor, on_node_created
+from ..compat import insertion_successor, on_node_created
 from ..lowering.streams import annotated_stream, set_stream
 from ..options import Options
 from .noop import remove_noop_ops_keeping_snapshots
 from .cse import eliminate_common_subexpressions
+from .fake_values import refresher
 from .fresh_constants import read_constants_in_place
 from .fresh_outputs import keep_new_outputs_new, outputs_memory
 from .grouped_heads import read_grouped_heads_directly
@@ -102,9 +103,10 @@ def _remove_noop_ops(r: _Run) -> None:
     Replacing a no-op `v = copy(x, a)` by `a` leaves the users' fake values computed on `v`'s own storage;
     the alias analysis of the passes after it (reinplacing) reads storages from those values, and would
     take `a.unsqueeze(0)` for fresh memory and write an input in place (fuzzer seeds 16364, 18544). As in
-    inductor's post-grad passes, a FakeTensorUpdater made before the removal updates them after it."""
+    inductor's post-grad passes, a refresh made before the removal updates them after it (Note [A pass refreshes
+    only the fake values its change reaches])."""
     with V.set_fake_mode(r.fake_mode):
-        updater = fake_tensor_updater(r.gm)
+        updater = refresher(r.gm)
         remove_noop_ops_keeping_snapshots(r.gm.graph)  # Note [A copy of an input is a snapshot]
         updater.incremental_update()
 
@@ -113,16 +115,30 @@ def _pattern_fusion(r: _Run) -> None:
     from ..fusion import run_fusion
 
     with V.set_fake_mode(r.fake_mode):
+        updater = refresher(r.gm)
         r.fused = run_fusion(r.gm, r.name)
+        updater.incremental_update()  # a view of a replaced call kept its storage (Note [A pass refreshes only ...])
 
 
 def _cse(r: _Run) -> None:
-    eliminate_common_subexpressions(r.gm.graph)  # Note [CSE keeps eager's values]
+    with V.set_fake_mode(r.fake_mode):
+        updater = refresher(r.gm)
+        if eliminate_common_subexpressions(r.gm.graph):  # Note [CSE keeps eager's values]
+            # the merged call's users had their values, and views their storage, from the call removed: reinplacing
+            # reads which nodes share memory (Note [A pass refreshes only the fake values its change reaches])
+            updater.incremental_update()
 
 
 def _fused_rules(r: _Run) -> None:
     if not r.options.pattern_fusion_pass:
         return  # Note [Element-wise chains are fused by rule, not by pattern]: fused mode only
+    with V.set_fake_mode(r.fake_mode):
+        updater = refresher(r.gm)
+        _fuse_by_rule(r)
+        updater.incremental_update()  # Note [A pass refreshes only the fake values its change reaches]
+
+
+def _fuse_by_rule(r: _Run) -> None:
     from ..base import log
     from ..fusion import say_if_nothing_fused
     from ..fusion.batch_norm import split_batch_norm
@@ -176,7 +192,7 @@ def _index_as_view(r: _Run) -> None:
     """Note [A constant index reads through a view]; the readers' fake values are refreshed for the view's strides
     (as no-op removal refreshes them, Note [No-op removal refreshes the fake values it invalidates])."""
     with V.set_fake_mode(r.fake_mode):
-        updater = fake_tensor_updater(r.gm)
+        updater = refresher(r.gm)
         done = read_constant_indices_through_views(r.gm, r.fake_mode)
         if done:
             updater.incremental_update()

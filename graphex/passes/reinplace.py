@@ -54,10 +54,11 @@ from torch._inductor.fx_utils import get_node_storage
 from torch._inductor.virtualized import V
 
 from ..base.source import display_name
-from ..compat import around_reinplacing, fake_tensor_updater, inplaceable_ops_table, is_foreach_entry, may_overlap
+from ..compat import around_reinplacing, inplaceable_ops_table, is_foreach_entry, may_overlap
 from .aliasing import (META_ONLY_OPS, is_view_op, op_name, reaches_output, resolve_inplace, returns_input, same_layout,
                        view_base)
 from .copy_back import fold_copy_backs
+from .fake_values import refresher
 from .kept_copies import Declined, KeptCopy, Why, input_copies, kept_copy, read_later
 
 aten = torch.ops.aten
@@ -80,7 +81,7 @@ def reinplace_graph(gm: torch.fx.GraphModule, fake_mode: object, *, intermediate
     graph = gm.graph
     with V.set_fake_mode(fake_mode):
         reinplacer = _Reinplacer(inplaceable_ops_table(), intermediates=intermediates, inputs=inputs)
-        around_reinplacing(fake_tensor_updater(gm), graph, reinplacer.run)
+        around_reinplacing(refresher(gm), graph, reinplacer.run)
         decompose_auto_functionalized(graph)
     _remove_self_copies(graph)
     folded = fold_copy_backs(graph, inputs=inputs, intermediates=intermediates, in_place=reinplacer.in_place)
