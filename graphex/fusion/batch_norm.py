@@ -71,9 +71,12 @@ def _declines(node: torch.fx.Node) -> str:
     if not (_channel_param(weight, channels, True) and _channel_param(bias, channels, True)
             and _channel_param(mean, channels, False) and _channel_param(var, channels, False)):
         return "its parameters are not float tensors of one value per channel"
-    if xv.dtype == torch.float32 and any(fake_value(p).dtype != torch.float32 for p in (weight, bias, mean, var)
-                                         if p is not None):
-        return "a float32 input with parameters of another dtype"
+    # ATen's CPU kernel takes parameters of the input's dtype, or float32 ones for a bfloat16/float16 input (its
+    # "mixed dtype"), all of one dtype; any other mix raises there, so it is left to raise as eager's does
+    param_dtypes = {fake_value(p).dtype for p in (weight, bias, mean, var) if p is not None}
+    if not (param_dtypes == {xv.dtype} or param_dtypes == {torch.float32} and xv.dtype in (torch.bfloat16,
+                                                                                               torch.float16)):
+        return "its parameters' dtypes are neither the input's nor float32 for a bfloat16/float16 input"
     if type(eps) not in (int, float):
         return "eps is not a number"
     return ""

@@ -227,6 +227,28 @@ def test_the_scale_and_shift_are_eagers_terms():
     assert meta.device.type == "meta" and meta.shape == (c, 1, 1, 1)
 
 
+@pytest.mark.parametrize("x_dtype,params", [
+    (torch.bfloat16, dict(weight=torch.bfloat16, bias=torch.bfloat16, running_mean=torch.float32,
+                          running_var=torch.float32)),
+    (torch.float16, dict(weight=torch.bfloat16, bias=torch.float32, running_mean=torch.float32,
+                         running_var=torch.float32)),
+    (torch.bfloat16, dict(weight=torch.float32, bias=torch.float32, running_mean=torch.float16,
+                          running_var=torch.float16)),
+], ids=["bf16_params_f32_stats", "f16_input_bf16_weight", "bf16_input_f16_stats"])
+def test_parameter_dtypes_eager_refuses_raise_as_in_eager(x_dtype, params):
+    """A helper's find: a mix of parameter dtypes ATen's CPU batch norm refuses (it takes the input's dtype, or
+    float32 for a bfloat16/float16 input, all alike) returned a value in fused mode where eager raises."""
+    bn = _bn(nn.BatchNorm2d, 4)
+    for name, dtype in params.items():
+        getattr(bn, name).data = getattr(bn, name).data.to(dtype)
+    x = torch.randn(2, 4, 5, 6).to(x_dtype)
+    with torch.no_grad(), pytest.raises(RuntimeError) as eager:
+        bn(x)
+    with pytest.raises(RuntimeError) as fused:
+        _run(lambda t: torch.relu(bn(t) + t), x)
+    assert str(eager.value).splitlines()[0].rstrip(".") in str(fused.value), fused.value
+
+
 @pytest.mark.parametrize("bad,message", [
     (dict(weight=torch.ones(3)), "weight must have shape \\[7\\]"),
     (dict(running_var=torch.ones(7, 1)), "running_var must have shape \\[7\\]"),
