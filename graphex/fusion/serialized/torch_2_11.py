@@ -17,7 +17,7 @@ nan = float("nan")
 
 FORMAT = 1
 TORCH = '2.11'
-SOURCES = 'f47f6a139aa4119815d2e8ea5a2864b4295a20b513537ab100f1fa590d3b2d26'
+SOURCES = 'e165a3ee71d439fe4a57a04bb903f59aa4cf0a4e1fe95998051e11ba93d5f4af'
 
 
 def _graph_0(g):
