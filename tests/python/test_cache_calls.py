@@ -143,3 +143,39 @@ def test_frozen_parameter_says_it_has_no_effect_on_an_entry_and_a_later_weight_i
         assert torch.equal(cached(x), lin(x))
     said = [str(w.message) for w in caught if "frozen_parameter has no effect" in str(w.message)]
     assert said and "cache_compile entry" in said[0], [str(w.message) for w in caught]
+
+
+def _write_one_read_the_other(a, b):
+    r = b.sum()
+    a.zero_()
+    return r + b.sum()
+
+
+def _copy_into_one_read_the_other(pair):
+    a, b = pair
+    a.copy_(b * 2)
+    return a + b
+
+
+@pytest.mark.parametrize("fn,call", [
+    (_write_one_read_the_other, lambda f, x: f(x, x)),
+    (_write_one_read_the_other, lambda f, x: f(a=x, b=x)),
+    (_copy_into_one_read_the_other, lambda f, x: f([x, x])),
+], ids=["positional", "keywords", "a_list"])
+def test_one_tensor_passed_twice_to_an_entry_traced_with_two_is_not_replayed(tmp_path, fn, call):
+    """A helper's find: an entry traced as `f(a, b)` with two tensors ran `f(x, x)` as if they were separate, so
+    the write to `a` was not seen through `b` (32 for eager's 16), in the process and loaded from disk in a fresh
+    one. Dynamo's guards send `f(x, x)` to a compile of its own; the entry now does too (Note [Bound inputs are
+    separate tensors])."""
+    with torch.no_grad():
+        for cached in (_cached(fn, tmp_path), _cached(fn, tmp_path)):  # traced here, then loaded from disk
+            separate = (torch.ones(4, 4), torch.ones(4, 4))
+            eager_separate = tuple(t.clone() for t in separate)
+            if fn is _copy_into_one_read_the_other:
+                assert torch.equal(cached(list(separate)), fn(list(eager_separate)))
+            else:
+                assert torch.equal(cached(*separate), fn(*eager_separate))
+            for _ in range(2):  # the C++ fast path too
+                x, x_eager = torch.ones(4, 4), torch.ones(4, 4)
+                assert torch.equal(call(cached, x), call(fn, x_eager))
+                assert torch.equal(x, x_eager)

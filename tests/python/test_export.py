@@ -249,3 +249,22 @@ def test_a_complex_buffer_is_refused_with_a_fix_that_exports_when_pasted(tmp_pat
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     else:
         assert torch.equal(got, want)
+
+
+class _WritesOneReadsTheOther(torch.nn.Module):
+    def forward(self, a, b):
+        a.mul_(2)
+        return a + b
+
+
+def test_one_tensor_passed_as_two_inputs_is_refused(tmp_path):
+    """Note [Bound inputs are separate tensors]: a program exported with two tensors, run with one passed twice,
+    would read its own write; graphex::Module refuses it, naming both inputs."""
+    path = graphex.export(_WritesOneReadsTheOther(), (torch.ones(3), torch.ones(3)), tmp_path / "m.graphex")
+    module = _C.Module(str(path))
+    a, b = torch.ones(3), torch.ones(3)
+    assert torch.equal(module([a, b])[0], torch.full((3,), 3.0))
+    x = torch.ones(3)
+    with pytest.raises(graphex.SignatureError, match="inputs 0 .* and 1 .* are the same tensor"):
+        module([x, x])
+    assert torch.equal(x, torch.ones(3))  # refused before anything ran
