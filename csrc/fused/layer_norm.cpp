@@ -13,6 +13,8 @@
 #include <ATen/ops/layer_norm.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <cmath>
 #include <optional>
 #include <tuple>
 
@@ -31,8 +33,15 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm_eager(const at::Tensor& x, con
   return {sum, at::layer_norm(sum, {sum.size(-1)}, weight, bias, eps)};
 }
 
+// Note [A norm that is not finite is eager's]
+// The kernel's variance (the mean first, then the squared deviations) and eager's Welford overflow on different
+// rows: values near 1e19 gave a row of NaN fused where eager's was finite (a helper's find). A row whose output is
+// not finite (a variance past float32's range, or NaN or inf in the row, where eager's row is not finite either)
+// makes the whole call eager's add and layer_norm, as a product that is not finite is eager's linear (matvec.cpp):
+// one compare per row. What remains: a row finite here whose squares overflow in eager's order (values past about
+// 2e19), NaN in eager (docs/fused-mode.md, How close to eager).
 template <typename T>
-void add_layer_norm_rows(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+bool add_layer_norm_rows(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
                          const std::optional<at::Tensor>& bias, double eps, at::Tensor& sum, at::Tensor& out) {
   const auto shape = x.sizes();
   const int64_t n = shape.back();
@@ -47,6 +56,7 @@ void add_layer_norm_rows(const at::Tensor& x, const at::Tensor& residual, const 
   T* s = sum.mutable_data_ptr<T>();
   T* o = out.mutable_data_ptr<T>();
   const RowKernels& K = row_kernels();
+  std::atomic<bool> finite{true};
   for_each_row(shape, ops, 4 * n, [&](int64_t row, const std::array<int64_t, 2>& off) {
     FloatRows<T>& f = float_rows<T>(n);
     float* h = f.out(2, s + row * n, n);
@@ -56,8 +66,10 @@ void add_layer_norm_rows(const at::Tensor& x, const at::Tensor& residual, const 
     const float* hr = f.in(3, s + row * n, n);
     float* y = f.out(4, o + row * n, n);
     K.layer_norm(hr, w, b, y, n, static_cast<float>(eps));
+    if (!std::isfinite(y[0])) finite.store(false, std::memory_order_relaxed);  // Note [A norm that is not finite ...]
     f.store(y, o + row * n, n);
   });
+  return finite.load();
 }
 
 std::tuple<at::Tensor, at::Tensor> add_layer_norm_cpu(const at::Tensor& x, const at::Tensor& residual,
@@ -69,9 +81,11 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm_cpu(const at::Tensor& x, const
     return add_layer_norm_eager(x, residual, weight, bias, eps);
   at::Tensor sum = at::empty(x.sizes(), x.options());
   at::Tensor out = at::empty(x.sizes(), x.options());
+  bool finite = true;
   dispatch_float(x.scalar_type(), [&](auto t) {
-    add_layer_norm_rows<decltype(t)>(x, residual, weight, bias, eps, sum, out);
+    finite = add_layer_norm_rows<decltype(t)>(x, residual, weight, bias, eps, sum, out);
   });
+  if (!finite) return add_layer_norm_eager(x, residual, weight, bias, eps);
   return {sum, out};
 }
 

@@ -77,6 +77,22 @@ def test_add_layer_norm_specials_follow_eager():
     torch.testing.assert_close(y[2], y_ref[2], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("scale", [3e18, 1e19])
+def test_a_row_whose_squares_overflow_here_is_eagers(scale):
+    """Note [A norm that is not finite is eager's]: a row of values near 1e19 has a variance within float32's range
+    but squared deviations whose sum is not; the kernel gave NaN where eager's Welford gave a finite row (a helper's
+    find). Such a call is eager's own add and layer_norm: the same values, NaN where eager has them."""
+    g = torch.Generator().manual_seed(0)
+    x, r = torch.randn(3, 48, generator=g), torch.randn(3, 48, generator=g)
+    x[1] = torch.randn(48, generator=g) * scale
+    w, b = torch.rand(48, generator=g) + 0.5, torch.randn(48, generator=g)
+    h, y = fused.add_layer_norm(x, r, w, b, 1e-5)
+    h_ref, y_ref = _eager(x, r, w, b, 1e-5)
+    assert torch.equal(h, h_ref)
+    assert torch.equal(y.isnan(), y_ref.isnan())
+    assert torch.equal(y.nan_to_num(), y_ref.nan_to_num())  # the whole call is eager's
+
+
 class Block(torch.nn.Module):
     """GPT-2's residual stream: h = attn + residual; y = ln(h); the sum is the next residual."""
 
