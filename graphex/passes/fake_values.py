@@ -65,7 +65,7 @@ class FakeValues:
             if not (changed or node in to_run) or node.op != "call_function" or not callable(node.target) \
                     or hasattr(node.target, "_inductor_lowering_function"):
                 continue
-            valid, args, kwargs = get_fake_args_kwargs(node, self.gm)
+            valid, args, kwargs = get_fake_args_kwargs(node)  # (node, gm) only from torch 2.13: no subgraphs here
             if not valid:
                 continue
             with V.fake_mode, enable_python_dispatcher():
