@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import assert_same, compile_graphex, fused_op_tol
+from conftest import assert_same, compile_graphex, fused_op_tol, require
 from graphex.passes import fake_values
 from sweeps import fuzz_run
 from sweeps.compare import clone_tree
@@ -167,7 +167,7 @@ def test_a_decoder_with_a_kv_cache_refreshes_as_a_fresh_propagation(refreshes, o
 
 @FUSED
 def test_a_transformers_decoder_refreshes_as_a_fresh_propagation(refreshes, options):
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     found, runs = refreshes
     torch._dynamo.reset()
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
