@@ -107,13 +107,6 @@ std::vector<c10::IValue> Module::run(const std::vector<c10::IValue>& args) const
   } catch (const SignatureError& e) {
     throw SignatureError(std::string("graphex::Module: ") + e.what());
   }
-  auto [first, second] = Binder::repeatedTensor(inputs);  // Note [Bound inputs are separate tensors]
-  if (first >= 0)
-    throw SignatureError("graphex::Module: inputs " + std::to_string(first) + " ('" +
-                         executor_->program().inputs[first].name + "') and " + std::to_string(second) + " ('" +
-                         executor_->program().inputs[second].name + "') are the same tensor; the program was " +
-                         "exported with separate tensors there and may write one while reading the other. Pass a " +
-                         "copy (x.clone()) as one of them");
   std::string broken = binder_.brokenGuard(inputs, executor_->program());  // Note [An exported program checks ...]
   if (!broken.empty())
     throw SignatureError("graphex::Module: the inputs break a shape guard the program was traced under: " + broken +

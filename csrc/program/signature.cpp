@@ -1,6 +1,9 @@
 #include "program/signature.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
 
 #include <sstream>
 
@@ -53,6 +56,18 @@ std::string describeTensor(const at::Tensor& t, bool with_strides) {
   if (with_strides) os << " strides " << t.strides();
   os << " on " << t.device();
   return os.str();
+}
+
+std::pair<int64_t, int64_t> repeatedTensor(const std::vector<c10::IValue>& inputs) {
+  // a sort of (TensorImpl*, index) pairs: a few hundred inputs at most, no allocation below 64
+  c10::SmallVector<std::pair<const void*, int64_t>, 64> seen;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].isTensor()) seen.emplace_back(inputs[i].toTensor().unsafeGetTensorImpl(), static_cast<int64_t>(i));
+  std::sort(seen.begin(), seen.end());
+  for (size_t i = 1; i < seen.size(); ++i)
+    if (seen[i].first == seen[i - 1].first)
+      return {std::min(seen[i].second, seen[i - 1].second), std::max(seen[i].second, seen[i - 1].second)};
+  return {-1, -1};
 }
 
 std::string describeMismatch(const InputSpec& spec, const c10::IValue& value) {

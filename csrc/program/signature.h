@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace graphex {
@@ -40,6 +41,15 @@ struct InputSpec {
 
 // Empty string when `value` fits `spec`, else a one-line description of the mismatch.
 std::string describeMismatch(const InputSpec& spec, const c10::IValue& value);
+
+// Note [A program's tensor inputs are separate tensors]
+// Dynamo passes a tensor read through two sources once (a DUPLICATE_INPUT guard), so every program's tensor inputs
+// were separate tensors when it was traced, and it may write one while reading another. The same tensor given twice
+// (`f(x, x)` to an entry traced as `f(a, b)`, or to a torch.compile graph whose guards a guard_filter_fn dropped)
+// would read the write: 32 for eager's 16 (a helper's find). So the signature check refuses it, as it refuses
+// another shape. Views of one tensor are other tensors and are not compared: they are the tracer's to guard.
+// The indices of the first two inputs that are one tensor, or {-1, -1}.
+std::pair<int64_t, int64_t> repeatedTensor(const std::vector<c10::IValue>& inputs);
 
 // "float32[2, 4] strides [4, 1] on cpu" for a concrete tensor.
 std::string describeTensor(const at::Tensor& t, bool with_strides = true);

@@ -339,7 +339,6 @@ py::object tryRunBound(const BoundProgram& bp, py::handle args, const py::list& 
   const ArgItems items(args);
   std::vector<c10::IValue> inputs = bp.binder.bind(boundArguments(bp.binder, items), toIValues(held));
   const Executor& ex = *bp.executor;
-  if (Binder::repeatedTensor(inputs).first >= 0) return py::none();  // Note [Bound inputs are separate tensors]
   if (bp.binder.hasGuards() && !bp.binder.brokenGuard(inputs, ex.program()).empty()) return py::none();
   if (!ex.fits(inputs)) return py::none();
   std::vector<c10::IValue> outs =

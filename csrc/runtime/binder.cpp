@@ -6,8 +6,6 @@
 
 #include <ATen/ops/alias.h>
 
-#include <c10/util/SmallVector.h>
-
 #include <algorithm>
 
 namespace graphex {
@@ -55,18 +53,6 @@ Binder Binder::fromTable(const fb::Program& root, const Program& program, const 
   }
   b.guards_ = readShapeGuards(root, program);
   return b;
-}
-
-std::pair<int64_t, int64_t> Binder::repeatedTensor(const std::vector<c10::IValue>& inputs) {
-  // a sort of (TensorImpl*, index) pairs: a few hundred inputs at most, no allocation below 64
-  c10::SmallVector<std::pair<const void*, int64_t>, 64> seen;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].isTensor()) seen.emplace_back(inputs[i].toTensor().unsafeGetTensorImpl(), static_cast<int64_t>(i));
-  std::sort(seen.begin(), seen.end());
-  for (size_t i = 1; i < seen.size(); ++i)
-    if (seen[i].first == seen[i - 1].first)
-      return {std::min(seen[i].second, seen[i - 1].second), std::max(seen[i].second, seen[i - 1].second)};
-  return {-1, -1};
 }
 
 std::vector<c10::IValue> Binder::bind(const std::vector<c10::IValue>& args, std::vector<c10::IValue> held) const {

@@ -27,7 +27,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace graphex {
@@ -50,13 +49,6 @@ class Binder {
   // The program's inputs for `args` and `held` (one per heldBindings() entry, moved into the inputs). Throws
   // SignatureError naming the argument when one read as a tensor is not one, or when the counts are wrong.
   std::vector<c10::IValue> bind(const std::vector<c10::IValue>& args, std::vector<c10::IValue> held) const;
-
-  // Note [Bound inputs are separate tensors]
-  // Dynamo passes a tensor read through two sources once (a DUPLICATE_INPUT guard), so every program's tensor
-  // inputs were separate tensors when it was traced, and the program may write one while reading another. The same
-  // tensor bound twice (`f(x, x)` for an entry traced as `f(a, b)`) would read the write: not the program's
-  // semantics. The indices of the first two inputs that are one tensor, or {-1, -1}.
-  static std::pair<int64_t, int64_t> repeatedTensor(const std::vector<c10::IValue>& inputs);
 
   // "" when every shape guard holds for the bound `inputs`, else the first broken guard with the values it read.
   std::string brokenGuard(const std::vector<c10::IValue>& inputs, const Program& program) const {

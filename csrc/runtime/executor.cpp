@@ -293,7 +293,16 @@ bool Executor::fits(const std::vector<c10::IValue>& inputs) const {
   if (!p.check_signature) return true;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!describeMismatch(p.inputs[i], inputs[i]).empty()) return false;
-  return true;
+  return repeatedTensor(inputs).first < 0;  // Note [A program's tensor inputs are separate tensors]
+}
+
+// "inputs 0 ('a') and 1 ('b') are the same tensor ...", or "" (Note [A program's tensor inputs are separate tensors]).
+static std::string sameTensorTwice(const Program& p, const std::vector<c10::IValue>& inputs) {
+  auto [first, second] = repeatedTensor(inputs);
+  if (first < 0) return "";
+  return "inputs " + std::to_string(first) + " ('" + p.inputs[first].name + "') and " + std::to_string(second) +
+         " ('" + p.inputs[second].name + "') are the same tensor, where the graph was captured with separate "
+         "tensors (it may write one while reading the other)";
 }
 
 std::string Executor::mismatch(const std::vector<c10::IValue>& inputs) const {
@@ -305,7 +314,7 @@ std::string Executor::mismatch(const std::vector<c10::IValue>& inputs) const {
     std::string why = describeMismatch(p.inputs[i], inputs[i]);
     if (!why.empty()) return "input " + std::to_string(i) + " ('" + p.inputs[i].name + "'): " + why;
   }
-  return "";
+  return sameTensorTwice(p, inputs);
 }
 
 std::optional<std::vector<c10::IValue>> Executor::tryRun(std::vector<c10::IValue> inputs) const {
@@ -334,6 +343,10 @@ void Executor::checkInputs(const std::vector<c10::IValue>& inputs) const {
                            "guard_filter_fn such as torch.compiler.skip_all_guards_unsafe: keep the tensor "
                            "guards, keep_tensor_guards_unsafe); a loaded program cannot.");
   }
+  std::string twice = sameTensorTwice(p, inputs);
+  if (!twice.empty())
+    throw SignatureError("graphex: " + p.name + ": " + twice + ". torch.compile compiles such a call on its own "
+                         "unless its guards were dropped (a guard_filter_fn); pass a copy (x.clone()) as one of them.");
 }
 
 std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) const {

@@ -130,17 +130,13 @@ class Loaded:
         if inputs is None:
             return (f"{keys.describe_signature(flat)} fails the shape guards of {self.path} "
                     "(Note [A dynamic entry carries its shape guards])")
-        repeated = _repeated_tensor(inputs)
-        if repeated is not None:  # Note [Bound inputs are separate tensors] (csrc/runtime/binder.h)
-            return (f"{keys.describe_signature(flat)}: program inputs {repeated[0]} and {repeated[1]} are the same "
-                    "tensor, which the entry was traced with as separate tensors")
         # the arguments' signature alone may be the same: a parameter the entry binds may have another layout
         why = self.executor.mismatch(inputs) or "a frozen input changed"
         return f"{keys.describe_signature(flat)}: {why}"
 
     def _first_run_validated(self, flat: list[Any], held: list[Any]) -> Any:
         inputs = self.program.bind(flat, held)
-        if inputs is None or _repeated_tensor(inputs) is not None or not self.executor.fits(inputs):
+        if inputs is None or not self.executor.fits(inputs):
             self.why = self._why_not(flat, held)
             return MISS
         try:
@@ -157,17 +153,6 @@ class Loaded:
         self.validate_next = False
         leaves = self.program.results(outs, flat)
         return leaves[0] if self.single_leaf else self.unflatten(leaves)
-
-
-def _repeated_tensor(inputs: list[Any]) -> tuple[int, int] | None:
-    """The first two program inputs that are one tensor (Note [Bound inputs are separate tensors]), or None."""
-    first: dict[int, int] = {}
-    for i, value in enumerate(inputs):
-        if isinstance(value, torch.Tensor):
-            j = first.setdefault(id(value), i)
-            if j != i:
-                return j, i
-    return None
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-#include "runtime/binder.h"
+#include "program/signature.h"
 #include "runtime/executor.h"
 #include "program_builder.h"
 
@@ -219,13 +219,13 @@ TEST(Executor, TimedRunReportsEveryInstruction) {
   EXPECT_EQ(ex.runCount(), 1u);
 }
 
-// Note [Bound inputs are separate tensors]: the first two inputs that are one tensor, by identity; a view of a tensor
+// Note [A program's tensor inputs are separate tensors]: the first two inputs that are one tensor, by identity; a view of a tensor
 // is another tensor (overlapping views are not what this check is for).
-TEST(Binder, RepeatedTensorNamesTheFirstTwoInputsThatAreOneTensor) {
+TEST(Signature, RepeatedTensorNamesTheFirstTwoInputsThatAreOneTensor) {
   at::Tensor a = at::zeros({2}), b = at::zeros({2});
   std::vector<c10::IValue> repeated{a, c10::IValue(3), b, a, b};
-  EXPECT_EQ(graphex::Binder::repeatedTensor(repeated), (std::pair<int64_t, int64_t>{0, 3}));
+  EXPECT_EQ(graphex::repeatedTensor(repeated), (std::pair<int64_t, int64_t>{0, 3}));
   std::vector<c10::IValue> separate{a, b, a.view({2}), c10::IValue(), c10::IValue(1.5)};
-  EXPECT_EQ(graphex::Binder::repeatedTensor(separate).first, -1);
-  EXPECT_EQ(graphex::Binder::repeatedTensor({}).first, -1);
+  EXPECT_EQ(graphex::repeatedTensor(separate).first, -1);
+  EXPECT_EQ(graphex::repeatedTensor({}).first, -1);
 }

@@ -67,3 +67,24 @@ def test_with_tensor_guards_another_shape_compiles_again():
     compiled(torch.randn(4, 8))
     x = torch.randn(5, 8)
     assert torch.equal(compiled(x), model(x))
+
+
+def _write_one_read_the_other(a, b):
+    r = b.sum()
+    a.zero_()
+    return r + b.sum()
+
+
+def test_without_guards_one_tensor_passed_twice_is_refused_by_the_engine_not_run_wrong():
+    """Note [A program's tensor inputs are separate tensors]: with every guard dropped, `f(x, x)` reached the graph
+    captured for `f(a, b)` and gave 32 where eager, reading its own write, gives 16; the engine now refuses it,
+    naming both inputs."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_write_one_read_the_other, backend="graphex", fullgraph=True, dynamic=False,
+                             options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+    with torch.no_grad():
+        assert compiled(torch.ones(4, 4), torch.ones(4, 4)).item() == 32.0  # two tensors: eager's 32
+        x = torch.ones(4, 4)
+        with pytest.raises(SignatureError, match=r"inputs 0 \('.*'\) and 1 \('.*'\) are the same tensor"):
+            compiled(x, x)
+    assert torch.equal(x, torch.ones(4, 4))  # refused before anything ran
