@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._inductor.fx_utils import get_storage
+from torch.utils import _pytree as pytree
 
 
 class FakeValues:
@@ -82,16 +84,11 @@ class FakeValues:
 
 
 def _leaves(value: Any) -> list[Any]:
-    if isinstance(value, (list, tuple)):
-        return [leaf for v in value for leaf in _leaves(v)]
-    if isinstance(value, dict):
-        return [leaf for v in value.values() for leaf in _leaves(v)]
-    return [value]
+    return pytree.tree_leaves(value)
 
 
 def _storages(value: Any) -> set[int]:
-    return {t.untyped_storage()._cdata for t in _leaves(value)
-            if isinstance(t, torch.Tensor) and torch._C._has_storage(t)}
+    return {get_storage(t) for t in _leaves(value) if isinstance(t, torch.Tensor) and torch._C._has_storage(t)}
 
 
 def _same_new_memory(new: Any, old: Any, inputs: set[int], replaced: set[int]) -> bool:
@@ -109,7 +106,7 @@ def _same_new_memory(new: Any, old: Any, inputs: set[int], replaced: set[int]) -
             continue
         if not (torch._C._has_storage(a) and torch._C._has_storage(b)):
             return False
-        sa, sb = a.untyped_storage()._cdata, b.untyped_storage()._cdata
+        sa, sb = get_storage(a), get_storage(b)
         if sa in inputs or sb in inputs or sb in replaced:
             return False
         if (a.dtype, a.device, a.layout) != (b.dtype, b.device, b.layout) or not _known_equal(a.shape, b.shape) \
