@@ -35,10 +35,10 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm_eager(const at::Tensor& x, con
 
 // Note [A norm that is not finite is eager's]
 // The kernel's variance (the mean first, then the squared deviations) and eager's Welford overflow on different
-// rows: values near 1e19 gave a row of NaN fused where eager's was finite (a helper's find). A row whose output is
-// not finite (a variance past float32's range, or NaN or inf in the row, where eager's row is not finite either)
-// makes the whole call eager's add and layer_norm, as a product that is not finite is eager's linear (matvec.cpp):
-// one compare per row. What remains: a row finite here whose squares overflow in eager's order (values past about
+// rows: values near 1e19 gave a row of NaN fused where eager's was finite (a helper's find). A row whose first output
+// is not finite (a variance past float32's range makes the whole row NaN; so does a NaN or inf in the row, where
+// eager's row is not finite either) makes the whole call eager's add and layer_norm, as a product that is not finite
+// is eager's linear (matvec.cpp): one compare per row. What remains: a row finite here whose squares overflow in eager's order (values past about
 // 2e19), NaN in eager (docs/fused-mode.md, How close to eager).
 template <typename T>
 bool add_layer_norm_rows(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
